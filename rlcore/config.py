@@ -1,0 +1,252 @@
+"""`RunConfig`: the single definition of a run (task, model, algorithm, staleness, rollout,
+optimiser, budget, seed).
+
+The web form, the API, the CLI and the worker all validate through this schema; nothing
+else declares a run's fields, defaults or bounds. It imports neither torch nor Django, so
+the web tier can use it cheaply. Paths are checked against allowed roots when the caller
+passes them in the validation context: ``RunConfig.model_validate(data,
+context={"data_roots": [...], "model_roots": [...]})``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from rlcore import presets
+
+MAX_STEPS = 100_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_under_roots(path: str, info: ValidationInfo, key: str, what: str) -> str:
+    roots = (info.context or {}).get(key)
+    if roots is None:
+        return path
+    resolved = Path(path).expanduser().resolve()
+    allowed = [Path(root).expanduser().resolve() for root in roots]
+    if not any(resolved.is_relative_to(root) for root in allowed):
+        shown = ", ".join(str(root) for root in allowed) or "(none configured)"
+        raise ValueError(f"{what} {path!r} is outside the allowed roots: {shown}")
+    return str(resolved)
+
+
+class ArithmeticTask(_Strict):
+    """Synthetic `a+b=` prompts; the reward is 1 iff the exact sum follows, then EOS."""
+
+    name: Literal["arithmetic"] = "arithmetic"
+    min_operand: int = Field(10, ge=0, le=10**6, description="smallest operand")
+    max_operand: int = Field(99, ge=1, le=10**6, description="largest operand")
+    operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="operators to sample")
+    split_seed: int = Field(0, ge=0, description="fixes the held-out prompts, shared by every run")
+
+    @model_validator(mode="after")
+    def _range(self) -> ArithmeticTask:
+        if self.min_operand > self.max_operand:
+            raise ValueError(
+                f"min_operand ({self.min_operand}) must be <= max_operand ({self.max_operand})"
+            )
+        if (self.max_operand - self.min_operand + 1) ** 2 < 16:
+            raise ValueError("the operand range is too small: it needs at least 4 values per operand")
+        return self
+
+
+class JsonlTask(_Strict):
+    """Question/answer pairs from a JSONL file (GSM8k format: the answer ends in `#### N`)."""
+
+    name: Literal["jsonl"] = "jsonl"
+    path: str = Field(..., min_length=1, description="training JSONL file")
+    eval_path: str | None = Field(None, description="held-out JSONL file; default: hold out part of `path`")
+    question_field: str = Field("question", min_length=1)
+    answer_field: str = Field("answer", min_length=1)
+    prompt_template: str = Field("{question}\n", description="how a question becomes a prompt")
+    format_reward: bool = Field(False, description="add ±0.1 for a well-formed `#### N` answer")
+    split_seed: int = Field(0, ge=0)
+
+    @field_validator("path", "eval_path")
+    @classmethod
+    def _under_data_roots(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else _check_under_roots(value, info, "data_roots", "dataset path")
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        if "{question}" not in value:
+            raise ValueError("prompt_template must contain {question}")
+        return value
+
+
+Task = Annotated[ArithmeticTask | JsonlTask, Field(discriminator="name")]
+
+
+class TinyModel(_Strict):
+    """The built-in Llama-architecture model with a character tokenizer (ALGORITHMS.md §10)."""
+
+    hidden_size: int = Field(128, ge=16, le=2048)
+    num_layers: int = Field(4, ge=1, le=32)
+    num_heads: int = Field(4, ge=1, le=32)
+    intermediate_size: int = Field(512, ge=16, le=8192)
+    warmstart_accuracy: float = Field(0.25, ge=0, lt=1, description="supervised warm start stops here")
+    warmstart_max_steps: int = Field(3000, ge=0, le=100_000)
+
+    @model_validator(mode="after")
+    def _heads(self) -> TinyModel:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+            )
+        return self
+
+
+class ModelConfig(_Strict):
+    source: Literal["tiny", "local"] = "tiny"
+    path: str | None = Field(None, description="local Hugging Face model directory (source: local)")
+    tiny: TinyModel = TinyModel()
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @field_validator("path")
+    @classmethod
+    def _under_model_roots(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else _check_under_roots(value, info, "model_roots", "model path")
+
+    @model_validator(mode="after")
+    def _path_needed(self) -> ModelConfig:
+        if self.source == "local" and not self.path:
+            raise ValueError("path is required when source is 'local'")
+        return self
+
+
+class AlgorithmConfig(_Strict):
+    preset: str = Field("rec-oneside-nois", description="one of the presets of ALGORITHMS.md §4")
+    params: dict[str, Any] = Field(default_factory=dict, validate_default=True, description="overrides; stored fully resolved")
+
+    @field_validator("preset")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in presets.PRESETS:
+            raise ValueError(f"unknown preset {value!r}; known: {', '.join(presets.PRESETS)}")
+        return value
+
+    @field_validator("params")
+    @classmethod
+    def _resolve(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        preset = info.data.get("preset")
+        if preset is None:  # the preset itself was invalid and is reported on its own
+            return value
+        return presets.resolve(preset, value).params()
+
+    def spec(self) -> presets.AlgorithmSpec:
+        return presets.resolve(self.preset, self.params)
+
+
+class StalenessConfig(_Strict):
+    """ALGORITHMS.md §6: step t trains on a batch from policy version v(t)."""
+
+    sync_interval: int = Field(1, ge=1, le=MAX_STEPS, description="k: behaviour weights sync every k steps")
+    sync_offset: int = Field(0, ge=0, le=MAX_STEPS, description="d: rollouts run d steps ahead")
+    offline: bool = Field(False, description="every batch from the initial policy")
+
+    @property
+    def label(self) -> str:
+        if self.offline:
+            return "offline"
+        parts = []
+        if self.sync_interval != 1:
+            parts.append(f"sync_interval={self.sync_interval}")
+        if self.sync_offset:
+            parts.append(f"sync_offset={self.sync_offset}")
+        return ",".join(parts) or "on-policy"
+
+
+class RolloutConfig(_Strict):
+    group_size: int = Field(
+        8, ge=2, le=256, description="K responses per prompt (group-relative baselines need K >= 2)"
+    )
+    prompts_per_step: int = Field(16, ge=1, le=4096)
+    max_new_tokens: int = Field(6, ge=1, le=32_768)
+    temperature: float = Field(1.0, gt=0, le=10)
+    top_p: float = Field(1.0, gt=0, le=1)
+    engine: Literal["hf", "vllm"] = "hf"
+
+
+class OptimizerConfig(_Strict):
+    lr: float = Field(3e-5, gt=0, le=1)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0, le=1)
+    grad_clip: float = Field(1.0, gt=0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="responses per forward/backward; None = the whole batch at once"
+    )
+
+
+class RunConfig(_Strict):
+    task: Task = ArithmeticTask()
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    staleness: StalenessConfig = StalenessConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    steps: int = Field(150, ge=1, le=MAX_STEPS, description="trainer steps (one optimiser step each)")
+    eval_every: int = Field(25, ge=0, le=MAX_STEPS, description="0: evaluate only before and after")
+    eval_size: int = Field(200, ge=1, le=100_000, description="held-out prompts per evaluation")
+    checkpoint_every: int = Field(25, ge=0, le=MAX_STEPS, description="0: never checkpoint")
+    samples_per_step: int = Field(4, ge=0, le=64, description="example completions reported per step")
+    seed: int = Field(0, ge=0, lt=2**31)
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+
+    @model_validator(mode="after")
+    def _engine_device(self) -> RunConfig:
+        if self.rollout.engine == "vllm" and self.device == "cpu":
+            raise ValueError("rollout.engine 'vllm' needs device 'cuda' or 'auto'")
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        """Responses per trainer step."""
+        return self.rollout.prompts_per_step * self.rollout.group_size
+
+    @property
+    def queue(self) -> str:
+        """The worker queue this run needs."""
+        return "gpu" if self.device == "cuda" or self.rollout.engine == "vllm" else "cpu"
+
+
+def error_list(exc: ValidationError) -> list[tuple[str, str]]:
+    """(dotted field, message) for each error, in a form people read."""
+    out = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"] if part not in ("arithmetic", "jsonl")]
+        msg = err["msg"].removeprefix("Value error, ")
+        out.append((".".join(loc) or "config", msg))
+    return out
+
+
+def load(path: str | Path, context: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML or JSON config file; ValueError names the file and every bad field."""
+    import json
+
+    import yaml
+
+    path = Path(path)
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of fields at the top level")
+    try:
+        return RunConfig.model_validate(data, context=context)
+    except ValidationError as exc:
+        lines = "\n".join(f"  {field}: {msg}" for field, msg in error_list(exc))
+        raise ValueError(f"{path}: invalid run config\n{lines}") from exc

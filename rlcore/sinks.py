@@ -1,0 +1,109 @@
+"""Where a training run reports: metrics, example completions, and whether to stop.
+
+The trainer only talks to a `Sink`. The worker's sink writes to Postgres, the CLI's
+writes JSONL, tests keep everything in lists; rlcore never knows which.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One example completion with its reward."""
+
+    prompt: str
+    completion: str
+    reward: float
+
+
+class Sink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record the metrics of trainer step `step` (step 0 = before training)."""
+
+    def sample(self, step: int, samples: list[Sample]) -> None:
+        """Record example completions generated for step `step`."""
+
+    def should_stop(self) -> bool:
+        """Asked between steps; True ends the run early (cancellation)."""
+
+
+@dataclass
+class ListSink:
+    """Keeps everything in memory; the sink for tests and notebooks."""
+
+    points: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    samples: list[tuple[int, Sample]] = field(default_factory=list)
+    stop_after_step: int | None = None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.points.append((step, dict(metrics)))
+
+    def sample(self, step: int, samples: list[Sample]) -> None:
+        self.samples.extend((step, s) for s in samples)
+
+    def should_stop(self) -> bool:
+        last = max((step for step, _ in self.points), default=0)
+        return self.stop_after_step is not None and last >= self.stop_after_step
+
+    def series(self, name: str) -> list[tuple[int, float]]:
+        """(step, value) of one metric, in logging order."""
+        return [(step, m[name]) for step, m in self.points if name in m]
+
+
+class JsonlSink:
+    """Appends one JSON object per line: {"step", "metrics"} or {"step", "sample"}."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}
+        self._file.write(json.dumps({"step": step, "metrics": clean}) + "\n")
+        self._file.flush()
+
+    def sample(self, step: int, samples: list[Sample]) -> None:
+        for s in samples:
+            self._file.write(json.dumps({"step": step, "sample": asdict(s)}) + "\n")
+        self._file.flush()
+
+    def should_stop(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self._file.close()
+
+
+# Logged at every trainer step (ALGORITHMS.md §7, DESIGN.md); names are part of the API.
+STEP_METRICS = (
+    "reward/mean",
+    "reward/std",
+    "accuracy",
+    "kl/init",
+    "kl/init_k1",
+    "kl/init_k3",
+    "kl/behavior",
+    "kl/behavior_k3",
+    "staleness",
+    "policy_version",
+    "clip_frac",
+    "entropy",
+    "is_ratio/mean",
+    "is_ratio/max",
+    "drop_frac",
+    "response_length/mean",
+    "grad_norm",
+    "loss",
+    "lr",
+    "tokens_per_s",
+    "time/step_s",
+)
+# Logged at step 0 and every `eval_every` steps, and after the last step.
+EVAL_METRICS = ("eval/accuracy", "eval/reward", "eval/kl_init")
