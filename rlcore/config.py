@@ -13,7 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from rlcore import presets
 
@@ -44,13 +52,12 @@ class ArithmeticTask(_Strict):
     max_operand: int = Field(99, ge=1, le=10**6, description="largest operand")
     operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="operators to sample")
     split_seed: int = Field(0, ge=0, description="fixes the held-out prompts, shared by every run")
+    held_out: int = Field(200, ge=1, le=100_000, description="prompts kept out of training for eval")
 
     @model_validator(mode="after")
     def _range(self) -> ArithmeticTask:
         if self.min_operand > self.max_operand:
-            raise ValueError(
-                f"min_operand ({self.min_operand}) must be <= max_operand ({self.max_operand})"
-            )
+            raise ValueError(f"min_operand ({self.min_operand}) must be <= max_operand ({self.max_operand})")
         if (self.max_operand - self.min_operand + 1) ** 2 < 16:
             raise ValueError("the operand range is too small: it needs at least 4 values per operand")
         return self
@@ -67,6 +74,7 @@ class JsonlTask(_Strict):
     prompt_template: str = Field("{question}\n", description="how a question becomes a prompt")
     format_reward: bool = Field(False, description="add ±0.1 for a well-formed `#### N` answer")
     split_seed: int = Field(0, ge=0)
+    held_out: int = Field(200, ge=1, le=100_000, description="lines held out for eval when no eval_path")
 
     @field_validator("path", "eval_path")
     @classmethod
@@ -123,7 +131,9 @@ class ModelConfig(_Strict):
 
 class AlgorithmConfig(_Strict):
     preset: str = Field("rec-oneside-nois", description="one of the presets of ALGORITHMS.md §4")
-    params: dict[str, Any] = Field(default_factory=dict, validate_default=True, description="overrides; stored fully resolved")
+    params: dict[str, Any] = Field(
+        default_factory=dict, validate_default=True, description="overrides; stored fully resolved"
+    )
 
     @field_validator("preset")
     @classmethod
@@ -203,9 +213,11 @@ class RunConfig(_Strict):
     device: Literal["cpu", "cuda", "auto"] = "auto"
 
     @model_validator(mode="after")
-    def _engine_device(self) -> RunConfig:
+    def _consistent(self) -> RunConfig:
         if self.rollout.engine == "vllm" and self.device == "cpu":
             raise ValueError("rollout.engine 'vllm' needs device 'cuda' or 'auto'")
+        if self.task.name == "arithmetic" and self.eval_size > self.task.held_out:
+            raise ValueError(f"eval_size ({self.eval_size}) must be <= task.held_out ({self.task.held_out})")
         return self
 
     @property

@@ -1,0 +1,112 @@
+"""Command line: `python -m rlcore run CONFIG.(yaml|json) [--out metrics.jsonl]`, `presets`, `schema`.
+
+Heavy imports (torch, transformers) happen only inside `run`, so `presets` and `schema`
+answer instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rlcore import config as run_config
+from rlcore import presets
+from rlcore.sinks import JsonlSink, Sample
+
+DEFAULT_CACHE = Path("var/cache")
+
+
+class ProgressSink:
+    """Shows a progress bar with the latest reward and eval accuracy; tees into a JSONL file."""
+
+    def __init__(self, total_steps: int, out: JsonlSink | None):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
+        self.out = out
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.out:
+            self.out.log(step, metrics)
+        if step > 0:
+            self.bar.update(step - self.bar.n)
+        shown = {k: f"{metrics[k]:.3f}" for k in ("reward/mean", "eval/accuracy", "kl/init") if k in metrics}
+        if shown:
+            self.bar.set_postfix(shown, refresh=False)
+
+    def sample(self, step: int, samples: list[Sample]) -> None:
+        if self.out:
+            self.out.sample(step, samples)
+
+    def should_stop(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.out:
+            self.out.close()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        cfg = run_config.load(args.config)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from rlcore import trainer
+    from rlcore.tasks import DatasetError
+
+    sink = ProgressSink(cfg.steps, JsonlSink(args.out) if args.out else None)
+    started = time.perf_counter()
+    try:
+        summary = trainer.train(cfg, sink, checkpoint_dir=args.checkpoint_dir, cache_dir=args.cache_dir)
+    except (trainer.Diverged, DatasetError, FileNotFoundError) as exc:
+        sink.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    sink.close()
+    elapsed = time.perf_counter() - started
+    print(
+        f"{cfg.algorithm.preset} | {cfg.staleness.label} | seed {cfg.seed}: "
+        f"{int(summary['steps'])} steps in {elapsed:.1f} s\n"
+        f"  eval/accuracy {summary['eval/accuracy_initial']:.3f} -> {summary.get('eval/accuracy', float('nan')):.3f}\n"
+        f"  reward/mean (last step) {summary.get('reward/mean', float('nan')):.3f}, "
+        f"kl/init {summary.get('kl/init', float('nan')):.4f}"
+    )
+    if args.out:
+        print(f"  metrics: {args.out}")
+    return 0
+
+
+def cmd_presets(_: argparse.Namespace) -> int:
+    for name, spec in presets.PRESETS.items():
+        params = ", ".join(f"{k}={v}" for k, v in spec.params().items())
+        print(f"{name:24} {spec.surrogate:5} clip={spec.clip:12} weight={spec.weight:10} {params}")
+    return 0
+
+
+def cmd_schema(_: argparse.Namespace) -> int:
+    print(json.dumps(run_config.RunConfig.model_json_schema(), indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlcore", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train one run config")
+    run.add_argument("config", type=Path, help="run config, YAML or JSON")
+    run.add_argument("--out", type=Path, help="write metrics and samples as JSONL here")
+    run.add_argument("--checkpoint-dir", type=Path, help="checkpoint here and resume from it")
+    run.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="built-in model cache")
+    run.set_defaults(func=cmd_run)
+    sub.add_parser("presets", help="list the algorithm presets").set_defaults(func=cmd_presets)
+    sub.add_parser("schema", help="print the RunConfig JSON schema").set_defaults(func=cmd_schema)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

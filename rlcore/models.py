@@ -1,0 +1,229 @@
+"""Models: the built-in tiny model and any local Hugging Face model directory.
+
+The tiny model is a small Llama (model type `llama`: transformers 5 silently swaps a
+`qwen2` tokenizer class and drops spaces) with a character tokenizer built with
+`tokenizers`. It is written with `save_pretrained` and read back with `from_pretrained`,
+the same path a real local model takes, after a supervised warm start on the task that
+lifts its held-out greedy accuracy to a target. The result is cached on disk under a key
+hashed from everything that shapes it, so every run of a sweep starts from the same θ0.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import shutil
+import string
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlcore.config import RunConfig
+from rlcore.rollout import Rollout, decode
+from rlcore.tasks import Problem, Task
+
+RECIPE_VERSION = 1  # bump when the tiny model's recipe changes, to invalidate caches
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+CHARS = string.digits + string.ascii_letters + " +-*/=#.,:;?!()'\"$%&<>[]_\n"
+ROUND_TRIP_PROBE = "Question: 12 + 34 = ?\nAnswer: 46"
+WARMSTART_BATCH = 128
+WARMSTART_LR = 1e-3
+WARMSTART_CHECK_EVERY = 50
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with the token ids the rollout needs."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    eos_id: int
+    pad_id: int
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [self.tokenizer(t)["input_ids"] for t in texts]
+
+    def decode_responses(self, rollout: Rollout) -> list[str]:
+        """Response text without EOS and padding."""
+        out = []
+        for ids, mask in zip(rollout.response_ids, rollout.response_mask, strict=True):
+            tokens = [int(t) for t, m in zip(ids, mask, strict=True) if m > 0 and int(t) != self.eos_id]
+            out.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        return out
+
+
+def char_tokenizer():
+    """A character-level fast tokenizer that adds BOS and round-trips text exactly."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate([*SPECIALS, *CHARS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+
+
+def tiny_cache_key(config: RunConfig) -> str:
+    shaping = {
+        "recipe": RECIPE_VERSION,
+        "tiny": config.model.tiny.model_dump(),
+        "task": config.task.model_dump(),
+        "max_new_tokens": config.rollout.max_new_tokens,
+    }
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load(
+    config: RunConfig, device: torch.device, cache_dir: Path | None = None, task: Task | None = None
+) -> LoadedModel:
+    """θ0 for `config`: the cached (or freshly warm-started) tiny model, or a local model."""
+    if config.model.source == "local":
+        return load_pretrained(config.model.path, config.model.dtype, device)
+    if task is None:
+        raise ValueError("the tiny model needs its task to warm-start")
+    path = tiny_model_path(config, task, cache_dir)
+    return load_pretrained(str(path), config.model.dtype, device)
+
+
+def load_pretrained(path: str, dtype: str, device: torch.device) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"model path {path!r} is not a directory with a Hugging Face model")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = tokenizer(ROUND_TRIP_PROBE, add_special_tokens=False)["input_ids"]
+    if tokenizer.decode(ids) != ROUND_TRIP_PROBE:
+        raise ValueError(
+            f"the tokenizer in {path} does not round-trip text ({tokenizer.decode(ids)!r}); "
+            "it would corrupt prompts and completions"
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+    eos_id = tokenizer.eos_token_id
+    if eos_id is None:
+        raise ValueError(f"the tokenizer in {path} has no EOS token")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    return LoadedModel(model=model, tokenizer=tokenizer, eos_id=eos_id, pad_id=pad_id)
+
+
+def tiny_model_path(config: RunConfig, task: Task, cache_dir: Path | None) -> Path:
+    """The warm-started tiny model's directory, built once per cache key (file-locked)."""
+    cache_dir = Path(cache_dir or Path(tempfile.gettempdir()) / "rlcore-cache")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    target = cache_dir / f"tiny-{tiny_cache_key(config)}"
+    with open(cache_dir / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").exists():
+            building = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=cache_dir))
+            build_tiny(config, task, building)
+            shutil.rmtree(target, ignore_errors=True)
+            building.rename(target)
+    return target
+
+
+def build_tiny(config: RunConfig, task: Task, out: Path) -> None:
+    """Create the tiny model and warm-start it on `task`; write it to `out`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tiny = config.model.tiny
+    tokenizer = char_tokenizer()
+    longest = max(len(p.prompt) + len(p.solution) for p in task.train[:1000] + task.held_out)
+    llama = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=tiny.hidden_size,
+        num_hidden_layers=tiny.num_layers,
+        num_attention_heads=tiny.num_heads,
+        num_key_value_heads=tiny.num_heads,
+        intermediate_size=tiny.intermediate_size,
+        max_position_embeddings=max(64, 2 * (longest + config.rollout.max_new_tokens + 2)),
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(llama)
+    loaded = LoadedModel(model, tokenizer, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    warm_start(loaded, task, tiny.warmstart_accuracy, tiny.warmstart_max_steps, config.rollout.max_new_tokens)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def warm_start(
+    lm: LoadedModel, task: Task, target_accuracy: float, max_steps: int, max_new_tokens: int
+) -> float:
+    """Supervised steps on (prompt → solution EOS) until held-out greedy accuracy ≥ target."""
+    model = lm.model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=WARMSTART_LR)
+    generator = torch.Generator().manual_seed(0)
+    accuracy = evaluate(lm, task, task.held_out, max_new_tokens).accuracy
+    for step in range(1, max_steps + 1):
+        if accuracy >= target_accuracy:
+            break
+        batch = task.sample(WARMSTART_BATCH, generator)
+        ids, labels, attention = supervised_batch(lm, batch)
+        model.train()
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if step % WARMSTART_CHECK_EVERY == 0:
+            accuracy = evaluate(lm, task, task.held_out, max_new_tokens).accuracy
+    model.eval()
+    return accuracy
+
+
+def supervised_batch(
+    lm: LoadedModel, problems: list[Problem]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, labels (−100 outside the solution and EOS) and attention mask."""
+    rows = []
+    for p in problems:
+        prompt = lm.tokenizer(p.prompt)["input_ids"]
+        solution = lm.tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [lm.eos_id]
+        rows.append((prompt + solution, [-100] * len(prompt) + solution))
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), lm.pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row_ids, row_labels) in enumerate(rows):
+        ids[i, : len(row_ids)] = torch.tensor(row_ids)
+        labels[i, : len(row_labels)] = torch.tensor(row_labels)
+        attention[i, : len(row_ids)] = 1
+    device = next(lm.model.parameters()).device
+    return ids.to(device), labels.to(device), attention.to(device)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    accuracy: float
+    reward: float
+
+
+def evaluate(lm: LoadedModel, task: Task, problems: list[Problem], max_new_tokens: int) -> EvalResult:
+    """Greedy held-out accuracy and mean reward."""
+    with torch.inference_mode():
+        rollout = decode(
+            lm.model,
+            lm.encode([p.prompt for p in problems]),
+            max_new_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            generator=None,
+            eos_id=lm.eos_id,
+            pad_id=lm.pad_id,
+        )
+    texts = lm.decode_responses(rollout)
+    scores = [task.score(p, t, bool(f)) for p, t, f in zip(problems, texts, rollout.finished, strict=True)]
+    return EvalResult(
+        accuracy=sum(s.correct for s in scores) / len(scores),
+        reward=sum(s.reward for s in scores) / len(scores),
+    )

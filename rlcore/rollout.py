@@ -1,0 +1,325 @@
+"""Rollout engines: generate responses and record the behaviour log-probs at rollout time.
+
+Both engines return a `Rollout` of padded tensors. Log-probs are those of the sampling
+distribution at temperature T, `log_softmax(logits / T)`; top-p only restricts which
+tokens may be drawn. `score_responses` is the trainer's side of the same computation, so
+on-policy the two agree to float error (ρ = 1).
+
+- `HFEngine`: its own copy of a transformers model (the behaviour weights), a lean KV-cache
+  decode loop, inverse-CDF sampling driven by a `torch.Generator` (so a step's samples
+  depend only on its generator's seed).
+- `VLLMEngine` (`gpu` extra): vLLM in-process, weights pushed from the trainer on `sync`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+import socket
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    """A batch of N responses. Prompts are left-padded, responses right-padded to T."""
+
+    prompt_ids: Tensor  # [N, P] long
+    prompt_mask: Tensor  # [N, P] long, 1 on prompt tokens
+    response_ids: Tensor  # [N, T] long
+    response_mask: Tensor  # [N, T] float, 1 on response tokens (up to and including EOS)
+    logp: Tensor  # [N, T] float32 behaviour log-probs, 0 on padding
+    finished: Tensor  # [N] bool, True when the response ended with EOS
+
+    def to(self, device: torch.device | str) -> Rollout:
+        return Rollout(*(t.to(device) for t in self.__dict__.values()))
+
+    def clone(self) -> Rollout:
+        """Ordinary tensors (usable by autograd) from ones made under inference mode."""
+        return Rollout(*(t.clone() for t in self.__dict__.values()))
+
+    def rows(self, index: slice) -> Rollout:
+        return Rollout(*(t[index] for t in self.__dict__.values()))
+
+    @property
+    def response_lengths(self) -> Tensor:
+        return self.response_mask.sum(dim=1)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """([N, P] ids, [N, P] mask) with every prompt right-aligned."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def sample_next(
+    logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
+    """Draw one token per row ([B, V] logits); greedy when `generator` is None.
+
+    Returns (tokens [B], log-probs [B] of the tempered distribution).
+    """
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if generator is None:
+        tokens = logits.argmax(dim=-1)
+    else:
+        probs = logp_all.exp()
+        if top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+            probs = probs.scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
+        cdf = probs.cumsum(dim=-1)
+        u = torch.rand((logits.shape[0], 1), generator=generator, device="cpu").to(cdf.device)
+        tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp(max=logits.shape[-1] - 1)
+        tokens = tokens.squeeze(-1)
+    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class HFEngine:
+    """Generates with a private copy of the model: the behaviour weights."""
+
+    def __init__(self, model: torch.nn.Module, eos_id: int, pad_id: int):
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+
+    def sync(self, policy: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for mine, theirs in zip(self.model.parameters(), policy.parameters(), strict=True):
+                mine.copy_(theirs)
+
+    def snapshot(self) -> dict[str, Tensor]:
+        """The behaviour weights, for a checkpoint."""
+        return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
+
+    def load_snapshot(self, weights: dict[str, Tensor]) -> None:
+        self.model.load_state_dict(weights)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """One response per prompt (repeat prompts for groups); greedy when generator is None."""
+        with torch.inference_mode():
+            rollout = decode(
+                self.model, prompts, max_new_tokens, temperature, top_p, generator, self.eos_id, self.pad_id
+            )
+        return rollout.clone()
+
+
+def _cache_argument(model: torch.nn.Module) -> str:
+    """transformers renamed `past_key_values` to `cache` (5.2x); accept both."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def new_kv_cache(model: torch.nn.Module) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def decode(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    eos_id: int,
+    pad_id: int,
+) -> Rollout:
+    """Sample (or, without a generator, greedily pick) up to `max_new_tokens` per prompt."""
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    n = len(prompts)
+    input_ids, attention = prompt_ids.to(device), prompt_mask.to(device)
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    response = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logp = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
+    alive = torch.ones(n, dtype=torch.bool, device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    cache = {_cache_argument(model): new_kv_cache(model)}
+    for i in range(max_new_tokens):
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **cache,
+        )
+        tokens, token_logp = sample_next(out.logits[:, -1, :], temperature, top_p, generator)
+        response[:, i] = torch.where(alive, tokens, pad_id)
+        logp[:, i] = torch.where(alive, token_logp, 0.0)
+        lengths += alive.long()
+        alive &= tokens != eos_id
+        if not alive.any():
+            break
+        input_ids = tokens[:, None]
+        attention = torch.cat([attention, torch.ones((n, 1), dtype=attention.dtype, device=device)], dim=1)
+        positions = positions[:, -1:] + 1
+    steps = torch.arange(max_new_tokens, device=device)[None, :]
+    response_mask = (steps < lengths[:, None]).float()
+    return Rollout(prompt_ids, prompt_mask, response.cpu(), response_mask.cpu(), logp.cpu(), (~alive).cpu())
+
+
+def score_responses(model: torch.nn.Module, rollout: Rollout) -> Tensor:
+    """Logits [N, T, V] (float32) predicting each response token, in one forward pass."""
+    ids = torch.cat([rollout.prompt_ids, rollout.response_ids], dim=1)
+    attention = torch.cat([rollout.prompt_mask, rollout.response_mask.long()], dim=1)
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    t = rollout.response_ids.shape[1]
+    out = model(input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=t + 1)
+    return out.logits[:, :-1, :].float()
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """(log-probs [N, T] of `tokens`, full log-softmax [N, T, V]) of the tempered distribution."""
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
+    return logp_all.gather(-1, tokens[..., None]).squeeze(-1), logp_all
+
+
+# ----- vLLM (optional `gpu` extra) -------------------------------------------------------------
+
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_checkpoint_wrapped_module.")
+
+
+def vllm_weight_names(
+    named: Iterable[tuple[str, Tensor]], tied_embeddings: bool
+) -> Iterator[tuple[str, Tensor]]:
+    """The trainer's parameters under the names vLLM's `load_weights` expects.
+
+    Strips wrapper prefixes (torch.compile, DDP, activation checkpointing) and leaves out
+    `lm_head.weight` when embeddings are tied (vLLM shares the tensor itself).
+    """
+    for name, tensor in named:
+        for prefix in _WRAPPER_PREFIXES:
+            name = name.replace(prefix, "")
+        if tied_embeddings and name == "lm_head.weight":
+            continue
+        yield name, tensor.detach()
+
+
+def rollout_from_vllm(
+    outputs: Sequence[Any], prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_id: int, pad_id: int
+) -> Rollout:
+    """Pack vLLM `RequestOutput`s (one completion each, logprobs=0) into a `Rollout`.
+
+    Each completion's `logprobs[i]` maps token id → object with `.logprob`; the sampled
+    token's entry is the behaviour log-prob.
+    """
+    if len(outputs) != len(prompts):
+        raise ValueError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    n = len(prompts)
+    response = torch.full((n, max_new_tokens), pad_id, dtype=torch.long)
+    logp = torch.zeros((n, max_new_tokens), dtype=torch.float32)
+    mask = torch.zeros((n, max_new_tokens), dtype=torch.float32)
+    finished = torch.zeros(n, dtype=torch.bool)
+    for row, request in enumerate(outputs):
+        completion = request.outputs[0]
+        tokens = list(completion.token_ids)[:max_new_tokens]
+        if completion.logprobs is None:
+            raise ValueError("vLLM returned no logprobs: request them with SamplingParams(logprobs=0)")
+        for i, token in enumerate(tokens):
+            response[row, i] = token
+            logp[row, i] = float(completion.logprobs[i][token].logprob)
+            mask[row, i] = 1.0
+        finished[row] = bool(tokens) and tokens[-1] == eos_id
+    return Rollout(prompt_ids, prompt_mask, response, mask, logp, finished)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VLLMEngine:
+    """vLLM in this process (external launcher), its weights synced from the trainer."""
+
+    def __init__(self, model_path: str, dtype: str, eos_id: int, pad_id: int, seed: int, max_model_len: int):
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise RuntimeError("rollout.engine 'vllm' needs the gpu extra: pip install '.[gpu]'") from exc
+        for key, value in {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+        }.items():
+            os.environ.setdefault(key, value)
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=float(os.environ.get("LAB_VLLM_GPU_MEMORY", "0.3")),
+            distributed_executor_backend="external_launcher",
+            # Log-probs of the tempered sampling distribution, as the trainer computes them.
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=False,
+        )
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self._weights: dict[str, Tensor] = {}
+
+    def sync(self, policy: torch.nn.Module) -> None:
+        tied = bool(getattr(policy.config, "tie_word_embeddings", False))
+        self._push(dict(vllm_weight_names(policy.named_parameters(), tied)))
+
+    def snapshot(self) -> dict[str, Tensor]:
+        """A CPU copy of the weights last pushed, for a checkpoint."""
+        return {name: t.cpu().clone() for name, t in self._weights.items()}
+
+    def load_snapshot(self, weights: dict[str, Tensor]) -> None:
+        self._push(weights)
+
+    def _push(self, weights: dict[str, Tensor]) -> None:
+        runner_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        runner_model.load_weights(list(weights.items()))
+        self.llm.reset_prefix_cache()
+        self._weights = weights
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        from vllm import SamplingParams, TokensPrompt
+
+        greedy = generator is None
+        base_seed = 0 if greedy else int(torch.randint(2**31 - 1, (1,), generator=generator))
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
+                max_tokens=max_new_tokens,
+                logprobs=0,
+                seed=base_seed + i,
+            )
+            for i in range(len(prompts))
+        ]
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return rollout_from_vllm(outputs, prompts, max_new_tokens, self.eos_id, self.pad_id)
