@@ -1,0 +1,1 @@
+"""The experiments app: teams, sweeps of runs, their metrics and example completions."""

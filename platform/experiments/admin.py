@@ -1,0 +1,58 @@
+"""The admin: teams with their members inline, experiments, runs and API tokens."""
+
+from django.contrib import admin
+
+from experiments.models import ApiToken, Experiment, Membership, Run, Team
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["name", "created"]
+    search_fields = ["name"]
+    inlines = [MembershipInline]
+
+
+class RunInline(admin.TabularInline):
+    model = Run
+    extra = 0
+    fields = ["preset", "staleness", "seed", "status", "attempt", "progress", "worker"]
+    readonly_fields = fields
+    can_delete = False
+    show_change_link = True
+
+
+@admin.register(Experiment)
+class ExperimentAdmin(admin.ModelAdmin):
+    list_display = ["name", "team", "owner", "created"]
+    list_filter = ["team"]
+    search_fields = ["name", "description"]
+    inlines = [RunInline]
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "experiment",
+        "preset",
+        "staleness",
+        "seed",
+        "status",
+        "attempt",
+        "progress",
+        "worker",
+    ]
+    list_filter = ["status", "queue", "preset"]
+    readonly_fields = ["key", "heartbeat", "started", "finished", "worker"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ["user", "created", "last_used"]
+    readonly_fields = ["digest", "created", "last_used"]

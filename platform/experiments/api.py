@@ -1,0 +1,203 @@
+"""The JSON API at /api (OpenAPI docs at /api/docs).
+
+Every call needs `Authorization: Bearer <token>` (make one with `python manage.py
+create_token USERNAME`; only its hash is stored). Objects of teams the caller is not a
+member of do not exist for them (404). A sweep is validated exactly like the web form,
+through `RunConfig`; problems come back as 422 with one entry per field.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime
+from typing import Any, Literal
+
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from ninja import NinjaAPI, Schema
+from ninja.errors import HttpError
+from ninja.security import HttpBearer
+
+from experiments import sweeps
+from experiments.models import ApiToken, Experiment, MetricPoint, Run, Team
+
+
+class TokenAuth(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str):
+        user = ApiToken.user_for(token)
+        if user is not None:
+            request.user = user
+        return user
+
+
+api = NinjaAPI(title="Off-Policy Lab", version="1", auth=TokenAuth(), urls_namespace="api")
+
+
+class SweepIn(Schema):
+    name: str
+    team: str
+    description: str = ""
+    config: dict[str, Any] = {}
+    presets: list[str]
+    staleness: list[dict[str, Any]] = [{}]
+    seeds: list[int] = [0]
+
+
+class SweepOut(Schema):
+    experiment: int
+    runs: list[int]
+
+
+class ExperimentOut(Schema):
+    id: int
+    name: str
+    team: str
+    owner: str
+    description: str
+    created: datetime
+    runs: int
+    active: int
+
+
+class RunOut(Schema):
+    id: int
+    experiment: int
+    preset: str
+    staleness: str
+    seed: int
+    status: str
+    attempt: int
+    queue: str
+    worker: str
+    progress: int
+    steps: int
+    heartbeat: datetime | None
+    started: datetime | None
+    finished: datetime | None
+    error: str
+    summary: dict[str, float | None]
+
+
+class RunDetailOut(RunOut):
+    config: dict[str, Any]
+
+
+def _run_out(run: Run) -> dict[str, Any]:
+    return {
+        **{name: getattr(run, name) for name in RunOut.model_fields if name not in ("experiment", "steps")},
+        "experiment": run.experiment_id,
+        "steps": run.steps,
+        "config": run.config,
+    }
+
+
+def _field_errors(errors: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    out = []
+    for field, message in errors:
+        if field not in ("presets", "seeds", "team", "name") and not field.startswith("staleness"):
+            field = f"config.{field}"
+        out.append({"loc": ["body", "sweep", *field.split(".")], "field": field, "msg": message})
+    return out
+
+
+def _visible_run(request: HttpRequest, run_id: int) -> Run:
+    return get_object_or_404(Run.visible_to(request.user).select_related("experiment"), pk=run_id)
+
+
+@api.post("/sweeps", response={201: SweepOut, 422: dict})
+def submit_sweep(request: HttpRequest, sweep: SweepIn):
+    """Create an experiment with one run per preset × staleness setting × seed, and queue them."""
+    team = Team.objects.filter(name=sweep.team, members=request.user).first()
+    errors = [] if team else [("team", f"you are not a member of a team called {sweep.team!r}")]
+    if not sweep.name.strip():
+        errors.append(("name", "name must not be empty"))
+    try:
+        grid = sweeps.expand(sweep.config, sweep.presets, sweep.staleness, sweep.seeds)
+    except sweeps.SweepError as exc:
+        errors += exc.errors
+    if errors:
+        return 422, {"detail": _field_errors(errors)}
+    experiment = sweeps.create_experiment(team, request.user, sweep.name.strip(), sweep.description, grid)
+    return 201, {"experiment": experiment.pk, "runs": list(experiment.runs.values_list("pk", flat=True))}
+
+
+@api.get("/experiments", response=list[ExperimentOut])
+def list_experiments(request: HttpRequest):
+    experiments = (
+        Experiment.visible_to(request.user)
+        .select_related("team", "owner")
+        .annotate(n_runs=Count("runs", distinct=True))
+    )
+    active = dict(
+        Run.objects.filter(experiment__in=experiments, status__in=Run.ACTIVE)
+        .values_list("experiment")
+        .annotate(n=Count("id"))
+    )
+    return [
+        {
+            "id": e.pk,
+            "name": e.name,
+            "team": e.team.name,
+            "owner": e.owner.get_username(),
+            "description": e.description,
+            "created": e.created,
+            "runs": e.n_runs,
+            "active": active.get(e.pk, 0),
+        }
+        for e in experiments
+    ]
+
+
+@api.get("/experiments/{experiment_id}/runs", response=list[RunOut])
+def list_runs(request: HttpRequest, experiment_id: int):
+    experiment = get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
+    return [_run_out(run) for run in experiment.runs.all()]
+
+
+@api.get("/runs/{run_id}", response=RunDetailOut)
+def get_run(request: HttpRequest, run_id: int):
+    return _run_out(_visible_run(request, run_id))
+
+
+@api.get("/runs/{run_id}/metrics")
+def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"] = "json", name: str = ""):
+    """Every metric point of the run: JSON `{name: [[step, value], ...]}` or CSV `name,step,value,wall_time`."""
+    run = _visible_run(request, run_id)
+    points = MetricPoint.objects.filter(run=run).order_by("name", "step")
+    if name:
+        points = points.filter(name=name)
+    if format == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["name", "step", "value", "wall_time"])
+        for p in points.values_list("name", "step", "value", "wall_time"):
+            writer.writerow([p[0], p[1], "" if p[2] is None else repr(p[2]), p[3].isoformat()])
+        response = HttpResponse(out.getvalue(), content_type="text/csv")
+        response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
+        return response
+    metrics: dict[str, list[list[float | None]]] = {}
+    for metric, step, value in points.values_list("name", "step", "value"):
+        metrics.setdefault(metric, []).append([step, value])
+    return {"run": run.pk, "metrics": metrics}
+
+
+@api.post("/runs/{run_id}/cancel", response={200: RunDetailOut, 409: dict})
+def cancel_run(request: HttpRequest, run_id: int):
+    """Cancel a queued run now, or a running one at its next step."""
+    run = _visible_run(request, run_id)
+    if not run.cancel():
+        raise HttpError(409, f"run {run.pk} is {run.status}; only queued or running runs can be cancelled")
+    return 200, _run_out(run)
+
+
+@api.post("/runs/{run_id}/retry", response={200: RunDetailOut, 409: dict})
+def retry_run(request: HttpRequest, run_id: int):
+    """Queue a new attempt of a failed, cancelled or lost run; it resumes from its last checkpoint."""
+    run = _visible_run(request, run_id)
+    if not run.retry():
+        raise HttpError(
+            409, f"run {run.pk} is {run.status}; only failed, cancelled or lost runs can be retried"
+        )
+    return 200, _run_out(run)

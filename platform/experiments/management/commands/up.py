@@ -1,0 +1,140 @@
+"""`python manage.py up` (what `make up` runs): migrate, make a first user, serve, work.
+
+Starts gunicorn (the site, static files through whitenoise) and one Celery worker on the
+`cpu` queue as child processes, prints the URL, and stops both on Ctrl-C or when either
+exits. On a first start with no users it creates an admin and a team and prints the
+credentials once.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from experiments.models import Membership, Team
+
+STOP_TIMEOUT_S = 15
+START_TIMEOUT_S = 60
+
+
+def create_first_user() -> tuple[str, str] | None:
+    """An admin user and a team on the first start; (username, password), or None if users exist."""
+    users = get_user_model()
+    with transaction.atomic():
+        if users.objects.exists():
+            return None
+        password = secrets.token_urlsafe(12)
+        user = users.objects.create_superuser("admin", "", password)
+        team = Team.objects.create(name="lab")
+        Membership.objects.create(team=team, user=user, is_admin=True)
+    return "admin", password
+
+
+class Command(BaseCommand):
+    help = "Migrate, create a first user if there is none, then run the web server and a worker."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
+
+    def handle(self, *args, host: str, port: int, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        first = create_first_user()
+        if first:
+            self.stdout.write(
+                f"First start: created user {first[0]!r} with password {first[1]!r} (team 'lab')."
+            )
+        engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+        broker = "redis" if settings.REDIS_URL else f"filesystem broker under {settings.BROKER_DIR}"
+        self.stdout.write(f"Database: {engine}; queue: {broker}.")
+
+        repo = settings.REPO_DIR
+        children = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gunicorn",
+                    "lab.wsgi",
+                    "--pythonpath",
+                    str(Path(repo, "platform")),
+                    "--bind",
+                    f"{host}:{port}",
+                    "--workers",
+                    "2",
+                    "--threads",
+                    "4",
+                    "--access-logfile",
+                    "-",
+                ],
+                cwd=repo,
+            ),
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "workers",
+                    "worker",
+                    "-Q",
+                    "cpu",
+                    "--hostname",
+                    f"cpu-{os.getpid()}@%h",
+                    "--loglevel",
+                    "INFO",
+                ],
+                cwd=repo,
+            ),
+        ]
+        stop = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, frame: stop.append(signum))
+        try:
+            url = f"http://{host}:{port}/"
+            self._wait_until_serving(url, children, stop)
+            self.stdout.write(f"Serving on {url} (Ctrl-C stops the web server and the worker)", ending="\n")
+            self.stdout.flush()
+            while not stop and all(child.poll() is None for child in children):
+                time.sleep(0.5)
+        finally:
+            self._stop(children)
+        if not stop:
+            raise CommandError("a child process exited on its own; see its output above")
+
+    def _wait_until_serving(self, url: str, children, stop) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not stop and time.monotonic() < deadline:
+            if any(child.poll() is not None for child in children):
+                raise CommandError("the web server or the worker failed to start; see its output above")
+            try:
+                urllib.request.urlopen(url + "health", timeout=2).close()
+                return
+            except OSError:
+                time.sleep(0.3)
+        if not stop:
+            raise CommandError(f"the web server did not answer at {url} within {START_TIMEOUT_S} s")
+
+    def _stop(self, children) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in children:
+            try:
+                child.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()

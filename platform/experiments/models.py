@@ -1,0 +1,297 @@
+"""Teams, experiments (one submitted sweep), runs and what runs report.
+
+A `Run` carries its own lifecycle: `queued → running → succeeded | failed | cancelled`,
+plus `lost` when its worker stopped heartbeating. Every transition is one conditional
+UPDATE on the row, so two workers can never both claim a run, and a late or duplicate
+message finds nothing to do. Postgres (or SQLite locally) is the source of truth; the
+broker only carries "execute run N, attempt A".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def is_admin(self, user) -> bool:
+        return self.memberships.filter(user=user, is_admin=True).exists()
+
+
+class Membership(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    is_admin = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="one_membership_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team}{' (admin)' if self.is_admin else ''}"
+
+
+class Experiment(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="experiments")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="experiments")
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    spec = models.JSONField(help_text="the submitted sweep: base config, presets, staleness settings, seeds")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def visible_to(cls, user) -> models.QuerySet[Experiment]:
+        return cls.objects.filter(team__memberships__user=user)
+
+    @property
+    def is_active(self) -> bool:
+        return self.runs.filter(status__in=Run.ACTIVE).exists()
+
+
+class Run(models.Model):
+    QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST = (
+        "queued",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "lost",
+    )
+    STATUSES = [(s, s) for s in (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST)]
+    ACTIVE = (QUEUED, RUNNING)
+    RETRYABLE = (FAILED, CANCELLED, LOST)
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
+    key = models.UUIDField(
+        default=uuid.uuid4, unique=True, editable=False, help_text="names its checkpoint folder"
+    )
+    config = models.JSONField(help_text="the fully resolved RunConfig")
+    preset = models.CharField(max_length=100)
+    staleness = models.CharField(max_length=100)
+    seed = models.IntegerField()
+    queue = models.CharField(max_length=20, default="cpu")
+    status = models.CharField(max_length=20, choices=STATUSES, default=QUEUED, db_index=True)
+    attempt = models.PositiveIntegerField(default=1)
+    cancel_requested = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    heartbeat = models.DateTimeField(null=True, blank=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+    progress = models.IntegerField(default=0, help_text="last trainer step reported")
+    error = models.TextField(blank=True)
+    summary = models.JSONField(default=dict, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.preset}, {self.staleness}, seed {self.seed})"
+
+    @classmethod
+    def visible_to(cls, user) -> models.QuerySet[Run]:
+        return cls.objects.filter(experiment__team__memberships__user=user)
+
+    @property
+    def steps(self) -> int:
+        return self.config["steps"]
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return settings.LAB_RUNS_DIR / str(self.key) / "checkpoints"
+
+    @property
+    def final_reward(self) -> float | None:
+        return self.summary.get("reward/mean")
+
+    def _update(self, condition: Q, **changes) -> bool:
+        """Apply `changes` iff the row still matches `condition`; either way, reload self."""
+        done = Run.objects.filter(condition, pk=self.pk).update(**changes) == 1
+        self.refresh_from_db()
+        return done
+
+    def enqueue(self) -> None:
+        """Send "execute this attempt" to the run's queue once the current transaction commits."""
+        from workers import app
+
+        run_id, attempt, queue = self.pk, self.attempt, self.queue
+        transaction.on_commit(
+            lambda: app.send_task("workers.tasks.execute_run", args=[run_id, attempt], queue=queue)
+        )
+
+    def claim(self, worker: str, attempt: int) -> bool:
+        """queued → running for this attempt; False if someone else has it or it is over."""
+        now = timezone.now()
+        return self._update(
+            Q(status=Run.QUEUED, attempt=attempt),
+            status=Run.RUNNING,
+            worker=worker,
+            heartbeat=now,
+            started=now,
+            finished=None,
+            error="",
+        )
+
+    def beat(self, worker: str, progress: int) -> bool:
+        """Heartbeat from the worker executing the run; False once it no longer owns the run."""
+        return (
+            Run.objects.filter(pk=self.pk, status=Run.RUNNING, worker=worker).update(
+                heartbeat=timezone.now(), progress=progress
+            )
+            == 1
+        )
+
+    def stop_requested(self, worker: str) -> bool:
+        """True when the run was cancelled or taken away from `worker` (e.g. reaped as lost)."""
+        return not Run.objects.filter(
+            pk=self.pk, status=Run.RUNNING, worker=worker, cancel_requested=None
+        ).exists()
+
+    def finish(self, worker: str, summary: dict[str, float]) -> bool:
+        """running → succeeded, or → cancelled if a cancel arrived while it ran."""
+        owned = Q(status=Run.RUNNING, worker=worker)
+        now = timezone.now()
+        if self._update(
+            owned & Q(cancel_requested=None), status=Run.SUCCEEDED, finished=now, summary=summary
+        ):
+            return True
+        return self._update(owned, status=Run.CANCELLED, finished=now, summary=summary)
+
+    def fail(self, worker: str, error: str) -> bool:
+        return self._update(
+            Q(status=Run.RUNNING, worker=worker), status=Run.FAILED, finished=timezone.now(), error=error
+        )
+
+    def cancel(self) -> bool:
+        """A queued run is cancelled at once; a running one stops at its next step boundary."""
+        now = timezone.now()
+        if self._update(Q(status=Run.QUEUED), status=Run.CANCELLED, cancel_requested=now, finished=now):
+            return True
+        return self._update(Q(status=Run.RUNNING, cancel_requested=None), cancel_requested=now)
+
+    def retry(self) -> bool:
+        """failed / cancelled / lost → queued as a new attempt, resuming from its last checkpoint."""
+        with transaction.atomic():
+            done = self._update(
+                Q(status__in=Run.RETRYABLE),
+                status=Run.QUEUED,
+                attempt=F("attempt") + 1,
+                cancel_requested=None,
+                worker="",
+                error="",
+                finished=None,
+            )
+            if done:
+                self.enqueue()
+        return done
+
+    def mark_lost(self, stale_before) -> bool:
+        """running → lost if no heartbeat arrived since `stale_before`."""
+        return self._update(
+            Q(status=Run.RUNNING, heartbeat__lt=stale_before),
+            status=Run.LOST,
+            finished=timezone.now(),
+            error=f"worker {self.worker} stopped sending heartbeats",
+        )
+
+    @classmethod
+    def reap(cls) -> list[Run]:
+        """Mark runs with stale heartbeats `lost`; re-queue those with attempts left. Returns them."""
+        stale_before = timezone.now() - timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S)
+        reaped = []
+        for run in cls.objects.filter(status=cls.RUNNING, heartbeat__lt=stale_before):
+            if not run.mark_lost(stale_before):
+                continue
+            if run.attempt < settings.LAB_MAX_ATTEMPTS:
+                run.retry()
+            reaped.append(run)
+        return reaped
+
+
+class MetricPoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="points")
+    name = models.CharField(max_length=100)
+    step = models.IntegerField()
+    value = models.FloatField(null=True, help_text="null for NaN or infinity")
+    wall_time = models.DateTimeField()
+
+    class Meta:
+        ordering = ["run", "name", "step"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "name", "step"], name="one_point_per_run_name_step")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.step}={self.value}"
+
+
+class Completion(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="completions")
+    step = models.IntegerField()
+    prompt = models.TextField()
+    completion = models.TextField()
+    reward = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["run", "-step", "id"]
+        indexes = [models.Index(fields=["run", "step"])]
+
+    def __str__(self) -> str:
+        return f"step {self.step}: {self.prompt!r} → {self.completion!r}"
+
+
+class ApiToken(models.Model):
+    """A bearer token for the API; only its SHA-256 digest is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    digest = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    last_used = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"token {self.digest[:8]}… of {self.user}"
+
+    @staticmethod
+    def _digest(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, user) -> str:
+        """Create a token for `user` and return it; it cannot be shown again."""
+        token = secrets.token_urlsafe(32)
+        cls.objects.create(user=user, digest=cls._digest(token))
+        return token
+
+    @classmethod
+    def user_for(cls, token: str):
+        """The active user owning `token`, or None."""
+        found = (
+            cls.objects.select_related("user").filter(digest=cls._digest(token), user__is_active=True).first()
+        )
+        if found is None:
+            return None
+        cls.objects.filter(pk=found.pk).update(last_used=timezone.now())
+        return found.user

@@ -1,0 +1,121 @@
+"""A sweep: one base run config crossed with presets × staleness settings × seeds.
+
+`expand` validates every cell of the grid through `rlcore.config.RunConfig` (the only place
+a run's fields, defaults and bounds live) and returns the resolved configs, or raises
+`SweepError` listing each problem once as `(field, message)`. Fields are named the way the
+submitter wrote them: `presets`, `staleness`, `seeds`, or the dotted path inside the base
+config (`rollout.group_size`, `task.path`). The form and the API both create runs through
+`create_experiment`, which enqueues them only after the transaction commits.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from pydantic import ValidationError
+
+from experiments.models import Experiment, Run, Team
+from rlcore.config import RunConfig, error_list
+
+# Where a grid axis lands in RunConfig, and the name the submitter used for it.
+_AXIS_FIELDS = {"algorithm.preset": "presets", "staleness": "staleness", "seed": "seeds"}
+
+
+class SweepError(ValueError):
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{name}: {message}" for name, message in errors))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    base: dict[str, Any]
+    presets: list[str]
+    staleness: list[dict[str, Any]]
+    seeds: list[int]
+    configs: list[RunConfig] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.presets) * len(self.staleness) * len(self.seeds)
+
+    def as_spec(self) -> dict[str, Any]:
+        return {
+            "config": self.base,
+            "presets": self.presets,
+            "staleness": self.staleness,
+            "seeds": self.seeds,
+        }
+
+
+def validation_context() -> dict[str, list[str]]:
+    return {"data_roots": settings.LAB_DATA_ROOTS, "model_roots": settings.LAB_MODEL_ROOTS}
+
+
+def _submitted_name(dotted: str) -> str:
+    for prefix, name in _AXIS_FIELDS.items():
+        if dotted == prefix or dotted.startswith(prefix + "."):
+            return name
+    return dotted
+
+
+def expand(
+    base: dict[str, Any], presets: list[str], staleness: list[dict[str, Any]], seeds: list[int]
+) -> Sweep:
+    """Validate the whole grid; return it with one resolved RunConfig per cell."""
+    errors: list[tuple[str, str]] = []
+    for name, axis in (("presets", presets), ("staleness", staleness), ("seeds", seeds)):
+        if not axis:
+            errors.append((name, f"choose at least one value for {name}: the grid would be empty"))
+    size = len(presets) * len(staleness) * len(seeds)
+    if size > settings.LAB_MAX_SWEEP_RUNS:
+        errors.append(
+            (
+                "presets",
+                f"the grid has {size} runs, more than the limit of {settings.LAB_MAX_SWEEP_RUNS}; split it",
+            )
+        )
+    if errors:
+        raise SweepError(errors)
+    configs = []
+    context = validation_context()
+    for preset, setting, seed in itertools.product(presets, staleness, seeds):
+        data = copy.deepcopy(base)
+        algorithm = data.get("algorithm", {})
+        data["algorithm"] = {**algorithm, "preset": preset} if isinstance(algorithm, dict) else algorithm
+        data["staleness"] = setting
+        data["seed"] = seed
+        try:
+            configs.append(RunConfig.model_validate(data, context=context))
+        except ValidationError as exc:
+            for dotted, message in error_list(exc):
+                error = (_submitted_name(dotted), message)
+                if error not in errors:
+                    errors.append(error)
+    if errors:
+        raise SweepError(errors)
+    return Sweep(base, presets, staleness, seeds, configs)
+
+
+def create_experiment(team: Team, owner, name: str, description: str, sweep: Sweep) -> Experiment:
+    """Store the experiment and one queued run per cell; enqueue them after commit."""
+    with transaction.atomic():
+        experiment = Experiment.objects.create(
+            team=team, owner=owner, name=name, description=description, spec=sweep.as_spec()
+        )
+        for config in sweep.configs:
+            run = Run.objects.create(
+                experiment=experiment,
+                config=config.model_dump(mode="json"),
+                preset=config.algorithm.preset,
+                staleness=config.staleness.label,
+                seed=config.seed,
+                queue=config.queue,
+            )
+            run.enqueue()
+    return experiment

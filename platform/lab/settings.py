@@ -1,0 +1,142 @@
+"""Settings, read from the environment with safe defaults for a single machine.
+
+With no `DATABASE_URL` the database is a SQLite file under `LAB_VAR_DIR` (default `var/`);
+with no `REDIS_URL` Celery uses kombu's filesystem transport under the same folder, which
+still crosses processes. Paths a run may read are limited to `LAB_DATA_ROOTS` (datasets)
+and `LAB_MODEL_ROOTS` (local models), each a colon-separated list.
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+VAR_DIR = Path(os.environ.get("LAB_VAR_DIR", REPO_DIR / "var")).resolve()
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """SECRET_KEY from the environment, else one generated once and kept under var/."""
+    if os.environ.get("SECRET_KEY"):
+        return os.environ["SECRET_KEY"]
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def _paths(name: str, default: Path) -> list[str]:
+    value = os.environ.get(name)
+    return [str(Path(p).resolve()) for p in value.split(":") if p] if value else [str(default)]
+
+
+SECRET_KEY = _secret_key()
+DEBUG = os.environ.get("DEBUG", "") in ("1", "true", "yes")
+ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "experiments",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "lab.urls"
+WSGI_APPLICATION = "lab.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [REPO_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_sqlite_path = VAR_DIR / "db.sqlite3"
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL") or f"sqlite:///{_sqlite_path}", conn_max_age=60
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL and immediate transactions let the web server and a worker write without "database is locked".
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "experiment-list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
+# Serve app static files straight from their packages, so no collectstatic step is needed locally.
+WHITENOISE_USE_FINDERS = True
+
+# Celery: Redis when REDIS_URL is set, else kombu's filesystem transport under var/.
+REDIS_URL = os.environ.get("REDIS_URL", "")
+BROKER_DIR = VAR_DIR / "broker"
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+else:
+    CELERY_BROKER_URL = "filesystem://"
+    for sub in ("queue", "processed", "control"):
+        (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+
+# Run bookkeeping; durations in seconds.
+LAB_DATA_ROOTS = _paths("LAB_DATA_ROOTS", VAR_DIR / "data")
+LAB_MODEL_ROOTS = _paths("LAB_MODEL_ROOTS", VAR_DIR / "models")
+LAB_RUNS_DIR = VAR_DIR / "runs"
+LAB_CACHE_DIR = Path(os.environ.get("LAB_CACHE_DIR", VAR_DIR / "cache")).resolve()
+LAB_MAX_RUN_S = int(os.environ.get("LAB_MAX_RUN_S", 7 * 24 * 3600))
+LAB_HEARTBEAT_TIMEOUT_S = float(os.environ.get("LAB_HEARTBEAT_TIMEOUT_S", 60))
+LAB_REAP_INTERVAL_S = float(os.environ.get("LAB_REAP_INTERVAL_S", 15))
+LAB_MAX_ATTEMPTS = int(os.environ.get("LAB_MAX_ATTEMPTS", 3))
+LAB_MAX_SWEEP_RUNS = int(os.environ.get("LAB_MAX_SWEEP_RUNS", 512))
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+}

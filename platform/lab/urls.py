@@ -1,0 +1,32 @@
+"""URL map: pages, the API at /api/, the admin, login/logout."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path
+from django.views.generic import RedirectView
+from experiments import views
+from experiments.api import api
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="experiment-list"), name="home"),
+    path("health", views.health, name="health"),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("api/", api.urls),
+    path("experiments/", views.experiment_list, name="experiment-list"),
+    path("experiments/new/", views.submit_sweep, name="submit-sweep"),
+    path("experiments/<int:experiment_id>/", views.experiment_detail, name="experiment-detail"),
+    path("experiments/<int:experiment_id>/live/", views.experiment_runs_live, name="experiment-runs-live"),
+    path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
+    path("runs/<int:run_id>/live/", views.run_live, name="run-live"),
+    path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),
+    path("runs/<int:run_id>/retry/", views.run_retry, name="run-retry"),
+    path("teams/", views.team_list, name="team-list"),
+    path("teams/<int:team_id>/", views.team_detail, name="team-detail"),
+    path(
+        "teams/<int:team_id>/members/<int:membership_id>/remove/",
+        views.team_remove_member,
+        name="team-remove-member",
+    ),
+]

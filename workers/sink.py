@@ -1,0 +1,117 @@
+"""The sink a worker hands to `rlcore.trainer.train`: metrics and completions into the database.
+
+The trainer thread only appends to in-memory buffers; a background thread writes them in
+batches every half second together with the run's heartbeat and progress. Points are
+upserts keyed `(run, name, step)` and completions of a step replace that step's earlier
+ones, so a step re-executed after a resume never duplicates anything. `should_stop` reads
+the run's row, so a cancel (or the run being reaped from this worker) is honoured at the
+next step boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from datetime import datetime
+
+from django.db import close_old_connections, connection, transaction
+from django.utils import timezone
+from experiments.models import Completion, MetricPoint, Run
+
+from rlcore.sinks import Sample
+
+FLUSH_INTERVAL_S = 0.5
+
+log = logging.getLogger(__name__)
+
+
+def finite_or_none(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+class DatabaseSink:
+    """Buffers what the trainer reports and flushes it to the database from a thread."""
+
+    def __init__(self, run: Run, worker: str):
+        self.run = run
+        self.worker = worker
+        self._lock = threading.Lock()
+        self._points: dict[tuple[str, int], tuple[float | None, datetime]] = {}
+        self._samples: dict[int, list[Sample]] = {}
+        self._progress = run.progress
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._flush_loop, name=f"flush-run-{run.pk}", daemon=True)
+        self._thread.start()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        now = timezone.now()
+        with self._lock:
+            for name, value in metrics.items():
+                self._points[(name, step)] = (finite_or_none(value), now)
+            self._progress = step
+
+    def sample(self, step: int, samples: list[Sample]) -> None:
+        with self._lock:
+            self._samples.setdefault(step, []).extend(samples)
+
+    def should_stop(self) -> bool:
+        return self.run.stop_requested(self.worker)
+
+    def flush(self) -> None:
+        """Write everything buffered so far and beat the heartbeat."""
+        with self._lock:
+            points, self._points = self._points, {}
+            samples, self._samples = self._samples, {}
+            progress = self._progress
+        try:
+            with transaction.atomic():
+                MetricPoint.objects.bulk_create(
+                    [
+                        MetricPoint(run=self.run, name=name, step=step, value=value, wall_time=wall_time)
+                        for (name, step), (value, wall_time) in points.items()
+                    ],
+                    update_conflicts=True,
+                    unique_fields=["run", "name", "step"],
+                    update_fields=["value", "wall_time"],
+                    batch_size=500,
+                )
+                Completion.objects.filter(run=self.run, step__in=list(samples)).delete()
+                Completion.objects.bulk_create(
+                    Completion(
+                        run=self.run,
+                        step=step,
+                        prompt=s.prompt,
+                        completion=s.completion,
+                        reward=finite_or_none(s.reward),
+                    )
+                    for step, batch in samples.items()
+                    for s in batch
+                )
+            self.run.beat(self.worker, progress)
+        except Exception:
+            # Keep what was not written (newer values win) and try again on the next tick.
+            with self._lock:
+                for key, value in points.items():
+                    self._points.setdefault(key, value)
+                for step, batch in samples.items():
+                    self._samples.setdefault(step, batch)
+            raise
+
+    def _flush_loop(self) -> None:
+        try:
+            while not self._closing.wait(FLUSH_INTERVAL_S):
+                try:
+                    self.flush()
+                except Exception:
+                    log.exception("run %s: flushing metrics failed; retrying", self.run.pk)
+                    close_old_connections()
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        """Stop the flush thread and write what is left (from the calling thread)."""
+        self._closing.set()
+        self._thread.join()
+        self.flush()

@@ -1,0 +1,87 @@
+"""Celery tasks: execute one run with rlcore, and the reaper that re-queues lost runs.
+
+`execute(run_id, attempt)` is the plain entry point (the task only calls it): claim the
+run for this attempt, train it with a `DatabaseSink`, and end it `succeeded`, `cancelled`
+or `failed` with the reason. A message for an attempt that is no longer queued (a duplicate,
+or one redelivered after the run was reaped and re-queued) does nothing. Every worker also
+runs the reaper in a background thread, so a run whose worker died is re-queued as soon as
+any worker is alive; `python manage.py reap` does the same once by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import threading
+import time
+
+from celery.signals import worker_ready
+from django.conf import settings
+from django.db import close_old_connections
+from experiments.models import Run
+
+from rlcore.config import RunConfig
+from workers import app
+from workers.sink import DatabaseSink, finite_or_none
+
+log = logging.getLogger(__name__)
+
+
+def worker_identity() -> str:
+    return f"{platform.node()}:{os.getpid()}"
+
+
+def execute(run_id: int, attempt: int) -> str:
+    """Execute `attempt` of run `run_id` if it is still queued; return what happened."""
+    worker = worker_identity()
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None or not run.claim(worker, attempt):
+        return f"run {run_id} attempt {attempt}: not queued any more, nothing to do"
+    log.info("run %s attempt %s: claimed by %s", run_id, attempt, worker)
+    sink = DatabaseSink(run, worker)
+    try:
+        config = RunConfig.model_validate(
+            run.config,
+            context={"data_roots": settings.LAB_DATA_ROOTS, "model_roots": settings.LAB_MODEL_ROOTS},
+        )
+        from rlcore.trainer import train
+
+        summary = train(config, sink, checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR)
+    except Exception as exc:
+        log.exception("run %s attempt %s failed", run_id, attempt)
+        sink.close()
+        run.fail(worker, f"{type(exc).__name__}: {exc}")
+        return f"run {run_id} attempt {attempt}: failed"
+    sink.close()
+    run.finish(worker, {name: finite_or_none(value) for name, value in summary.items()})
+    return f"run {run_id} attempt {attempt}: {run.status}"
+
+
+@app.task(name="workers.tasks.execute_run", acks_late=True, reject_on_worker_lost=True)
+def execute_run(run_id: int, attempt: int) -> str:
+    return execute(run_id, attempt)
+
+
+def reap_forever(interval_s: float) -> None:
+    while True:
+        time.sleep(interval_s)
+        try:
+            for run in Run.reap():
+                log.warning(
+                    "run %s lost (%s); now %s, attempt %s", run.pk, run.error, run.status, run.attempt
+                )
+        except Exception:
+            log.exception("reaping lost runs failed; trying again in %.0f s", interval_s)
+        finally:
+            close_old_connections()
+
+
+@worker_ready.connect
+def _start_reaper(sender, **kwargs) -> None:
+    log.info(
+        "worker %s ready on %s (Python %s)", worker_identity(), platform.system(), platform.python_version()
+    )
+    threading.Thread(
+        target=reap_forever, args=(settings.LAB_REAP_INTERVAL_S,), name="reaper", daemon=True
+    ).start()
