@@ -96,7 +96,9 @@ def load(
 
 def load_pretrained(path: str, dtype: str, device: torch.device) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     if not Path(path).is_dir():
         raise FileNotFoundError(f"model path {path!r} is not a directory with a Hugging Face model")
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -80,6 +80,96 @@ def lr_factor(config: RunConfig, step: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+@dataclass
+class Run:
+    """Everything one run trains with; `prepare` builds it, `train` drives it step by step."""
+
+    config: RunConfig
+    task: tasks.Task
+    lm: models.LoadedModel
+    initial: torch.nn.Module  # frozen θ0, for kl/init
+    algorithm: algorithms.Algorithm
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    engine: HFEngine | VLLMEngine
+    behavior: staleness.BehaviorSide = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.config.staleness
+        self.behavior = staleness.BehaviorSide(
+            self.engine, self.generate, self.config.steps, s.sync_interval, s.sync_offset, s.offline
+        )
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self.lm.model
+
+    def generate(self, step: int) -> Batch:
+        """Step's batch from the engine's current (behaviour) weights, with rewards."""
+        cfg = self.config.rollout
+        problems = self.task.sample(cfg.prompts_per_step, generator(self.config.seed, step, "prompts"))
+        problems = [p for p in problems for _ in range(cfg.group_size)]
+        rollout = self.engine.generate(
+            self.lm.encode([p.prompt for p in problems]),
+            cfg.max_new_tokens,
+            cfg.temperature,
+            cfg.top_p,
+            generator(self.config.seed, step, "sampling"),
+        )
+        completions = self.lm.decode_responses(rollout)
+        scores = [
+            self.task.score(p, c, bool(f))
+            for p, c, f in zip(problems, completions, rollout.finished, strict=True)
+        ]
+        return Batch(
+            step=step,
+            version=self.behavior.version,
+            problems=problems,
+            completions=completions,
+            rewards=torch.tensor([s.reward for s in scores], dtype=torch.float32),
+            correct=torch.tensor([s.correct for s in scores]),
+            rollout=rollout,
+        )
+
+    def step(self, step: int) -> tuple[Batch, dict[str, float]]:
+        """Trainer step `step`: sync the behaviour side if due, take its batch, one update."""
+        started = time.perf_counter()
+        self.behavior.advance(step, self.policy)
+        batch = self.behavior.batch(step)
+        metrics = train_step(
+            self.config, self.algorithm, self.policy, self.initial, self.optimizer, batch, step
+        )
+        self.scheduler.step()
+        metrics["time/step_s"] = time.perf_counter() - started
+        metrics["tokens_per_s"] = float(batch.rollout.response_mask.sum()) / metrics["time/step_s"]
+        return batch, metrics
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        problems = self.task.eval_problems(self.config.eval_size)
+        return evaluate(self.config, self.lm, self.initial, self.task, problems, step)
+
+
+def prepare(config: RunConfig, cache_dir: Path | None = None) -> Run:
+    """Load θ0 and build the optimiser, the rollout engine and the behaviour side."""
+    device = resolve_device(config.device)
+    task = tasks.build(config.task)
+    lm = models.load(config, device, cache_dir, task)
+    opt = config.optimizer
+    optimizer = torch.optim.AdamW(
+        lm.model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay
+    )
+    return Run(
+        config=config,
+        task=task,
+        lm=lm,
+        initial=copy.deepcopy(lm.model).eval().requires_grad_(False),
+        algorithm=algorithms.build(config.algorithm.preset, **config.algorithm.params),
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(config, s)),
+        engine=make_engine(config, lm, cache_dir, task),
+    )
+
+
 def train(
     config: RunConfig, sink: Sink, *, checkpoint_dir: Path | None = None, cache_dir: Path | None = None
 ) -> dict[str, float]:
@@ -88,60 +178,14 @@ def train(
     Resumes from the latest checkpoint in `checkpoint_dir` if there is one; a resumed run
     logs the same metrics as an uninterrupted one. Raises `Diverged` on NaN/inf.
     """
-    device = resolve_device(config.device)
-    task = tasks.build(config.task)
-    lm = models.load(config, device, cache_dir, task)
-    policy = lm.model
-    initial = copy.deepcopy(policy).eval().requires_grad_(False)
-    algorithm = algorithms.build(config.algorithm.preset, **config.algorithm.params)
-    opt = config.optimizer
-    optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(config, s))
-    engine = make_engine(config, lm, cache_dir, task)
-    eval_problems = task.eval_problems(config.eval_size)
-    rollout_cfg = config.rollout
-
-    def generate(step: int) -> Batch:
-        problems = task.sample(rollout_cfg.prompts_per_step, generator(config.seed, step, "prompts"))
-        problems = [p for p in problems for _ in range(rollout_cfg.group_size)]
-        rollout = engine.generate(
-            lm.encode([p.prompt for p in problems]),
-            rollout_cfg.max_new_tokens,
-            rollout_cfg.temperature,
-            rollout_cfg.top_p,
-            generator(config.seed, step, "sampling"),
-        )
-        completions = lm.decode_responses(rollout)
-        scores = [
-            task.score(p, c, bool(f)) for p, c, f in zip(problems, completions, rollout.finished, strict=True)
-        ]
-        return Batch(
-            step=step,
-            version=behavior.version,
-            problems=problems,
-            completions=completions,
-            rewards=torch.tensor([s.reward for s in scores], dtype=torch.float32),
-            correct=torch.tensor([s.correct for s in scores]),
-            rollout=rollout,
-        )
-
-    behavior = staleness.BehaviorSide(
-        engine,
-        generate,
-        config.steps,
-        config.staleness.sync_interval,
-        config.staleness.sync_offset,
-        config.staleness.offline,
-    )
+    run = prepare(config, cache_dir)
     progress = Progress()
     start = 1
     checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
     if checkpoint is not None:
-        start = restore(checkpoint, config, policy, optimizer, scheduler, engine, behavior, progress) + 1
+        start = restore(checkpoint, run, progress) + 1
     else:
-        progress.initial_eval = evaluate(config, lm, initial, task, eval_problems, step=0)
+        progress.initial_eval = run.evaluate(step=0)
         progress.last.update(progress.initial_eval)
         sink.log(0, progress.initial_eval)
 
@@ -149,30 +193,22 @@ def train(
     for step in range(start, config.steps + 1):
         if sink.should_stop():
             break
-        started = time.perf_counter()
-        behavior.advance(step, policy)
-        batch = behavior.batch(step)
-        metrics = train_step(config, algorithm, policy, initial, optimizer, batch, step)
-        scheduler.step()
-        metrics["time/step_s"] = time.perf_counter() - started
-        metrics["tokens_per_s"] = float(batch.rollout.response_mask.sum()) / metrics["time/step_s"]
+        batch, metrics = run.step(step)
         if step == config.steps or (config.eval_every and step % config.eval_every == 0):
-            metrics.update(evaluate(config, lm, initial, task, eval_problems, step))
+            metrics.update(run.evaluate(step))
         sink.log(step, metrics)
         if config.samples_per_step:
+            examples = zip(batch.problems, batch.completions, batch.rewards, strict=True)
             sink.sample(
                 step,
-                [
-                    Sample(prompt=p.prompt, completion=c, reward=float(r))
-                    for p, c, r in zip(batch.problems, batch.completions, batch.rewards, strict=True)
-                ][: config.samples_per_step],
+                [Sample(prompt=p.prompt, completion=c, reward=float(r)) for p, c, r in examples][
+                    : config.samples_per_step
+                ],
             )
         progress.last.update(metrics)
         steps_done = step
         if checkpoint_dir and config.checkpoint_every and step % config.checkpoint_every == 0:
-            save_checkpoint(
-                checkpoint_dir, step, config, policy, optimizer, scheduler, engine, behavior, progress
-            )
+            save_checkpoint(checkpoint_dir, step, run, progress)
 
     return {
         "steps": float(steps_done),
@@ -306,17 +342,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save_checkpoint(
-    directory: Path,
-    step: int,
-    config: RunConfig,
-    policy: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    engine: HFEngine | VLLMEngine,
-    behavior: staleness.BehaviorSide,
-    progress: Progress,
-) -> Path:
+def save_checkpoint(directory: Path, step: int, run: Run, progress: Progress) -> Path:
     """Write everything a resume needs atomically; keep only the newest checkpoint."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -325,12 +351,12 @@ def save_checkpoint(
     torch.save(
         {
             "step": step,
-            "config": config.model_dump_json(),
-            "policy": policy.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "behavior_weights": engine.snapshot(),
-            "behavior": behavior.state(),
+            "config": run.config.model_dump_json(),
+            "policy": run.policy.state_dict(),
+            "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(),
+            "behavior_weights": run.engine.snapshot(),
+            "behavior": run.behavior.state(),
             "progress": progress,
         },
         tmp,
@@ -342,26 +368,17 @@ def save_checkpoint(
     return target
 
 
-def restore(
-    path: Path,
-    config: RunConfig,
-    policy: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    engine: HFEngine | VLLMEngine,
-    behavior: staleness.BehaviorSide,
-    progress: Progress,
-) -> int:
-    """Load a checkpoint into the live objects; return its step."""
+def restore(path: Path, run: Run, progress: Progress) -> int:
+    """Load a checkpoint into the live run; return its step."""
     # Our own file, holding Python objects (queued batches), hence weights_only=False.
-    state = torch.load(path, map_location=next(policy.parameters()).device, weights_only=False)
-    if state["config"] != config.model_dump_json():
+    state = torch.load(path, map_location=next(run.policy.parameters()).device, weights_only=False)
+    if state["config"] != run.config.model_dump_json():
         raise ValueError(f"checkpoint {path} was written by a different run config; refusing to resume")
-    policy.load_state_dict(state["policy"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    engine.load_snapshot(state["behavior_weights"])
-    behavior.load_state(state["behavior"])
+    run.policy.load_state_dict(state["policy"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.engine.load_snapshot(state["behavior_weights"])
+    run.behavior.load_state(state["behavior"])
     progress.initial_eval = state["progress"].initial_eval
     progress.last = state["progress"].last
     return int(state["step"])
