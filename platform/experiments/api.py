@@ -16,7 +16,7 @@ from typing import Any, Literal
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
-from ninja import NinjaAPI, Schema
+from ninja import NinjaAPI, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 
@@ -118,9 +118,11 @@ def submit_sweep(request: HttpRequest, sweep: SweepIn):
     except sweeps.SweepError as exc:
         errors += exc.errors
     if errors:
-        return 422, {"detail": _field_errors(errors)}
+        return Status(422, {"detail": _field_errors(errors)})
     experiment = sweeps.create_experiment(team, request.user, sweep.name.strip(), sweep.description, grid)
-    return 201, {"experiment": experiment.pk, "runs": list(experiment.runs.values_list("pk", flat=True))}
+    return Status(
+        201, {"experiment": experiment.pk, "runs": list(experiment.runs.values_list("pk", flat=True))}
+    )
 
 
 @api.get("/experiments", response=list[ExperimentOut])
@@ -183,16 +185,16 @@ def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"
     return {"run": run.pk, "metrics": metrics}
 
 
-@api.post("/runs/{run_id}/cancel", response={200: RunDetailOut, 409: dict})
+@api.post("/runs/{run_id}/cancel", response=RunDetailOut)
 def cancel_run(request: HttpRequest, run_id: int):
     """Cancel a queued run now, or a running one at its next step."""
     run = _visible_run(request, run_id)
     if not run.cancel():
         raise HttpError(409, f"run {run.pk} is {run.status}; only queued or running runs can be cancelled")
-    return 200, _run_out(run)
+    return _run_out(run)
 
 
-@api.post("/runs/{run_id}/retry", response={200: RunDetailOut, 409: dict})
+@api.post("/runs/{run_id}/retry", response=RunDetailOut)
 def retry_run(request: HttpRequest, run_id: int):
     """Queue a new attempt of a failed, cancelled or lost run; it resumes from its last checkpoint."""
     run = _visible_run(request, run_id)
@@ -200,4 +202,4 @@ def retry_run(request: HttpRequest, run_id: int):
         raise HttpError(
             409, f"run {run.pk} is {run.status}; only failed, cancelled or lost runs can be retried"
         )
-    return 200, _run_out(run)
+    return _run_out(run)

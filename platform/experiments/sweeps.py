@@ -3,8 +3,8 @@
 `expand` validates every cell of the grid through `rlcore.config.RunConfig` (the only place
 a run's fields, defaults and bounds live) and returns the resolved configs, or raises
 `SweepError` listing each problem once as `(field, message)`. Fields are named the way the
-submitter wrote them: `presets`, `staleness`, `seeds`, or the dotted path inside the base
-config (`rollout.group_size`, `task.path`). The form and the API both create runs through
+submitter wrote them: `presets`, `seeds`, `staleness.sync_offset`, or the dotted path inside
+the base config (`rollout.group_size`, `task.path`). The form and the API both create runs through
 `create_experiment`, which enqueues them only after the transaction commits.
 """
 
@@ -23,7 +23,7 @@ from experiments.models import Experiment, Run, Team
 from rlcore.config import RunConfig, error_list
 
 # Where a grid axis lands in RunConfig, and the name the submitter used for it.
-_AXIS_FIELDS = {"algorithm.preset": "presets", "staleness": "staleness", "seed": "seeds"}
+_AXIS_FIELDS = {"algorithm.preset": "presets", "seed": "seeds"}
 
 
 class SweepError(ValueError):

@@ -1,0 +1,206 @@
+"""Fixtures for the platform tests: settings for a test var/ folder, users and teams, and
+real Celery worker processes that share the test database.
+
+The tests run against whatever `DATABASE_URL` / `REDIS_URL` say (CI: real PostgreSQL and
+Redis) or, with neither set, against the embedded defaults (SQLite file, filesystem broker).
+Every worker is a subprocess bounded by `timeout` and stopped at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import django
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_VAR = REPO / "var" / "test"
+os.environ["LAB_VAR_DIR"] = str(TEST_VAR)
+os.environ["LAB_DATA_ROOTS"] = str(TEST_VAR / "data")
+os.environ["LAB_HEARTBEAT_TIMEOUT_S"] = "3"
+os.environ["LAB_REAP_INTERVAL_S"] = "1"
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
+django.setup()  # this conftest is not an initial one, so pytest-django has not set Django up yet
+
+WORKER_LIMIT_S = 600
+READY_TIMEOUT_S = 90
+
+# A run of a few seconds on 2 cores: the tiny model, small batches, frequent checkpoints.
+TINY_CONFIG = {
+    "model": {
+        "tiny": {
+            "hidden_size": 32,
+            "num_layers": 1,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "warmstart_max_steps": 50,
+        }
+    },
+    "rollout": {"group_size": 4, "prompts_per_step": 4},
+    "steps": 6,
+    "eval_every": 5,
+    "eval_size": 20,
+    "checkpoint_every": 2,
+    "samples_per_step": 2,
+    "device": "cpu",
+}
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.2):
+    """Poll `predicate` until it returns something truthy; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def queued_messages(queue: str = "cpu") -> int:
+    """Messages waiting in the broker queue (nothing consumes them while no worker runs)."""
+    from workers import app
+
+    with app.connection_for_write() as conn:
+        return conn.default_channel.queue_declare(queue=queue, passive=False).message_count
+
+
+def purge_queue(queue: str = "cpu") -> None:
+    from workers import app
+
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_purge(queue)
+
+
+class WorkerProcess:
+    """`celery -A workers worker -Q cpu` in its own process group, logging to a file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, name: str):
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                "timeout",
+                "-s",
+                "KILL",
+                str(WORKER_LIMIT_S),
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers",
+                "worker",
+                "-Q",
+                "cpu",
+                "--hostname",
+                f"{name}@%h",
+                "--loglevel",
+                "INFO",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        match = wait_for(self._ready, READY_TIMEOUT_S, f"worker {name} to start (log: {log_path})")
+        self.identity, self.system = match.group(1), match.group(2)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def _ready(self):
+        if self.proc.poll() is not None:
+            pytest.fail(f"worker exited with {self.proc.returncode}:\n{self.log()}")
+        return re.search(r"worker (\S+) ready on (\S+)", self.log())
+
+    def kill(self) -> None:
+        """SIGKILL the worker: no warm shutdown, no acknowledgement, no last heartbeat."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+def _test_database_url() -> str:
+    from django.db import connection
+
+    settings = connection.settings_dict
+    if settings["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{settings['NAME']}"
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    return urlunsplit(parts._replace(path="/" + settings["NAME"]))
+
+
+@pytest.fixture(scope="session")
+def worker_env(django_db_setup, django_db_blocker) -> dict[str, str]:
+    """The environment of a worker process: same settings, pointed at the test database."""
+    with django_db_blocker.unblock():
+        url = _test_database_url()
+    for stale in ("runs", "broker"):
+        shutil.rmtree(TEST_VAR / stale, ignore_errors=True)
+    (TEST_VAR / "data").mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture
+def start_worker(worker_env, tmp_path) -> Iterator[Callable[[], WorkerProcess]]:
+    """Start workers on demand; every one is stopped at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start() -> WorkerProcess:
+        worker = WorkerProcess(worker_env, tmp_path / f"worker-{len(started)}.log", f"test{len(started)}")
+        started.append(worker)
+        return worker
+
+    purge_queue()
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture(scope="module")
+def worker(worker_env, tmp_path_factory) -> Iterator[WorkerProcess]:
+    """One worker for a whole module (importing torch and warm-starting the tiny model is slow)."""
+    purge_queue()
+    process = WorkerProcess(worker_env, tmp_path_factory.mktemp("worker") / "worker.log", "module")
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def team(django_user_model):
+    from experiments.models import Membership, Team
+
+    user = django_user_model.objects.create_user("alice", password="alice-password-1")
+    team = Team.objects.create(name="team-a")
+    Membership.objects.create(team=team, user=user, is_admin=True)
+    return team
+
+
+@pytest.fixture
+def alice(team):
+    return team.members.get(username="alice")
+
+
+@pytest.fixture
+def alice_client(client, alice):
+    client.force_login(alice)
+    return client

@@ -1,0 +1,179 @@
+"""Invalid sweeps, through the form and the API: field errors or 422, no run, nothing queued.
+
+The checks are RunConfig's (the form and the API carry no bounds of their own); a valid
+submission is the control that shows the queue count would notice a message.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from conftest import TINY_CONFIG, purge_queue, queued_messages
+from django.urls import reverse
+from experiments.models import ApiToken, Experiment, Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def form_data(team, **changes) -> dict:
+    data = {
+        "name": "bad sweep",
+        "team": team.pk,
+        "presets": ["grpo"],
+        "on_policy": "on",
+        "seeds": "0",
+        "task.name": "arithmetic",
+        "rollout.group_size": "4",
+        "optimizer.lr": "3e-5",
+        "steps": "6",
+    }
+    data.update(changes)
+    return data
+
+
+INVALID_FORMS = {
+    "unknown preset": (
+        {"presets": ["no-such-preset"]},
+        "presets",
+        "no-such-preset is not one of the available",
+    ),
+    "group size 1": ({"rollout.group_size": "1"}, "rollout.group_size", "greater than or equal to 2"),
+    "negative lr": ({"optimizer.lr": "-0.001"}, "optimizer.lr", "greater than 0"),
+    "steps over the limit": ({"steps": "100001"}, "steps", "less than or equal to 100000"),
+    "dataset outside the roots": (
+        {"task.name": "jsonl", "task.path": "/etc/passwd"},
+        "task.path",
+        "outside the allowed roots",
+    ),
+    "not a number": ({"rollout.group_size": "eight"}, "rollout.group_size", "Enter a whole number"),
+    "bad seed list": ({"seeds": "0, x"}, "seeds", "whole numbers separated by commas"),
+    "empty grid": ({"on_policy": ""}, "on_policy", "choose at least one value for staleness"),
+    "sync interval 0": ({"sync_intervals": "0"}, "sync_intervals", "greater than or equal to 1"),
+}
+
+
+@pytest.fixture(autouse=True)
+def empty_queue():
+    purge_queue()
+
+
+@pytest.mark.parametrize("case", INVALID_FORMS, ids=list(INVALID_FORMS))
+def test_invalid_form_shows_the_field_error_and_creates_nothing(alice_client, team, case):
+    changes, field, message = INVALID_FORMS[case]
+    response = alice_client.post(reverse("submit-sweep"), form_data(team, **changes))
+    assert response.status_code == 422
+    errors = response.context["form"].errors
+    assert field in errors, errors
+    assert any(message in e for e in errors[field]), errors[field]
+    assert message.replace('"', "&quot;") in response.content.decode() or message in response.content.decode()
+    assert Experiment.objects.count() == 0 and Run.objects.count() == 0
+    assert queued_messages() == 0
+
+
+def test_preview_counts_the_grid_and_creates_nothing(alice_client, team):
+    data = form_data(team, presets=["grpo", "reinforce"], sync_offsets="2, 8", seeds="0 1", preview="1")
+    response = alice_client.post(reverse("submit-sweep"), data)
+    assert response.status_code == 200
+    assert "This sweep makes 12 runs." in response.content.decode()
+    assert Run.objects.count() == 0 and queued_messages() == 0
+
+
+def test_valid_form_creates_and_enqueues_every_run(alice_client, team):
+    data = form_data(team, presets=["grpo", "reinforce"], sync_offsets="2", offline="on")
+    response = alice_client.post(reverse("submit-sweep"), data)
+    experiment = Experiment.objects.get()
+    assert response.status_code == 302 and response["Location"] == reverse(
+        "experiment-detail", args=[experiment.pk]
+    )
+    runs = experiment.runs.all()
+    assert sorted((r.preset, r.staleness) for r in runs) == sorted(
+        (p, s) for p in ("grpo", "reinforce") for s in ("on-policy", "sync_offset=2", "offline")
+    )
+    assert all(r.status == Run.QUEUED and r.config["rollout"]["group_size"] == 4 for r in runs)
+    assert queued_messages() == 6
+
+
+@pytest.fixture
+def api(client, alice):
+    token = ApiToken.issue(alice)
+
+    def post(path: str, body) -> object:
+        payload = body if isinstance(body, str) else json.dumps(body)
+        return client.post(
+            path, payload, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+        )
+
+    return post
+
+
+def sweep_body(**changes) -> dict:
+    body = {"name": "api sweep", "team": "team-a", "config": copy.deepcopy(TINY_CONFIG), "presets": ["grpo"]}
+    body.update(changes)
+    return body
+
+
+def with_config(path: str, value) -> dict:
+    config = copy.deepcopy(TINY_CONFIG)
+    *parents, leaf = path.split(".")
+    node = config
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return sweep_body(config=config)
+
+
+INVALID_BODIES = {
+    "unknown preset": (sweep_body(presets=["grpo", "no-such-preset"]), "presets", "unknown preset"),
+    "group size 1": (
+        with_config("rollout.group_size", 1),
+        "config.rollout.group_size",
+        "greater than or equal to 2",
+    ),
+    "negative lr": (with_config("optimizer.lr", -0.001), "config.optimizer.lr", "greater than 0"),
+    "steps over the limit": (with_config("steps", 100_001), "config.steps", "less than or equal to 100000"),
+    "dataset outside the roots": (
+        with_config("task", {"name": "jsonl", "path": "/etc/passwd"}),
+        "config.task.path",
+        "outside the allowed roots",
+    ),
+    "unknown config field": (with_config("rollout.groupsize", 4), "config.rollout.groupsize", "Extra inputs"),
+    "staleness out of range": (
+        sweep_body(staleness=[{"sync_offset": -1}]),
+        "staleness.sync_offset",
+        "greater than or equal to 0",
+    ),
+    "team of someone else": (sweep_body(team="team-b"), "team", "not a member"),
+}
+
+
+@pytest.mark.parametrize("case", INVALID_BODIES, ids=list(INVALID_BODIES))
+def test_invalid_api_sweep_is_422_naming_the_field(api, case):
+    body, field, message = INVALID_BODIES[case]
+    response = api("/api/sweeps", body)
+    assert response.status_code == 422, response.content
+    detail = response.json()["detail"]
+    assert any(d["field"] == field and message in d["msg"] for d in detail), detail
+    assert Experiment.objects.count() == 0 and Run.objects.count() == 0
+    assert queued_messages() == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["{not json", "[]", json.dumps({"name": "x", "team": "team-a", "presets": "grpo", "seeds": ["a"]})],
+    ids=["malformed", "not an object", "wrong types"],
+)
+def test_malformed_api_body_is_a_client_error(api, body):
+    response = api("/api/sweeps", body)
+    assert 400 <= response.status_code < 500, response.content
+    assert Run.objects.count() == 0 and queued_messages() == 0
+
+
+def test_valid_api_sweep_returns_the_experiment_and_its_runs(api):
+    response = api("/api/sweeps", sweep_body(presets=["grpo", "reinforce"], seeds=[0, 1]))
+    assert response.status_code == 201, response.content
+    body = response.json()
+    experiment = Experiment.objects.get()
+    assert body == {"experiment": experiment.pk, "runs": sorted(experiment.runs.values_list("pk", flat=True))}
+    assert len(body["runs"]) == 4 and queued_messages() == 4
