@@ -154,8 +154,7 @@ def worker_env(django_db_setup, django_db_blocker) -> dict[str, str]:
     """The environment of a worker process: same settings, pointed at the test database."""
     with django_db_blocker.unblock():
         url = _test_database_url()
-    for stale in ("runs", "broker"):
-        shutil.rmtree(TEST_VAR / stale, ignore_errors=True)
+    shutil.rmtree(TEST_VAR / "runs", ignore_errors=True)
     (TEST_VAR / "data").mkdir(parents=True, exist_ok=True)
     return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
 
