@@ -1,0 +1,70 @@
+"""A worker killed mid-run: the run is reaped as lost, re-queued, and finished by a new
+worker process from its last checkpoint, with exactly one point per (name, step)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TINY_CONFIG, wait_for
+from django.core.management import call_command
+from django.db.models import Count
+from experiments.models import MetricPoint, Run
+from experiments.sweeps import create_experiment, expand
+
+from rlcore.sinks import STEP_METRICS
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+STEPS = 30
+
+
+def test_sigkilled_worker_run_is_reaped_requeued_and_resumed(start_worker, team, alice, capsys):
+    config = {**TINY_CONFIG, "steps": STEPS, "eval_every": 10}
+    experiment = create_experiment(team, alice, "survives a crash", "", expand(config, ["grpo"], [{}], [0]))
+    run = experiment.runs.get()
+    first = start_worker()
+    wait_for(
+        lambda: MetricPoint.objects.filter(run=run, name="loss", step__gte=5).exists(),
+        240,
+        "5 steps on the first worker",
+    )
+    first.kill()
+    run.refresh_from_db()
+    assert run.status == Run.RUNNING and run.worker == first.identity
+    assert any(run.checkpoint_dir.iterdir()), "a checkpoint was written before the kill"
+
+    def reaped():
+        call_command("reap")
+        return "lost, now queued (attempt 2)" in capsys.readouterr().out
+
+    wait_for(reaped, 30, "the reaper to notice the missing heartbeats", interval_s=1)
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.QUEUED, 2)
+
+    second = start_worker()
+    wait_for(lambda: Run.objects.get(pk=run.pk).status not in Run.ACTIVE, 240, "the second attempt to end")
+    run.refresh_from_db()
+    assert (run.status, run.attempt, run.worker) == (Run.SUCCEEDED, 2, second.identity), run.error
+    points = MetricPoint.objects.filter(run=run)
+    assert points.values("name", "step").annotate(n=Count("id")).filter(n__gt=1).count() == 0
+    for name in STEP_METRICS:
+        assert sorted(points.filter(name=name).values_list("step", flat=True)) == list(range(1, STEPS + 1)), (
+            name
+        )
+    assert (
+        f"run {run.pk} attempt 1" not in second.log() and f"run {run.pk} attempt 2: succeeded" in second.log()
+    )
+    # Resumed, not restarted: the steps before the checkpoint keep the points attempt 1 wrote.
+    assert points.get(name="loss", step=1).wall_time < run.started
+
+
+def test_the_worker_reaps_lost_runs_by_itself(start_worker, team, alice, worker_env):
+    experiment = create_experiment(team, alice, "orphan", "", expand(TINY_CONFIG, ["reinforce"], [{}], [0]))
+    run = experiment.runs.get()
+    run.claim("a-worker-that-died:1", attempt=1)
+    Run.objects.filter(pk=run.pk).update(heartbeat=run.heartbeat.replace(year=2000))
+
+    worker = start_worker()
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.SUCCEEDED, 240, "the orphaned run to be redone")
+    run.refresh_from_db()
+    assert run.attempt == 2 and run.worker == worker.identity
+    assert f"run {run.pk} lost" in worker.log()
