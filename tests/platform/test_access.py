@@ -1,0 +1,124 @@
+"""Who sees what: teams isolate experiments, anonymous users log in first, POSTs need CSRF,
+and only team admins change a team's members."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TINY_CONFIG
+from django.test import Client
+from django.urls import reverse
+from experiments.models import ApiToken, Membership, Run, Team
+from experiments.sweeps import create_experiment, expand
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def run(team, alice):
+    experiment = create_experiment(team, alice, "team A's", "", expand(TINY_CONFIG, ["grpo"], [{}], [0]))
+    return experiment.runs.get()
+
+
+@pytest.fixture
+def bob(django_user_model):
+    bob = django_user_model.objects.create_user("bob", password="bob-password-1")
+    Membership.objects.create(team=Team.objects.create(name="team-b"), user=bob, is_admin=True)
+    return bob
+
+
+def pages(run) -> list[tuple[str, str]]:
+    e = run.experiment_id
+    return [
+        ("get", reverse("experiment-detail", args=[e])),
+        ("get", reverse("experiment-runs-live", args=[e])),
+        ("get", reverse("run-detail", args=[run.pk])),
+        ("get", reverse("run-live", args=[run.pk])),
+        ("post", reverse("run-cancel", args=[run.pk])),
+        ("post", reverse("run-retry", args=[run.pk])),
+        ("get", reverse("team-detail", args=[run.experiment.team_id])),
+    ]
+
+
+def api_calls(run) -> list[tuple[str, str]]:
+    return [
+        ("get", f"/api/experiments/{run.experiment_id}/runs"),
+        ("get", f"/api/runs/{run.pk}"),
+        ("get", f"/api/runs/{run.pk}/metrics?format=csv"),
+        ("post", f"/api/runs/{run.pk}/cancel"),
+        ("post", f"/api/runs/{run.pk}/retry"),
+    ]
+
+
+def test_other_teams_objects_are_404_on_pages_and_in_the_api(client, run, bob):
+    client.force_login(bob)
+    for method, url in pages(run):
+        assert getattr(client, method)(url).status_code == 404, url
+    assert run.experiment.name not in client.get(reverse("experiment-list")).content.decode()
+
+    token = ApiToken.issue(bob)
+    for method, url in api_calls(run):
+        assert getattr(client, method)(url, HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 404, url
+    assert client.get("/api/experiments", HTTP_AUTHORIZATION=f"Bearer {token}").json() == []
+    run.refresh_from_db()
+    assert run.status == Run.QUEUED and run.attempt == 1
+
+
+def test_anonymous_users_are_sent_to_login_and_the_api_wants_a_token(client, run):
+    for method, url in pages(run) + [("get", reverse("experiment-list")), ("get", reverse("submit-sweep"))]:
+        response = getattr(client, method)(url)
+        assert response.status_code == 302 and response["Location"].startswith(reverse("login")), url
+    for method, url in api_calls(run):
+        assert getattr(client, method)(url).status_code == 401, url
+        assert getattr(client, method)(url, HTTP_AUTHORIZATION="Bearer not-a-token").status_code == 401, url
+
+
+def test_posts_without_csrf_are_refused(alice, run):
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(alice)
+    assert browser.post(reverse("run-cancel", args=[run.pk])).status_code == 403
+    assert browser.post(reverse("submit-sweep"), {"name": "x"}).status_code == 403
+    assert browser.post(reverse("team-list"), {"name": "x"}).status_code == 403
+    run.refresh_from_db()
+    assert run.status == Run.QUEUED and Team.objects.filter(name="x").count() == 0
+
+
+def test_a_member_sees_the_run_page_with_completions_escaped(alice_client, run):
+    run.completions.create(step=1, prompt="<script>alert(1)</script>", completion="<b>42</b>", reward=1.0)
+    html = alice_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;b&gt;42&lt;/b&gt;" in html
+    assert "<script>alert(1)" not in html
+
+
+def test_cancel_and_retry_buttons_move_a_queued_run(alice_client, run):
+    alice_client.post(reverse("run-cancel", args=[run.pk]))
+    run.refresh_from_db()
+    assert run.status == Run.CANCELLED
+    alice_client.post(reverse("run-retry", args=[run.pk]))
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.QUEUED, 2)
+    response = alice_client.post(reverse("run-retry", args=[run.pk]), follow=True)
+    assert "only failed, cancelled or lost runs can be retried" in response.content.decode()
+
+
+def test_team_admins_add_and_remove_members_and_members_cannot(alice_client, team, bob):
+    url = reverse("team-detail", args=[team.pk])
+    assert alice_client.post(url, {"username": "bob"}).status_code == 302
+    assert team.members.filter(username="bob").exists()
+    assert "no active user is called" in alice_client.post(url, {"username": "carol"}).content.decode()
+
+    bob_browser = Client()
+    bob_browser.force_login(bob)
+    alice_membership = team.memberships.get(user__username="alice")
+    bob_browser.post(reverse("team-remove-member", args=[team.pk, alice_membership.pk]))
+    assert team.members.filter(username="alice").exists(), "a plain member cannot remove anyone"
+
+    bob_membership = team.memberships.get(user=bob)
+    alice_client.post(reverse("team-remove-member", args=[team.pk, bob_membership.pk]))
+    assert not team.members.filter(username="bob").exists()
+
+
+def test_creating_a_team_makes_its_creator_admin(alice_client, alice):
+    response = alice_client.post(reverse("team-list"), {"name": "new team"})
+    team = Team.objects.get(name="new team")
+    assert response["Location"] == reverse("team-detail", args=[team.pk])
+    assert team.is_admin(alice)
