@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch
 EXTRAS ?= dev
 
-.PHONY: install test lint bench
+.PHONY: install up test lint bench
 
 install: $(VENV)/.installed-$(EXTRAS)
 
@@ -16,6 +16,10 @@ $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
+
+# Embedded defaults without DATABASE_URL / REDIS_URL (SQLite and a filesystem broker under var/).
+up: install
+	$(BIN)/python manage.py up
 
 lint: install
 	$(BIN)/ruff check .

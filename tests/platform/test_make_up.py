@@ -1,0 +1,114 @@
+"""`make up` on a machine with no PostgreSQL and no Redis, started the way the README says:
+it prints a first user and a URL, serves the site, runs a submitted sweep to completion,
+and Ctrl-C stops every process it started."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import urllib.request
+from urllib.parse import urlencode
+
+import pytest
+from conftest import REPO, TEST_VAR, TINY_CONFIG, wait_for
+
+UP_LIMIT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def csrf_token(html: str) -> str:
+    return re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html).group(1)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def make_up(tmp_path):
+    """`make up` in its own process group, with no DATABASE_URL or REDIS_URL in its environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "LAB_"))}
+    env.update(
+        LAB_VAR_DIR=str(tmp_path / "var"), LAB_CACHE_DIR=str(TEST_VAR / "cache"), PORT=str(free_port())
+    )
+    log_path = tmp_path / "make-up.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            ["timeout", "-s", "KILL", str(UP_LIMIT_S), "make", "up"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    yield proc, log_path, tmp_path / "var"
+    if group_alive(proc.pid):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_make_up_serves_the_site_and_runs_a_sweep_on_embedded_defaults(make_up):
+    proc, log_path, var = make_up
+    url = wait_for(
+        lambda: re.search(r"Serving on (\S+)", log_path.read_text()), 120, "make up to serve"
+    ).group(1)
+    output = log_path.read_text()
+    username, password = re.search(r"created user '(\S+)' with password '(\S+)'", output).groups()
+    assert "Database: sqlite3; queue: filesystem broker" in output
+    assert (var / "db.sqlite3").exists()
+
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    login = browser.open(url + "login/").read().decode()
+    browser.open(
+        url + "login/",
+        urlencode(
+            {"username": username, "password": password, "csrfmiddlewaretoken": csrf_token(login)}
+        ).encode(),
+    )
+    form = browser.open(url + "experiments/new/").read().decode()
+    team = re.search(r'<select name="team"[^>]*>\s*<option value="(\d+)"', form).group(1)
+    tiny = TINY_CONFIG["model"]["tiny"]
+    fields = {
+        "csrfmiddlewaretoken": csrf_token(form),
+        "name": "first sweep",
+        "team": team,
+        "presets": "rec-oneside-nois",
+        "on_policy": "on",
+        "seeds": "0",
+        "device": "cpu",
+        "steps": "4",
+        "eval_every": "2",
+        "eval_size": "20",
+        **{f"model.tiny.{k}": v for k, v in tiny.items()},
+        **{f"rollout.{k}": v for k, v in TINY_CONFIG["rollout"].items()},
+    }
+    submitted = browser.open(url + "experiments/new/", urlencode(fields).encode())
+    experiment_url = submitted.geturl()
+    assert re.fullmatch(re.escape(url) + r"experiments/\d+/", experiment_url), experiment_url
+
+    def finished() -> bool:
+        html = browser.open(experiment_url + "live/").read().decode()
+        assert "status-failed" not in html and "status-lost" not in html, html
+        return 'class="status-succeeded">succeeded<' in html
+
+    wait_for(finished, 180, "the sweep to run to completion", interval_s=1)
+    health = json.loads(browser.open(url + "health").read())
+    assert health["system"] == platform.system()
+
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+    wait_for(lambda: proc.poll() is not None and not group_alive(proc.pid), 60, "Ctrl-C to stop everything")
