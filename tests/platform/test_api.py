@@ -1,0 +1,91 @@
+"""The read side of the API with a token from `manage.py create_token`: experiments, runs,
+metrics as JSON and CSV, cancel and retry, and the OpenAPI docs."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime
+
+import pytest
+from conftest import TINY_CONFIG
+from django.core.management import CommandError, call_command
+from experiments.models import MetricPoint, Run
+from experiments.sweeps import create_experiment, expand
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def token(alice) -> str:
+    out = io.StringIO()
+    call_command("create_token", "alice", stdout=out)
+    return out.getvalue().strip()
+
+
+@pytest.fixture
+def run(team, alice):
+    experiment = create_experiment(team, alice, "read me", "", expand(TINY_CONFIG, ["grpo"], [{}], [3]))
+    run = experiment.runs.get()
+    now = datetime.now(UTC)
+    MetricPoint.objects.bulk_create(
+        MetricPoint(run=run, name=name, step=step, value=value, wall_time=now)
+        for name, step, value in [
+            ("loss", 1, 0.5),
+            ("loss", 2, 0.25),
+            ("reward/mean", 1, 0.125),
+            ("kl/init", 1, None),
+        ]
+    )
+    return run
+
+
+def test_create_token_prints_a_token_stored_only_as_a_hash(token, alice):
+    assert len(token) >= 40
+    assert not alice.api_tokens.filter(digest=token).exists() and alice.api_tokens.count() == 1
+    with pytest.raises(CommandError, match="no user is called 'nobody'"):
+        call_command("create_token", "nobody")
+
+
+def test_reading_experiments_runs_and_metrics(client, token, run):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    experiments = client.get("/api/experiments", **auth).json()
+    assert [(e["id"], e["team"], e["runs"], e["active"]) for e in experiments] == [
+        (run.experiment_id, "team-a", 1, 1)
+    ]
+    runs = client.get(f"/api/experiments/{run.experiment_id}/runs", **auth).json()
+    assert [(r["id"], r["preset"], r["staleness"], r["seed"], r["status"]) for r in runs] == [
+        (run.pk, "grpo", "on-policy", 3, "queued")
+    ]
+    detail = client.get(f"/api/runs/{run.pk}", **auth).json()
+    assert detail["config"]["rollout"]["group_size"] == 4 and detail["steps"] == TINY_CONFIG["steps"]
+
+    metrics = client.get(f"/api/runs/{run.pk}/metrics", **auth).json()
+    assert metrics == {
+        "run": run.pk,
+        "metrics": {"kl/init": [[1, None]], "loss": [[1, 0.5], [2, 0.25]], "reward/mean": [[1, 0.125]]},
+    }
+    response = client.get(f"/api/runs/{run.pk}/metrics?format=csv&name=loss", **auth)
+    assert response["Content-Type"] == "text/csv"
+    rows = list(csv.reader(io.StringIO(response.content.decode())))
+    assert [row[:3] for row in rows] == [
+        ["name", "step", "value"],
+        ["loss", "1", "0.5"],
+        ["loss", "2", "0.25"],
+    ]
+    assert client.get(f"/api/runs/{run.pk}/metrics?format=xml", **auth).status_code == 422
+
+
+def test_cancel_then_retry_through_the_api(client, token, run):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    assert client.post(f"/api/runs/{run.pk}/cancel", **auth).json()["status"] == Run.CANCELLED
+    response = client.post(f"/api/runs/{run.pk}/cancel", **auth)
+    assert response.status_code == 409 and "only queued or running runs" in response.json()["detail"]
+    retried = client.post(f"/api/runs/{run.pk}/retry", **auth).json()
+    assert (retried["status"], retried["attempt"]) == (Run.QUEUED, 2)
+
+
+def test_openapi_docs_are_served(client):
+    assert client.get("/api/docs").status_code == 200
+    schema = client.get("/api/openapi.json").json()
+    assert "/api/sweeps" in schema["paths"] and "/api/runs/{run_id}/metrics" in schema["paths"]
