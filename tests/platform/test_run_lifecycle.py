@@ -1,0 +1,85 @@
+"""`Run` state transitions: each is one conditional UPDATE, so a run is claimed once, a late
+or duplicate message does nothing, and the reaper re-queues lost runs up to the attempt limit."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from conftest import TINY_CONFIG
+from django.test import override_settings
+from django.utils import timezone
+from experiments.models import Run
+from experiments.sweeps import create_experiment, expand
+
+from workers.tasks import execute
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def run(team, alice) -> Run:
+    experiment = create_experiment(team, alice, "lifecycle", "", expand(TINY_CONFIG, ["grpo"], [{}], [0]))
+    return experiment.runs.get()
+
+
+def test_a_run_is_claimed_once(run):
+    assert run.claim("w1:1", attempt=1)
+    assert not Run.objects.get(pk=run.pk).claim("w2:2", attempt=1)
+    run.refresh_from_db()
+    assert (run.status, run.worker) == (Run.RUNNING, "w1:1")
+
+
+def test_late_and_duplicate_messages_do_nothing(run):
+    run.claim("w1:1", attempt=1)
+    assert execute(run.pk, 1).endswith("not queued any more, nothing to do")
+    run.finish("w1:1", {"reward/mean": 0.5})
+    assert execute(run.pk, 1).endswith("nothing to do")
+    assert execute(run.pk + 1000, 1).endswith("nothing to do")
+    run.refresh_from_db()
+    assert (run.status, run.worker, run.summary) == (Run.SUCCEEDED, "w1:1", {"reward/mean": 0.5})
+
+
+def test_a_message_for_an_old_attempt_does_not_claim_the_new_one(run):
+    run.claim("w1:1", attempt=1)
+    run.fail("w1:1", "RuntimeError: boom")
+    run.retry()
+    assert execute(run.pk, 1).endswith("nothing to do")
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.QUEUED, 2)
+
+
+def test_a_worker_that_lost_its_run_cannot_finish_it(run):
+    run.claim("w1:1", attempt=1)
+    Run.objects.filter(pk=run.pk).update(heartbeat=timezone.now() - timedelta(hours=1))
+    Run.reap()
+    run.refresh_from_db()
+    assert run.stop_requested("w1:1") and not run.beat("w1:1", 3)
+    assert not run.finish("w1:1", {}) and not run.fail("w1:1", "late")
+    assert (run.status, run.attempt) == (Run.QUEUED, 2)
+
+
+@override_settings(LAB_MAX_ATTEMPTS=2)
+def test_the_reaper_gives_up_after_max_attempts(run):
+    for attempt in (1, 2):
+        run.claim(f"w{attempt}:1", attempt=attempt)
+        Run.objects.filter(pk=run.pk).update(heartbeat=timezone.now() - timedelta(hours=1))
+        assert [r.pk for r in Run.reap()] == [run.pk]
+        run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.LOST, 2)
+    assert "stopped sending heartbeats" in run.error
+
+
+def test_a_fresh_heartbeat_is_not_reaped(run):
+    run.claim("w1:1", attempt=1)
+    assert Run.reap() == []
+    run.refresh_from_db()
+    assert run.status == Run.RUNNING
+
+
+def test_cancel_of_a_running_run_is_a_request_the_worker_honours(run):
+    run.claim("w1:1", attempt=1)
+    assert run.cancel() and run.status == Run.RUNNING and run.stop_requested("w1:1")
+    assert run.finish("w1:1", {"steps": 3.0})
+    assert run.status == Run.CANCELLED
+    assert not run.cancel()
