@@ -20,6 +20,7 @@ from celery.signals import worker_ready
 from django.conf import settings
 from django.db import close_old_connections
 from experiments.models import Run
+from experiments.sweeps import validation_context
 
 from rlcore.config import RunConfig
 from workers import app
@@ -39,12 +40,9 @@ def execute(run_id: int, attempt: int) -> str:
     if run is None or not run.claim(worker, attempt):
         return f"run {run_id} attempt {attempt}: not queued any more, nothing to do"
     log.info("run %s attempt %s: claimed by %s", run_id, attempt, worker)
-    sink = DatabaseSink(run, worker)
+    sink = DatabaseSink(run, worker, checkpoint_every=run.config["checkpoint_every"])
     try:
-        config = RunConfig.model_validate(
-            run.config,
-            context={"data_roots": settings.LAB_DATA_ROOTS, "model_roots": settings.LAB_MODEL_ROOTS},
-        )
+        config = RunConfig.model_validate(run.config, context=validation_context())
         from rlcore.trainer import train
 
         summary = train(config, sink, checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR)

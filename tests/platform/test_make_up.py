@@ -111,4 +111,8 @@ def test_make_up_serves_the_site_and_runs_a_sweep_on_embedded_defaults(make_up):
     assert health["system"] == platform.system()
 
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
-    wait_for(lambda: proc.poll() is not None and not group_alive(proc.pid), 60, "Ctrl-C to stop everything")
+    try:
+        wait_for(lambda: proc.poll() is not None and not group_alive(proc.pid), 60, "Ctrl-C to stop everything")
+    finally:
+        print(subprocess.run(["ps", "-o", "pid,ppid,stat,etime,cmd", "-g", str(proc.pid)], capture_output=True, text=True).stdout)
+        print(log_path.read_text()[-3000:])

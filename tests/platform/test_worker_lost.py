@@ -14,11 +14,11 @@ from rlcore.sinks import STEP_METRICS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-STEPS = 30
+STEPS = 80
 
 
 def test_sigkilled_worker_run_is_reaped_requeued_and_resumed(start_worker, team, alice, capsys):
-    config = {**TINY_CONFIG, "steps": STEPS, "eval_every": 10}
+    config = {**TINY_CONFIG, "steps": STEPS, "eval_every": 20}
     experiment = create_experiment(team, alice, "survives a crash", "", expand(config, ["grpo"], [{}], [0]))
     run = experiment.runs.get()
     first = start_worker()
