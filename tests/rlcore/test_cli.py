@@ -1,0 +1,81 @@
+"""`python -m rlcore`: the example run learns, the staleness variants log the right lag."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlcore import presets
+from rlcore.staleness import staleness
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "arithmetic.yaml"
+
+
+def rlcore(*args, timeout=600):
+    return subprocess.run(
+        [sys.executable, "-m", "rlcore", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def read_metrics(path):
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    return {row["step"]: row["metrics"] for row in rows if "metrics" in row}
+
+
+def test_presets_and_schema_commands():
+    out = rlcore("presets")
+    assert out.returncode == 0
+    listed = [line.split()[0] for line in out.stdout.splitlines()]
+    assert listed == list(presets.PRESETS)
+    schema = json.loads(rlcore("schema").stdout)
+    assert "staleness" in schema["properties"]
+
+
+def test_example_run_raises_eval_accuracy_by_ten_points(cache_dir, tmp_path):
+    out_file = tmp_path / "metrics.jsonl"
+    out = rlcore("run", EXAMPLE, "--out", out_file, "--cache-dir", cache_dir)
+    assert out.returncode == 0, out.stderr[-2000:]
+    metrics = read_metrics(out_file)
+    assert sorted(metrics) == list(range(101))
+    gain = metrics[100]["eval/accuracy"] - metrics[0]["eval/accuracy"]
+    assert gain >= 0.10, f"eval/accuracy {metrics[0]['eval/accuracy']} -> {metrics[100]['eval/accuracy']}"
+    assert "eval/accuracy" in out.stdout and "rec-oneside-nois | on-policy" in out.stdout
+    assert all(m["staleness"] == 0 for step, m in metrics.items() if step)
+
+
+@pytest.mark.parametrize(
+    "change,schedule",
+    [
+        ({"sync_interval": 8}, (8, 0, False)),
+        ({"sync_offset": 4}, (1, 4, False)),
+        ({"offline": True}, (1, 0, True)),
+    ],
+)
+def test_example_staleness_variants_log_the_right_lag(cache_dir, tmp_path, change, schedule):
+    config = yaml.safe_load(EXAMPLE.read_text())
+    config["staleness"].update(change)
+    config.update(steps=20, eval_every=0, eval_size=20)
+    path = tmp_path / "variant.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = rlcore("run", path, "--out", tmp_path / "m.jsonl", "--cache-dir", cache_dir)
+    assert out.returncode == 0, out.stderr[-2000:]
+    metrics = read_metrics(tmp_path / "m.jsonl")
+    logged = [metrics[t]["staleness"] for t in range(1, 21)]
+    assert logged == [staleness(t, *schedule) for t in range(1, 21)]
+    assert max(logged) > 0
+
+
+def test_bad_config_file_exits_2_naming_the_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("rollout:\n  group_size: 1\n")
+    out = rlcore("run", path)
+    assert out.returncode == 2
+    assert "rollout.group_size" in out.stderr and str(path) in out.stderr

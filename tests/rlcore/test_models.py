@@ -1,0 +1,46 @@
+"""The built-in tiny model: character tokenizer, warm start, on-disk cache; local models."""
+
+import pytest
+import torch
+
+from rlcore import models, tasks
+
+
+def test_char_tokenizer_round_trips_every_character_and_adds_bos():
+    tok = models.char_tokenizer()
+    text = models.CHARS + "Question: 12 + 34 = ?\n#### 46"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id and len(ids) == len(text) + 1
+    assert tok.decode(ids, skip_special_tokens=True) == text
+
+
+def test_tiny_model_is_warm_started_cached_and_loaded_like_a_local_model(small_config, cache_dir):
+    config = small_config()
+    task = tasks.build(config.task)
+    first = models.tiny_model_path(config, task, cache_dir)
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert models.tiny_model_path(config, task, cache_dir) == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp, "the cached model is not rebuilt"
+    assert {"config.json", "tokenizer.json", "model.safetensors"} <= {p.name for p in first.iterdir()}
+
+    lm = models.load(config, torch.device("cpu"), cache_dir, task)
+    assert lm.model.config.model_type == "llama"
+    accuracy = models.evaluate(lm, task, task.held_out, config.rollout.max_new_tokens).accuracy
+    assert config.model.tiny.warmstart_accuracy <= accuracy < 1.0
+
+    local = small_config(model={"source": "local", "path": str(first)})
+    again = models.load(local, torch.device("cpu"), cache_dir, task)
+    for a, b in zip(lm.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_cache_key_follows_what_shapes_the_model(small_config):
+    base = models.tiny_cache_key(small_config())
+    assert models.tiny_cache_key(small_config(seed=5)) == base, "the run seed does not change θ0"
+    assert models.tiny_cache_key(small_config(model={"tiny": {"hidden_size": 64}})) != base
+    assert models.tiny_cache_key(small_config(task={"name": "arithmetic", "max_operand": 50})) != base
+
+
+def test_a_missing_local_model_directory_is_reported(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a directory with a Hugging Face model"):
+        models.load_pretrained(str(tmp_path / "nope"), "float32", torch.device("cpu"))

@@ -1,0 +1,124 @@
+"""The trainer: every metric every step, determinism, resume, cancellation, divergence."""
+
+import pytest
+import torch
+
+from rlcore import models, tasks, trainer
+from rlcore.sinks import EVAL_METRICS, STEP_METRICS, ListSink
+
+TIMING = {"time/step_s", "tokens_per_s"}
+
+
+def without_timing(points):
+    return [(step, {k: v for k, v in m.items() if k not in TIMING}) for step, m in points]
+
+
+def test_every_metric_at_every_step_and_evals_on_schedule(small_config, cache_dir):
+    sink = ListSink()
+    summary = trainer.train(small_config(), sink, cache_dir=cache_dir)
+    steps = [step for step, _ in sink.points]
+    assert steps == [0, 1, 2, 3, 4, 5, 6]
+    assert set(sink.points[0][1]) == set(EVAL_METRICS)
+    for step, metrics in sink.points[1:]:
+        assert set(STEP_METRICS) <= set(metrics), step
+        assert (set(EVAL_METRICS) <= set(metrics)) == (step in (3, 6)), step
+    assert summary["completed"] == 1.0 and summary["steps"] == 6
+    assert summary["eval/accuracy"] == sink.points[-1][1]["eval/accuracy"]
+    assert sink.points[0][1]["eval/kl_init"] == pytest.approx(0.0, abs=1e-6)
+    first = sink.points[1][1]
+    assert first["kl/init"] == pytest.approx(0.0, abs=1e-7), "step 1 trains θ0 itself"
+    assert first["lr"] == pytest.approx(3e-5)
+    assert first["entropy"] > 0 and 1 <= first["response_length/mean"] <= 6
+    assert sink.points[-1][1]["kl/init"] > 0
+    samples = [s for step, s in sink.samples if step == 1]
+    assert len(samples) == 4 and all(isinstance(s.completion, str) and "=" in s.prompt for s in samples)
+
+
+def test_same_config_and_seed_give_the_same_curve(small_config, cache_dir):
+    runs = []
+    for seed in (0, 0, 1):
+        sink = ListSink()
+        trainer.train(small_config(seed=seed, steps=4), sink, cache_dir=cache_dir)
+        runs.append(without_timing(sink.points))
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_same_prompts_for_every_preset_at_the_same_step(small_config, cache_dir):
+    prompts = []
+    for preset in ("reinforce", "grpo"):
+        run = trainer.prepare(small_config(algorithm={"preset": preset}), cache_dir)
+        prompts.append([[p.prompt for p in run.step(step)[0].problems] for step in (1, 2, 3)])
+    assert prompts[0] == prompts[1]
+
+
+def test_resume_from_a_checkpoint_logs_what_an_uninterrupted_run_logs(small_config, cache_dir, tmp_path):
+    # sync_offset=2 makes batches wait in the queue across the checkpoint.
+    config = small_config(staleness={"sync_offset": 2}, optimizer={"lr": 1e-3})
+    whole = ListSink()
+    trainer.train(config, whole, cache_dir=cache_dir, checkpoint_dir=tmp_path / "whole")
+
+    interrupted = ListSink(stop_after_step=3)
+    summary = trainer.train(config, interrupted, cache_dir=cache_dir, checkpoint_dir=tmp_path / "split")
+    assert summary["completed"] == 0.0 and summary["steps"] == 3
+    assert [p.name for p in (tmp_path / "split").iterdir()] == ["step-000002.pt"]
+
+    resumed = ListSink()
+    summary = trainer.train(config, resumed, cache_dir=cache_dir, checkpoint_dir=tmp_path / "split")
+    assert [step for step, _ in resumed.points] == [3, 4, 5, 6]
+    assert without_timing(resumed.points) == without_timing(whole.points)[3:]
+    assert summary["completed"] == 1.0
+    assert summary["eval/accuracy_initial"] == whole.points[0][1]["eval/accuracy"]
+
+
+def test_a_checkpoint_of_another_config_is_refused(small_config, cache_dir, tmp_path):
+    trainer.train(small_config(steps=2), ListSink(), cache_dir=cache_dir, checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match="different run config"):
+        trainer.train(small_config(steps=2, seed=9), ListSink(), cache_dir=cache_dir, checkpoint_dir=tmp_path)
+
+
+def test_stop_is_honoured_between_steps(small_config, cache_dir):
+    sink = ListSink(stop_after_step=2)
+    summary = trainer.train(small_config(), sink, cache_dir=cache_dir)
+    assert [step for step, _ in sink.points] == [0, 1, 2]
+    assert summary["steps"] == 2 and summary["completed"] == 0.0
+
+
+def test_micro_batches_give_the_same_update(small_config, cache_dir):
+    curves = []
+    for micro in (None, 3):
+        sink = ListSink()
+        trainer.train(small_config(steps=3, optimizer={"micro_batch_size": micro}), sink, cache_dir=cache_dir)
+        curves.append(sink.points)
+    for (_, a), (_, b) in zip(*curves, strict=True):
+        for name in set(a) - TIMING:
+            assert a[name] == pytest.approx(b[name], rel=1e-4, abs=1e-6), name
+
+
+def test_nan_weights_stop_the_run_as_diverged_and_keep_what_was_logged(small_config, cache_dir, tmp_path):
+    config = small_config()
+    task = tasks.build(config.task)
+    lm = models.load(config, torch.device("cpu"), cache_dir, task)
+    with torch.no_grad():
+        lm.model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+    lm.model.save_pretrained(tmp_path / "broken")
+    lm.tokenizer.save_pretrained(tmp_path / "broken")
+    sink = ListSink()
+    with pytest.raises(trainer.Diverged, match="diverged at step 1"):
+        trainer.train(small_config(model={"source": "local", "path": str(tmp_path / "broken")}), sink)
+    assert [step for step, _ in sink.points] == [0]
+
+
+def test_lr_schedules():
+    from rlcore.config import RunConfig
+
+    def factors(**opt):
+        config = RunConfig.model_validate({"steps": 10, "optimizer": opt})
+        return [trainer.lr_factor(config, s) for s in range(10)]
+
+    assert factors() == [1.0] * 10
+    assert factors(warmup_steps=4)[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    linear = factors(schedule="linear")
+    assert linear[0] == 1.0 and linear[5] == pytest.approx(0.5)
+    cosine = factors(schedule="cosine", warmup_steps=2)
+    assert cosine[2] == 1.0 and cosine[-1] < 0.1
