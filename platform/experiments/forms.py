@@ -9,6 +9,8 @@ RunConfig's messages come back next to the field they concern.
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,35 +74,34 @@ def _leaves(schema: dict[str, Any], node: dict[str, Any], prefix: str, section: 
     return out
 
 
-def param_fields() -> list[ParamField]:
-    """The scalar run parameters a person can set on the form, in schema order."""
-    schema = RunConfig.model_json_schema()
-    return [f for f in _leaves(schema, schema, "", "run") if _form_field(f) is not None]
+_FIELD_CLASSES = {
+    "integer": forms.IntegerField,
+    "number": forms.FloatField,
+    "string": forms.CharField,
+    "boolean": forms.BooleanField,
+}
 
 
 def _form_field(param: ParamField) -> forms.Field | None:
-    node = param.node
-    options = [n for n in node.get("anyOf", [node]) if n.get("type") != "null"]
+    """A blank-allowed form field for one scalar leaf (None for lists and mappings)."""
+    options = [n for n in param.node.get("anyOf", [param.node]) if n.get("type") != "null"]
     if len(options) != 1:
         return None
     kind = options[0]
-    common = {
-        "required": False,
-        "label": node.get("title", param.path.rsplit(".", 1)[-1]).replace("_", " "),
-        "help_text": node.get("description", ""),
-        "initial": node.get("default"),
-    }
+    common = {"required": False, "help_text": param.node.get("description", "")}
     if "enum" in kind:
-        choices = [(v, v) for v in kind["enum"]]
-        return forms.ChoiceField(
-            choices=choices, **{**common, "initial": common["initial"] or kind["enum"][0]}
-        )
-    return {
-        "integer": forms.IntegerField,
-        "number": forms.FloatField,
-        "string": forms.CharField,
-        "boolean": forms.BooleanField,
-    }.get(kind.get("type"), lambda **_: None)(**common)
+        initial = param.node.get("default", kind["enum"][0])
+        return forms.ChoiceField(choices=[(v, v) for v in kind["enum"]], initial=initial, **common)
+    field_class = _FIELD_CLASSES.get(kind.get("type"))
+    return field_class(initial=param.node.get("default"), **common) if field_class else None
+
+
+@functools.cache
+def run_parameter_fields() -> tuple[tuple[ParamField, forms.Field], ...]:
+    """The scalar run parameters a person can set on the form, in schema order, with their fields."""
+    schema = RunConfig.model_json_schema()
+    pairs = ((param, _form_field(param)) for param in _leaves(schema, schema, "", "run"))
+    return tuple((param, field) for param, field in pairs if field is not None)
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -133,9 +134,9 @@ class SweepForm(forms.Form):
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["team"].queryset = Team.objects.filter(members=user)
-        self.params = param_fields()
-        for param in self.params:
-            self.fields[param.path] = _form_field(param)
+        self.params = [param for param, _ in run_parameter_fields()]
+        for param, field in run_parameter_fields():
+            self.fields[param.path] = copy.deepcopy(field)
         self.sweep: sweeps.Sweep | None = None
 
     def param_sections(self) -> list[tuple[str, list[forms.BoundField]]]:
