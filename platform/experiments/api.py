@@ -17,7 +17,7 @@ from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import NinjaAPI, Schema, Status
-from ninja.errors import HttpError
+from ninja.errors import HttpError, ValidationError
 from ninja.security import HttpBearer
 
 from experiments import sweeps
@@ -33,6 +33,20 @@ class TokenAuth(HttpBearer):
 
 
 api = NinjaAPI(title="Off-Policy Lab", version="1", auth=TokenAuth(), urls_namespace="api")
+
+
+@api.exception_handler(ValidationError)
+def request_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    """Malformed requests get the same 422 shape as invalid sweeps: loc, field, msg."""
+    detail = [
+        {
+            "loc": e["loc"],
+            "field": ".".join(str(part) for part in e["loc"][2:]) or e["loc"][0],
+            "msg": e["msg"],
+        }
+        for e in exc.errors
+    ]
+    return api.create_response(request, {"detail": detail}, status=422)
 
 
 class SweepIn(Schema):

@@ -139,6 +139,12 @@ class SweepForm(forms.Form):
             self.fields[param.path] = copy.deepcopy(field)
         self.sweep: sweeps.Sweep | None = None
 
+    def experiment_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in ("name", "team", "description")]
+
+    def staleness_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in ("on_policy", "sync_intervals", "sync_offsets", "offline")]
+
     def param_sections(self) -> list[tuple[str, list[forms.BoundField]]]:
         """Run-parameter fields grouped by config section, for the template."""
         sections: dict[str, list[forms.BoundField]] = {}

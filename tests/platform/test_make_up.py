@@ -112,7 +112,13 @@ def test_make_up_serves_the_site_and_runs_a_sweep_on_embedded_defaults(make_up):
 
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
     try:
-        wait_for(lambda: proc.poll() is not None and not group_alive(proc.pid), 60, "Ctrl-C to stop everything")
+        wait_for(
+            lambda: proc.poll() is not None and not group_alive(proc.pid), 60, "Ctrl-C to stop everything"
+        )
     finally:
-        print(subprocess.run(["ps", "-o", "pid,ppid,stat,etime,cmd", "-g", str(proc.pid)], capture_output=True, text=True).stdout)
+        print(
+            subprocess.run(
+                ["ps", "-o", "pid,ppid,stat,etime,cmd", "-g", str(proc.pid)], capture_output=True, text=True
+            ).stdout
+        )
         print(log_path.read_text()[-3000:])

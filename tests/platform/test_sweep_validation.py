@@ -161,12 +161,19 @@ def test_invalid_api_sweep_is_422_naming_the_field(api, case):
 
 @pytest.mark.parametrize(
     "body",
-    ["{not json", "[]", json.dumps({"name": "x", "team": "team-a", "presets": "grpo", "seeds": ["a"]})],
-    ids=["malformed", "not an object", "wrong types"],
+    ["{not json", "[]"],
+    ids=["malformed", "not an object"],
 )
 def test_malformed_api_body_is_a_client_error(api, body):
     response = api("/api/sweeps", body)
     assert 400 <= response.status_code < 500, response.content
+    assert Run.objects.count() == 0 and queued_messages() == 0
+
+
+def test_wrong_types_in_the_api_body_are_422_naming_the_field(api):
+    response = api("/api/sweeps", sweep_body(presets="grpo", seeds=[0, "one"]))
+    assert response.status_code == 422
+    assert {d["field"] for d in response.json()["detail"]} == {"presets", "seeds.1"}
     assert Run.objects.count() == 0 and queued_messages() == 0
 
 
