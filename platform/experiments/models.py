@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -208,7 +208,7 @@ class Run(models.Model):
                 self.enqueue()
         return done
 
-    def mark_lost(self, stale_before) -> bool:
+    def mark_lost(self, stale_before: datetime) -> bool:
         """running → lost if no heartbeat arrived since `stale_before`."""
         return self._update(
             Q(status=Run.RUNNING, heartbeat__lt=stale_before),
