@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
@@ -19,6 +19,7 @@ from django.shortcuts import get_object_or_404
 from ninja import NinjaAPI, Schema, Status
 from ninja.errors import HttpError, ValidationError
 from ninja.security import HttpBearer
+from pydantic import StringConstraints
 
 from experiments import sweeps
 from experiments.models import ApiToken, Experiment, MetricPoint, Run, Team
@@ -49,10 +50,13 @@ def request_validation_error(request: HttpRequest, exc: ValidationError) -> Http
     return api.create_response(request, {"detail": detail}, status=422)
 
 
+NoNul = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
+
+
 class SweepIn(Schema):
-    name: str
-    team: str
-    description: str = ""
+    name: Annotated[NoNul, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+    team: NoNul
+    description: NoNul = ""
     config: dict[str, Any] = {}
     presets: list[str]
     staleness: list[dict[str, Any]] = [{}]
@@ -110,7 +114,7 @@ def _run_out(run: Run) -> dict[str, Any]:
 def _field_errors(errors: list[tuple[str, str]]) -> list[dict[str, Any]]:
     out = []
     for field, message in errors:
-        if field not in ("presets", "seeds", "team", "name") and not field.startswith("staleness"):
+        if field not in ("config", "presets", "seeds", "team", "name") and not field.startswith("staleness"):
             field = f"config.{field}"
         out.append({"loc": ["body", "sweep", *field.split(".")], "field": field, "msg": message})
     return out
@@ -125,15 +129,13 @@ def submit_sweep(request: HttpRequest, sweep: SweepIn):
     """Create an experiment with one run per preset × staleness setting × seed, and queue them."""
     team = Team.objects.filter(name=sweep.team, members=request.user).first()
     errors = [] if team else [("team", f"you are not a member of a team called {sweep.team!r}")]
-    if not sweep.name.strip():
-        errors.append(("name", "name must not be empty"))
     try:
         grid = sweeps.expand(sweep.config, sweep.presets, sweep.staleness, sweep.seeds)
     except sweeps.SweepError as exc:
         errors += exc.errors
     if errors:
         return Status(422, {"detail": _field_errors(errors)})
-    experiment = sweeps.create_experiment(team, request.user, sweep.name.strip(), sweep.description, grid)
+    experiment = sweeps.create_experiment(team, request.user, sweep.name, sweep.description, grid)
     return Status(
         201, {"experiment": experiment.pk, "runs": list(experiment.runs.values_list("pk", flat=True))}
     )

@@ -64,6 +64,17 @@ def _submitted_name(dotted: str) -> str:
     return dotted
 
 
+def _has_nul(value: Any) -> bool:
+    """NUL cannot be stored in PostgreSQL text or jsonb."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 def expand(
     base: dict[str, Any], presets: list[str], staleness: list[dict[str, Any]], seeds: list[int]
 ) -> Sweep:
@@ -80,6 +91,8 @@ def expand(
                 f"the grid has {size} runs, more than the limit of {settings.LAB_MAX_SWEEP_RUNS}; split it",
             )
         )
+    if _has_nul(base):
+        errors.append(("config", "text in the config must not contain NUL characters (\\u0000)"))
     if errors:
         raise SweepError(errors)
     configs = []

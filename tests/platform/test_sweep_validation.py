@@ -145,6 +145,10 @@ INVALID_BODIES = {
         "greater than or equal to 0",
     ),
     "team of someone else": (sweep_body(team="team-b"), "team", "not a member"),
+    "name too long": (sweep_body(name="x" * 201), "name", "at most 200 characters"),
+    "blank name": (sweep_body(name="  "), "name", "at least 1 character"),
+    "NUL in the description": (sweep_body(description="a\x00b"), "description", "should match pattern"),
+    "NUL in the config": (with_config("task.prompt_template", "{question}\x00"), "config", "NUL characters"),
 }
 
 
