@@ -124,6 +124,14 @@ class Run(models.Model):
         return settings.LAB_RUNS_DIR / str(self.key) / "checkpoints"
 
     @property
+    def is_active(self) -> bool:
+        return self.status in Run.ACTIVE
+
+    @property
+    def is_retryable(self) -> bool:
+        return self.status in Run.RETRYABLE
+
+    @property
     def final_reward(self) -> float | None:
         return self.summary.get("reward/mean")
 
