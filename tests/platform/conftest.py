@@ -66,6 +66,32 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
     pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_group(proc: subprocess.Popen, sig: int, timeout_s: float) -> bool:
+    """Send `sig` to the process group `proc` leads; True if all of it ended within `timeout_s`.
+
+    Whatever is left after that is SIGKILLed, so no test leaves a process behind.
+    """
+    if group_alive(proc.pid):
+        os.killpg(proc.pid, sig)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None and not group_alive(proc.pid):
+            return True
+        time.sleep(0.2)
+    if group_alive(proc.pid):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return False
+
+
 def queued_messages(queue: str = "cpu") -> int:
     """Messages waiting in the broker queue (nothing consumes them while no worker runs)."""
     from workers import app
@@ -129,13 +155,7 @@ class WorkerProcess:
         self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc, signal.SIGTERM, timeout_s=30)
         self._log.close()
 
 

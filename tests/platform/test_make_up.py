@@ -16,7 +16,7 @@ import urllib.request
 from urllib.parse import urlencode
 
 import pytest
-from conftest import REPO, TEST_VAR, TINY_CONFIG, wait_for
+from conftest import REPO, TEST_VAR, TINY_CONFIG, stop_group, wait_for
 
 UP_LIMIT_S = 300
 
@@ -29,14 +29,6 @@ def free_port() -> int:
 
 def csrf_token(html: str) -> str:
     return re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html).group(1)
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -57,9 +49,7 @@ def make_up(tmp_path):
             start_new_session=True,
         )
     yield proc, log_path, tmp_path / "var"
-    if group_alive(proc.pid):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    stop_group(proc, signal.SIGKILL, timeout_s=10)
 
 
 def test_make_up_serves_the_site_and_runs_a_sweep_on_embedded_defaults(make_up):
@@ -110,15 +100,5 @@ def test_make_up_serves_the_site_and_runs_a_sweep_on_embedded_defaults(make_up):
     health = json.loads(browser.open(url + "health").read())
     assert health["system"] == platform.system()
 
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
-    try:
-        wait_for(
-            lambda: proc.poll() is not None and not group_alive(proc.pid), 60, "Ctrl-C to stop everything"
-        )
-    finally:
-        print(
-            subprocess.run(
-                ["ps", "-o", "pid,ppid,stat,etime,cmd", "-g", str(proc.pid)], capture_output=True, text=True
-            ).stdout
-        )
-        print(log_path.read_text()[-3000:])
+    stopped = stop_group(proc, signal.SIGINT, timeout_s=60)  # SIGINT to the group is what Ctrl-C does
+    assert stopped, f"Ctrl-C did not stop every process of make up:\n{log_path.read_text()[-3000:]}"
