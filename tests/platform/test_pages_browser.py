@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 from conftest import TINY_CONFIG
+from django.db import connections
 from django.urls import reverse
 from experiments.models import Run
 from experiments.sweeps import create_experiment, expand
@@ -34,6 +35,8 @@ def page(live_server, alice, monkeypatch):
         page.wait_for_url(live_server.url + reverse("experiment-list"))
         yield page
         browser.close()
+        # Code under Playwright's sync API runs in a greenlet with its own Django connections.
+        connections.close_all()
 
 
 def test_the_form_counts_the_runs_of_the_grid_while_typing(page, live_server):
