@@ -188,3 +188,12 @@ def test_valid_api_sweep_returns_the_experiment_and_its_runs(api):
     experiment = Experiment.objects.get()
     assert body == {"experiment": experiment.pk, "runs": sorted(experiment.runs.values_list("pk", flat=True))}
     assert len(body["runs"]) == 4 and queued_messages() == 4
+
+
+def test_runs_go_to_the_queue_their_device_needs(api):
+    purge_queue("gpu")
+    response = api("/api/sweeps", with_config("device", "cuda"))
+    assert response.status_code == 201, response.content
+    assert Run.objects.get().queue == "gpu"
+    assert (queued_messages("gpu"), queued_messages("cpu")) == (1, 0)
+    purge_queue("gpu")
