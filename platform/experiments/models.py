@@ -201,7 +201,10 @@ class Run(models.Model):
         return self._update(Q(status=Run.RUNNING, cancel_requested=None), cancel_requested=now)
 
     def retry(self) -> bool:
-        """failed / cancelled / lost → queued as a new attempt, resuming from its last checkpoint."""
+        """failed / cancelled / lost → queued as a new attempt, resuming from its last checkpoint.
+
+        The previous attempt's error stays visible until a worker claims the new one.
+        """
         with transaction.atomic():
             done = self._update(
                 Q(status__in=Run.RETRYABLE),
@@ -209,7 +212,6 @@ class Run(models.Model):
                 attempt=F("attempt") + 1,
                 cancel_requested=None,
                 worker="",
-                error="",
                 finished=None,
             )
             if done:

@@ -39,6 +39,7 @@ def test_sigkilled_worker_run_is_reaped_requeued_and_resumed(start_worker, team,
     wait_for(reaped, 30, "the reaper to notice the missing heartbeats", interval_s=1)
     run.refresh_from_db()
     assert (run.status, run.attempt) == (Run.QUEUED, 2)
+    assert run.error == f"worker {first.identity} stopped sending heartbeats"
 
     second = start_worker()
     wait_for(lambda: Run.objects.get(pk=run.pk).status not in Run.ACTIVE, 240, "the second attempt to end")
@@ -67,4 +68,4 @@ def test_the_worker_reaps_lost_runs_by_itself(start_worker, team, alice, worker_
     wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.SUCCEEDED, 240, "the orphaned run to be redone")
     run.refresh_from_db()
     assert run.attempt == 2 and run.worker == worker.identity
-    assert f"run {run.pk} lost" in worker.log()
+    assert f"run {run.pk} lost (worker a-worker-that-died:1 stopped sending heartbeats)" in worker.log()
