@@ -82,6 +82,10 @@ class DatabaseSink:
             progress = self._progress
         try:
             with transaction.atomic():
+                # The heartbeat's UPDATE locks the run's row until commit: once the run is no longer
+                # this worker's (reaped, re-queued), what it still reports is dropped, not mixed in.
+                if not self.run.beat(self.worker, progress):
+                    return
                 MetricPoint.objects.bulk_create(
                     [
                         MetricPoint(run=self.run, name=name, step=step, value=value, wall_time=wall_time)
@@ -104,7 +108,6 @@ class DatabaseSink:
                     for step, batch in samples.items()
                     for s in batch
                 )
-            self.run.beat(self.worker, progress)
         except Exception:
             # Keep what was not written (newer values win) and try again on the next tick.
             with self._lock:

@@ -9,9 +9,11 @@ import pytest
 from conftest import TINY_CONFIG
 from django.test import override_settings
 from django.utils import timezone
-from experiments.models import Run
+from experiments.models import Completion, MetricPoint, Run
 from experiments.sweeps import create_experiment, expand
 
+from rlcore.sinks import Sample
+from workers.sink import DatabaseSink
 from workers.tasks import execute
 
 pytestmark = pytest.mark.django_db
@@ -83,3 +85,26 @@ def test_cancel_of_a_running_run_is_a_request_the_worker_honours(run):
     assert run.finish("w1:1", {"steps": 3.0})
     assert run.status == Run.CANCELLED
     assert not run.cancel()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sink_upserts_points_and_drops_them_once_the_run_is_not_its_own(run):
+    run.claim("w1:1", attempt=1)
+    sink = DatabaseSink(run, "w1:1", checkpoint_every=0)
+    sink.log(1, {"loss": 0.5, "grad_norm": float("nan")})
+    sink.sample(1, [Sample("12+34=", "46", 1.0)])
+    sink.flush()
+    sink.log(1, {"loss": 0.25})
+    sink.sample(1, [Sample("12+34=", "47", 0.0)])
+    sink.close()
+    assert sorted(MetricPoint.objects.filter(run=run).values_list("name", "step", "value")) == [
+        ("grad_norm", 1, None),
+        ("loss", 1, 0.25),
+    ]
+    assert list(Completion.objects.filter(run=run).values_list("completion", flat=True)) == ["47"]
+
+    stranger = DatabaseSink(run, "w2:2", checkpoint_every=0)
+    stranger.log(2, {"loss": 0.125})
+    stranger.close()
+    assert not MetricPoint.objects.filter(run=run, step=2).exists()
+    assert stranger.should_stop() and not sink.should_stop()
