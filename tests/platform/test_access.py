@@ -122,3 +122,38 @@ def test_creating_a_team_makes_its_creator_admin(alice_client, alice):
     team = Team.objects.get(name="new team")
     assert response["Location"] == reverse("team-detail", args=[team.pk])
     assert team.is_admin(alice)
+
+
+def test_logout_is_a_post_and_ends_the_session(alice_client):
+    assert alice_client.post(reverse("logout"))["Location"] == reverse("login")
+    assert alice_client.get(reverse("experiment-list"))["Location"].startswith(reverse("login"))
+
+
+def test_the_admin_manages_teams_members_and_runs(admin_client, run):
+    for url in [
+        "/admin/experiments/team/",
+        "/admin/experiments/team/add/",
+        "/admin/experiments/experiment/",
+        f"/admin/experiments/experiment/{run.experiment_id}/change/",
+        "/admin/experiments/run/",
+        f"/admin/experiments/run/{run.pk}/change/",
+        "/admin/experiments/apitoken/",
+    ]:
+        assert admin_client.get(url).status_code == 200, url
+    team = run.experiment.team
+    response = admin_client.post(
+        f"/admin/experiments/team/{team.pk}/change/",
+        {
+            "name": team.name,
+            "memberships-TOTAL_FORMS": "2",
+            "memberships-INITIAL_FORMS": "1",
+            "memberships-0-id": team.memberships.get().pk,
+            "memberships-0-team": team.pk,
+            "memberships-0-user": team.memberships.get().user_id,
+            "memberships-0-is_admin": "on",
+            "memberships-1-team": team.pk,
+            "memberships-1-user": admin_client.session["_auth_user_id"],
+        },
+    )
+    assert response.status_code == 302, response.context["errors"] if response.context else response
+    assert team.members.count() == 2
