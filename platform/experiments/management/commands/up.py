@@ -106,9 +106,10 @@ class Command(BaseCommand):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: stop.append(signum))
         try:
-            url = f"http://{host}:{port}/"
+            # Listening on all interfaces still answers on the loopback, which ALLOWED_HOSTS accepts.
+            url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
             self._wait_until_serving(url, children, stop)
-            self.stdout.write(f"Serving on {url} (Ctrl-C stops the web server and the worker)", ending="\n")
+            self.stdout.write(f"Serving on {url} (Ctrl-C stops the web server and the worker)")
             self.stdout.flush()
             while not stop and all(child.poll() is None for child in children):
                 time.sleep(0.5)
