@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,15 +65,16 @@ def _submitted_name(dotted: str) -> str:
     return dotted
 
 
-def _has_nul(value: Any) -> bool:
-    """NUL cannot be stored in PostgreSQL text or jsonb."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
+def _unstorable(value: Any) -> str | None:
+    """Why `value` cannot be stored as PostgreSQL jsonb, or None if it can."""
+    if isinstance(value, str) and "\x00" in value:
+        return "text in the config must not contain NUL characters (\\u0000)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"numbers in the config must be finite (got {value})"
+    children = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    if isinstance(children, list):
+        return next((problem for child in children if (problem := _unstorable(child))), None)
+    return None
 
 
 def expand(
@@ -91,8 +93,8 @@ def expand(
                 f"the grid has {size} runs, more than the limit of {settings.LAB_MAX_SWEEP_RUNS}; split it",
             )
         )
-    if _has_nul(base):
-        errors.append(("config", "text in the config must not contain NUL characters (\\u0000)"))
+    if problem := _unstorable(base):
+        errors.append(("config", problem))
     if errors:
         raise SweepError(errors)
     configs = []

@@ -174,6 +174,16 @@ def test_malformed_api_body_is_a_client_error(api, body):
     assert Run.objects.count() == 0 and queued_messages() == 0
 
 
+def test_non_finite_numbers_in_the_api_config_are_422(api):
+    body = json.dumps(sweep_body()).replace('"steps": 6', '"steps": 6, "optimizer": {"grad_clip": Infinity}')
+    response = api("/api/sweeps", body)
+    assert response.status_code == 422, response.content
+    assert (
+        response.json()["detail"][0]["field"] == "config" and "finite" in response.json()["detail"][0]["msg"]
+    )
+    assert Run.objects.count() == 0 and queued_messages() == 0
+
+
 def test_wrong_types_in_the_api_body_are_422_naming_the_field(api):
     response = api("/api/sweeps", sweep_body(presets="grpo", seeds=[0, "one"]))
     assert response.status_code == 422
