@@ -74,22 +74,26 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def stop_group(proc: subprocess.Popen, sig: int, timeout_s: float) -> bool:
-    """Send `sig` to the process group `proc` leads; True if all of it ended within `timeout_s`.
+def stop_group(proc: subprocess.Popen, sig: int, timeout_s: float) -> str:
+    """Send `sig` to the process group `proc` leads and wait up to `timeout_s` for all of it to end.
 
-    Whatever is left after that is SIGKILLed, so no test leaves a process behind.
+    Returns "" when it did, else the `ps` lines of what was left, which is then SIGKILLed, so
+    no test leaves a process behind.
     """
     if group_alive(proc.pid):
         os.killpg(proc.pid, sig)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None and not group_alive(proc.pid):
-            return True
+            return ""
         time.sleep(0.2)
+    leftover = subprocess.run(
+        ["ps", "-o", "pid,ppid,stat,etime,args", "-g", str(proc.pid)], capture_output=True, text=True
+    ).stdout
     if group_alive(proc.pid):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    return False
+    return leftover
 
 
 def queued_messages(queue: str = "cpu") -> int:

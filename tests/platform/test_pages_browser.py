@@ -15,6 +15,13 @@ from experiments.sweeps import create_experiment, expand
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Only the live server on 127.0.0.1: no update checks or other background traffic.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 
 
 @pytest.fixture
@@ -25,7 +32,7 @@ def page(live_server, alice, monkeypatch):
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page()
         page.set_default_timeout(20_000)
         page.goto(live_server.url + reverse("login"))
