@@ -66,7 +66,11 @@ def _leaves(schema: dict[str, Any], node: dict[str, Any], prefix: str, section: 
                     seen = by_path.get(leaf.path)
                     kinds = (seen.variants if seen else frozenset()) | {variant_name}
                     by_path[leaf.path] = ParamField(leaf.path, (seen or leaf).node, path, kinds)
-            out.extend(by_path.values())
+            every_kind = frozenset(prop["discriminator"]["mapping"])
+            out.extend(
+                ParamField(leaf.path, leaf.node, path, None if leaf.variants == every_kind else leaf.variants)
+                for leaf in by_path.values()
+            )
         elif "properties" in prop:
             out.extend(_leaves(schema, prop, f"{path}.", path))
         else:
@@ -88,12 +92,22 @@ def _form_field(param: ParamField) -> forms.Field | None:
     if len(options) != 1:
         return None
     kind = options[0]
-    common = {"required": False, "help_text": param.node.get("description", "")}
+    help_text = param.node.get("description", "")
+    if param.variants is not None:
+        help_text = f"{help_text} (only for {' / '.join(sorted(param.variants))})".strip()
+    common = {"required": False, "help_text": help_text}
     if "enum" in kind:
         initial = param.node.get("default", kind["enum"][0])
         return forms.ChoiceField(choices=[(v, v) for v in kind["enum"]], initial=initial, **common)
     field_class = _FIELD_CLASSES.get(kind.get("type"))
-    return field_class(initial=param.node.get("default"), **common) if field_class else None
+    if field_class is None:
+        return None
+    if field_class is forms.BooleanField:
+        return field_class(initial=param.node.get("default"), **common)
+    # A blank box means "RunConfig's default", which the placeholder shows.
+    default = param.node.get("default")
+    placeholder = "" if default is None else str(default).replace("\n", "\\n")
+    return field_class(widget=field_class.widget(attrs={"placeholder": placeholder}), **common)
 
 
 @functools.cache

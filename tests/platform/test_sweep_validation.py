@@ -14,6 +14,8 @@ from conftest import TINY_CONFIG, purge_queue, queued_messages
 from django.urls import reverse
 from experiments.models import ApiToken, Experiment, Run
 
+from rlcore.config import RunConfig
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -93,6 +95,13 @@ def test_valid_form_creates_and_enqueues_every_run(alice_client, team):
     )
     assert all(r.status == Run.QUEUED and r.config["rollout"]["group_size"] == 4 for r in runs)
     assert queued_messages() == 6
+
+
+def test_blank_run_parameters_take_the_runconfig_defaults(alice_client, team):
+    data = {"name": "defaults", "team": team.pk, "presets": ["grpo"], "on_policy": "on", "seeds": "0"}
+    assert alice_client.post(reverse("submit-sweep"), data).status_code == 302
+    expected = RunConfig.model_validate({"algorithm": {"preset": "grpo"}})
+    assert Run.objects.get().config == expected.model_dump(mode="json")
 
 
 @pytest.fixture
