@@ -99,13 +99,15 @@ class Algorithm:
         *,
         total_tokens: float | None = None,
         total_seqs: int | None = None,
+        max_length: int | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
         """Scalar loss whose gradient w.r.t. `logp` [N, T] is the preset's, plus statistics.
 
         `logp_old` [N, T] are the behaviour log-probs recorded at rollout; `mask` [N, T] is 1
         on response tokens; `advantages` [N]. For gradient accumulation over micro-batches,
         pass the whole batch's `total_tokens` / `total_seqs` so that the sum of micro-batch
-        losses equals the full-batch loss.
+        losses equals the full-batch loss. `max_length` is the constant that
+        `seq-mean-token-sum-norm` divides by (default: T).
         """
         s = self.spec
         m = mask.to(logp.dtype)
@@ -138,7 +140,7 @@ class Algorithm:
                 per_token = torch.where(dual, cap.expand_as(per_token), per_token)
                 clipped = torch.maximum(clipped, dual.to(logp.dtype))
 
-        loss = self._aggregate(per_token, m, total_tokens, total_seqs)
+        loss = self._aggregate(per_token, m, total_tokens, total_seqs, max_length)
         stats = {
             "clip_frac": float(_masked_mean(clipped.detach(), m)),
             "is_ratio/mean": float(_masked_mean(ratio, m)),
@@ -182,7 +184,12 @@ class Algorithm:
         raise ValueError(f"unknown weight {s.weight!r}")
 
     def _aggregate(
-        self, per_token: Tensor, m: Tensor, total_tokens: float | None, total_seqs: int | None
+        self,
+        per_token: Tensor,
+        m: Tensor,
+        total_tokens: float | None,
+        total_seqs: int | None,
+        max_length: int | None,
     ) -> Tensor:
         agg = self.spec.loss_agg
         summed = per_token * m
@@ -195,6 +202,6 @@ class Algorithm:
         if agg == "seq-mean-token-sum":
             return summed.sum() / n_seqs
         if agg == "seq-mean-token-sum-norm":
-            # Dr.-GRPO: divide by a constant (the padded response length), not by each length.
-            return summed.sum() / (n_seqs * per_token.shape[1])
+            # Dr.-GRPO: divide by a constant (the maximum response length), not by each length.
+            return summed.sum() / (n_seqs * (max_length or per_token.shape[1]))
         raise ValueError(f"unknown loss_agg {agg!r}")

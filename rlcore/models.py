@@ -48,9 +48,10 @@ class LoadedModel:
 
     def decode_responses(self, rollout: Rollout) -> list[str]:
         """Response text without EOS and padding."""
+        lengths = rollout.response_mask.sum(dim=1).long().tolist()
         out = []
-        for ids, mask in zip(rollout.response_ids, rollout.response_mask, strict=True):
-            tokens = [int(t) for t, m in zip(ids, mask, strict=True) if m > 0 and int(t) != self.eos_id]
+        for ids, length in zip(rollout.response_ids.tolist(), lengths, strict=True):
+            tokens = [t for t in ids[:length] if t != self.eos_id]
             out.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
         return out
 

@@ -46,9 +46,17 @@ class Rollout:
     def rows(self, index: slice) -> Rollout:
         return Rollout(*(t[index] for t in self.__dict__.values()))
 
-    @property
-    def response_lengths(self) -> Tensor:
-        return self.response_mask.sum(dim=1)
+    def trimmed(self) -> Rollout:
+        """The same rollout with response columns cut to its longest response."""
+        longest = max(1, int(self.response_mask.sum(dim=1).max()))
+        return Rollout(
+            self.prompt_ids,
+            self.prompt_mask,
+            self.response_ids[:, :longest],
+            self.response_mask[:, :longest],
+            self.logp[:, :longest],
+            self.finished,
+        )
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -95,8 +103,7 @@ class HFEngine:
 
     def sync(self, policy: torch.nn.Module) -> None:
         with torch.no_grad():
-            for mine, theirs in zip(self.model.parameters(), policy.parameters(), strict=True):
-                mine.copy_(theirs)
+            torch._foreach_copy_(list(self.model.parameters()), list(policy.parameters()))
 
     def snapshot(self) -> dict[str, Tensor]:
         """The behaviour weights, for a checkpoint."""
@@ -112,11 +119,20 @@ class HFEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
+        group_size: int = 1,
     ) -> Rollout:
-        """One response per prompt (repeat prompts for groups); greedy when generator is None."""
+        """`group_size` responses per prompt, in consecutive rows; greedy when generator is None."""
         with torch.inference_mode():
             rollout = decode(
-                self.model, prompts, max_new_tokens, temperature, top_p, generator, self.eos_id, self.pad_id
+                self.model,
+                prompts,
+                max_new_tokens,
+                temperature,
+                top_p,
+                generator,
+                self.eos_id,
+                self.pad_id,
+                group_size,
             )
         return rollout.clone()
 
@@ -132,6 +148,28 @@ def new_kv_cache(model: torch.nn.Module) -> Any:
     return DynamicCache(config=model.config)
 
 
+def _prefill(
+    model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int
+) -> tuple[Tensor, Any, Tensor]:
+    """Run each prompt once; return (next-token logits [N, V], KV cache, next positions [N, 1])
+    with every prompt's entries repeated for the `group_size` consecutive rows of its group."""
+    cache = new_kv_cache(model)
+    positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **{_cache_argument(model): cache},
+    )
+    logits = out.logits[:, -1, :]
+    if group_size > 1:
+        cache.batch_repeat_interleave(group_size)
+        logits = logits.repeat_interleave(group_size, dim=0)
+    return logits, cache, positions[:, -1:].repeat_interleave(group_size, dim=0) + 1
+
+
 def decode(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -141,50 +179,80 @@ def decode(
     generator: torch.Generator | None,
     eos_id: int,
     pad_id: int,
+    group_size: int = 1,
 ) -> Rollout:
-    """Sample (or, without a generator, greedily pick) up to `max_new_tokens` per prompt."""
+    """Sample (or, without a generator, greedily pick) up to `max_new_tokens` per response.
+
+    Each prompt gets `group_size` responses in consecutive rows; its prompt runs once and the
+    group shares its KV cache.
+    """
     device = next(model.parameters()).device
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
-    n = len(prompts)
-    input_ids, attention = prompt_ids.to(device), prompt_mask.to(device)
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    unique_ids, unique_mask = left_pad(prompts, pad_id)
+    logits, cache, next_position = _prefill(model, unique_ids.to(device), unique_mask.to(device), group_size)
+    prompt_ids = unique_ids.repeat_interleave(group_size, dim=0)
+    prompt_mask = unique_mask.repeat_interleave(group_size, dim=0)
+    n, width = prompt_ids.shape
+    attention = torch.ones((n, width + max_new_tokens), dtype=torch.long, device=device)
+    attention[:, :width] = prompt_mask
     response = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logp = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
     alive = torch.ones(n, dtype=torch.bool, device=device)
     lengths = torch.zeros(n, dtype=torch.long, device=device)
-    cache = {_cache_argument(model): new_kv_cache(model)}
+    cache_kw = {_cache_argument(model): cache}
     for i in range(max_new_tokens):
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **cache,
-        )
-        tokens, token_logp = sample_next(out.logits[:, -1, :], temperature, top_p, generator)
+        tokens, token_logp = sample_next(logits, temperature, top_p, generator)
         response[:, i] = torch.where(alive, tokens, pad_id)
         logp[:, i] = torch.where(alive, token_logp, 0.0)
         lengths += alive.long()
         alive &= tokens != eos_id
-        if not alive.any():
+        if not alive.any() or i == max_new_tokens - 1:
             break
-        input_ids = tokens[:, None]
-        attention = torch.cat([attention, torch.ones((n, 1), dtype=attention.dtype, device=device)], dim=1)
-        positions = positions[:, -1:] + 1
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=attention[:, : width + i + 1],
+            position_ids=next_position + i,
+            use_cache=True,
+            logits_to_keep=1,
+            **cache_kw,
+        )
+        logits = out.logits[:, -1, :]
     steps = torch.arange(max_new_tokens, device=device)[None, :]
     response_mask = (steps < lengths[:, None]).float()
     return Rollout(prompt_ids, prompt_mask, response.cpu(), response_mask.cpu(), logp.cpu(), (~alive).cpu())
 
 
-def score_responses(model: torch.nn.Module, rollout: Rollout) -> Tensor:
-    """Logits [N, T, V] (float32) predicting each response token, in one forward pass."""
-    ids = torch.cat([rollout.prompt_ids, rollout.response_ids], dim=1)
-    attention = torch.cat([rollout.prompt_mask, rollout.response_mask.long()], dim=1)
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
-    t = rollout.response_ids.shape[1]
-    out = model(input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=t + 1)
-    return out.logits[:, :-1, :].float()
+def score_responses(model: torch.nn.Module, rollout: Rollout, group_size: int = 1) -> Tensor:
+    """Logits [N, T, V] (float32) predicting each response token.
+
+    With `group_size` > 1 the rows come in consecutive groups sharing one prompt (as the
+    rollout made them): each prompt runs once and its KV cache, gradient included, is
+    shared by the group's responses.
+    """
+    n, t = rollout.response_ids.shape
+    if group_size == 1:
+        ids = torch.cat([rollout.prompt_ids, rollout.response_ids], dim=1)
+        attention = torch.cat([rollout.prompt_mask, rollout.response_mask.long()], dim=1)
+        positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=t + 1)
+        return out.logits[:, :-1, :].float()
+    if n % group_size:
+        raise ValueError(f"{n} rows do not split into groups of {group_size}")
+    prompt_ids, prompt_mask = rollout.prompt_ids[::group_size], rollout.prompt_mask[::group_size]
+    if not torch.equal(prompt_ids.repeat_interleave(group_size, dim=0), rollout.prompt_ids):
+        raise ValueError(f"rows do not come in groups of {group_size} sharing a prompt")
+    first, cache, next_position = _prefill(model, prompt_ids, prompt_mask, group_size)
+    if t == 1:
+        return first[:, None, :].float()
+    attention = torch.cat([rollout.prompt_mask, rollout.response_mask[:, :-1].long()], dim=1)
+    positions = next_position + torch.arange(t - 1, device=next_position.device)[None, :]
+    rest = model(
+        input_ids=rollout.response_ids[:, :-1],
+        attention_mask=attention,
+        position_ids=positions,
+        use_cache=True,
+        **{_cache_argument(model): cache},
+    ).logits
+    return torch.cat([first[:, None, :], rest], dim=1).float()
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
@@ -304,9 +372,11 @@ class VLLMEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
+        group_size: int = 1,
     ) -> Rollout:
         from vllm import SamplingParams, TokensPrompt
 
+        prompts = [p for p in prompts for _ in range(group_size)]
         greedy = generator is None
         base_seed = 0 if greedy else int(torch.randint(2**31 - 1, (1,), generator=generator))
         params = [

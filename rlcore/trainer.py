@@ -107,15 +107,16 @@ class Run:
     def generate(self, step: int) -> Batch:
         """Step's batch from the engine's current (behaviour) weights, with rewards."""
         cfg = self.config.rollout
-        problems = self.task.sample(cfg.prompts_per_step, generator(self.config.seed, step, "prompts"))
-        problems = [p for p in problems for _ in range(cfg.group_size)]
+        unique = self.task.sample(cfg.prompts_per_step, generator(self.config.seed, step, "prompts"))
         rollout = self.engine.generate(
-            self.lm.encode([p.prompt for p in problems]),
+            self.lm.encode([p.prompt for p in unique]),
             cfg.max_new_tokens,
             cfg.temperature,
             cfg.top_p,
             generator(self.config.seed, step, "sampling"),
+            group_size=cfg.group_size,
         )
+        problems = [p for p in unique for _ in range(cfg.group_size)]
         completions = self.lm.decode_responses(rollout)
         scores = [
             self.task.score(p, c, bool(f))
@@ -156,7 +157,11 @@ def prepare(config: RunConfig, cache_dir: Path | None = None) -> Run:
     lm = models.load(config, device, cache_dir, task)
     opt = config.optimizer
     optimizer = torch.optim.AdamW(
-        lm.model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay
+        lm.model.parameters(),
+        lr=opt.lr,
+        betas=(opt.beta1, opt.beta2),
+        weight_decay=opt.weight_decay,
+        fused=True,  # one kernel for all parameters, on CPU and CUDA alike
     )
     return Run(
         config=config,
@@ -229,13 +234,16 @@ def train_step(
 ) -> dict[str, float]:
     """Advantages, loss, one optimiser step (gradient accumulated over micro-batches), metrics."""
     device = next(policy.parameters()).device
-    rollout = batch.rollout.to(device)
+    rollout = batch.rollout.to(device).trimmed()
     temperature = config.rollout.temperature
+    group_size = config.rollout.group_size
     advantages, keep = algorithm.advantages_and_keep(
         batch.rewards.to(device), config.rollout.group_size, generator(config.seed, step, "drop")
     )
     n = rollout.response_ids.shape[0]
     micro = config.optimizer.micro_batch_size or n
+    # Responses of one prompt share its forward pass when a micro-batch holds whole groups.
+    shared = group_size if micro % group_size == 0 else 1
     mask = rollout.response_mask
     total_tokens = float(mask.sum().clamp(min=1))
     sums = {"entropy": 0.0, "kl/init": 0.0, "kl/init_k1": 0.0, "kl/init_k3": 0.0}
@@ -246,9 +254,15 @@ def train_step(
     for lo in range(0, n, micro):
         rows = slice(lo, min(n, lo + micro))
         part = rollout.rows(rows)
-        logp, logp_all = token_logprobs(score_responses(policy, part), part.response_ids, temperature)
+        logp, logp_all = token_logprobs(score_responses(policy, part, shared), part.response_ids, temperature)
         loss, _ = algorithm.policy_loss(
-            logp, part.logp, part.response_mask, advantages[rows], total_tokens=total_tokens, total_seqs=n
+            logp,
+            part.logp,
+            part.response_mask,
+            advantages[rows],
+            total_tokens=total_tokens,
+            total_seqs=n,
+            max_length=config.rollout.max_new_tokens,
         )
         loss.backward()
         logp_parts.append(logp.detach())
@@ -256,7 +270,7 @@ def train_step(
             m = part.response_mask
             logp_all = logp_all.detach()
             probs = logp_all.exp()
-            init_all = torch.log_softmax(score_responses(initial, part) / temperature, dim=-1)
+            init_all = torch.log_softmax(score_responses(initial, part, shared) / temperature, dim=-1)
             init_logp = init_all.gather(-1, part.response_ids[..., None]).squeeze(-1)
             delta = logp.detach() - init_logp
             sums["entropy"] += float((-(probs * logp_all).sum(-1) * m).sum())
@@ -266,7 +280,9 @@ def train_step(
 
     grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.optimizer.grad_clip))
     logp = torch.cat(logp_parts)
-    loss, stats = algorithm.policy_loss(logp, rollout.logp, mask, advantages)
+    loss, stats = algorithm.policy_loss(
+        logp, rollout.logp, mask, advantages, max_length=config.rollout.max_new_tokens
+    )
     if not (math.isfinite(float(loss)) and math.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)
         raise Diverged(f"diverged at step {step}: loss={float(loss)}, grad_norm={grad_norm}")

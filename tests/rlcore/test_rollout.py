@@ -140,3 +140,31 @@ def test_vllm_weight_names_strip_wrappers_and_skip_tied_head():
         "model.layers.0.mlp.up_proj.weight",
     ]
     assert "lm_head.weight" in [n for n, _ in vllm_weight_names(named, tied_embeddings=False)]
+
+
+def test_groups_share_the_prompt_pass_without_changing_log_probs_or_gradients(tiny):
+    lm, _ = tiny
+    engine = HFEngine(lm.model, lm.eos_id, lm.pad_id)
+    prompts = lm.encode(["12+34=", "5+6=", "123+4567=", "99+1="])
+    rollout = engine.generate(prompts, 6, 1.0, 1.0, torch.Generator().manual_seed(2), group_size=4).trimmed()
+    assert torch.equal(rollout.prompt_ids[:4], rollout.prompt_ids[:1].repeat(4, 1))
+    mask = rollout.response_mask.bool()
+    grads, logps = [], []
+    for group_size in (1, 4):
+        lm.model.zero_grad(set_to_none=True)
+        logp, _ = token_logprobs(score_responses(lm.model, rollout, group_size), rollout.response_ids, 1.0)
+        (logp * rollout.response_mask).sum().backward()
+        logps.append(logp.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in lm.model.parameters()]))
+    lm.model.zero_grad(set_to_none=True)
+    assert (logps[0][mask] - logps[1][mask]).abs().max() < 1e-5
+    assert (rollout.logp[mask] - logps[1][mask]).abs().max() < 1e-5
+    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prompt_pass_refuses_rows_that_are_not_groups(tiny):
+    lm, _ = tiny
+    engine = HFEngine(lm.model, lm.eos_id, lm.pad_id)
+    rollout = engine.generate(lm.encode(["12+34=", "5+6="]), 6, 1.0, 1.0, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="sharing a prompt"):
+        score_responses(lm.model, rollout, 2)
