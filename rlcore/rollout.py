@@ -353,8 +353,8 @@ class VLLMEngine:
         self._push(dict(vllm_weight_names(policy.named_parameters(), tied)))
 
     def snapshot(self) -> dict[str, Tensor]:
-        """A CPU copy of the weights last pushed, for a checkpoint."""
-        return {name: t.cpu().clone() for name, t in self._weights.items()}
+        """The weights last pushed (a CPU copy taken at the push), for a checkpoint."""
+        return dict(self._weights)
 
     def load_snapshot(self, weights: dict[str, Tensor]) -> None:
         self._push(weights)
@@ -363,7 +363,8 @@ class VLLMEngine:
         runner_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
         runner_model.load_weights(list(weights.items()))
         self.llm.reset_prefix_cache()
-        self._weights = weights
+        # A copy, not the trainer's live tensors: those move on with every optimiser step.
+        self._weights = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
 
     def generate(
         self,
