@@ -54,3 +54,21 @@ app.conf.update(
     worker_concurrency=1,
     worker_hijack_root_logger=False,
 )
+
+
+def worker_command(queue: str, hostname: str) -> list[str]:
+    """The command line of one worker process for `queue` (what `make up` and the tests start)."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers",
+        "worker",
+        "-Q",
+        queue,
+        "--hostname",
+        hostname,
+        "--loglevel",
+        "INFO",
+    ]

@@ -13,7 +13,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -115,27 +114,12 @@ class WorkerProcess:
     """`celery -A workers worker -Q cpu` in its own process group, logging to a file."""
 
     def __init__(self, env: dict[str, str], log_path: Path, name: str):
+        from workers import worker_command
+
         self.log_path = log_path
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
-            [
-                "timeout",
-                "-s",
-                "KILL",
-                str(WORKER_LIMIT_S),
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers",
-                "worker",
-                "-Q",
-                "cpu",
-                "--hostname",
-                f"{name}@%h",
-                "--loglevel",
-                "INFO",
-            ],
+            ["timeout", "-s", "KILL", str(WORKER_LIMIT_S), *worker_command("cpu", f"{name}@%h")],
             cwd=REPO,
             env=env,
             stdout=self._log,

@@ -24,6 +24,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from experiments.models import Membership, Team
+from workers import worker_command
 
 STOP_TIMEOUT_S = 15
 START_TIMEOUT_S = 60
@@ -84,23 +85,7 @@ class Command(BaseCommand):
                 ],
                 cwd=repo,
             ),
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "workers",
-                    "worker",
-                    "-Q",
-                    "cpu",
-                    "--hostname",
-                    f"cpu-{os.getpid()}@%h",
-                    "--loglevel",
-                    "INFO",
-                ],
-                cwd=repo,
-            ),
+            subprocess.Popen(worker_command("cpu", f"cpu-{os.getpid()}@%h"), cwd=repo),
         ]
         stop = []
         for sig in (signal.SIGINT, signal.SIGTERM):
