@@ -114,7 +114,7 @@ def _run_out(run: Run) -> dict[str, Any]:
 def _field_errors(errors: list[tuple[str, str]]) -> list[dict[str, Any]]:
     out = []
     for field, message in errors:
-        if field not in ("config", "presets", "seeds", "team", "name") and not field.startswith("staleness"):
+        if field not in ("config", "presets", "seeds", "team") and not field.startswith("staleness"):
             field = f"config.{field}"
         out.append({"loc": ["body", "sweep", *field.split(".")], "field": field, "msg": message})
     return out
