@@ -1,0 +1,227 @@
+"""Seed aggregation for the comparison dashboards: align, average, band, downsample, summarise.
+
+Pure numpy, no Django. A run's metric is a `Series` (x increasing, y finite). Seeds of one
+(preset, staleness) group are aligned on a common x grid by linear interpolation (no
+extrapolation: a seed only counts where its own x range covers the grid point, so a run still
+in progress narrows the group's seed count at the right end instead of being stretched), then
+averaged with a band: sample std, min–max, or a 95% percentile bootstrap CI of the mean over
+seeds with a fixed seed, so the same data always draws the same band. Curves are downsampled
+into at most `MAX_BUCKETS` buckets keeping each bucket's min, max and last point, so a one-step
+spike survives. Final values (last, mean of last k, best, normalised area under the curve) are
+computed per run on its raw series and summarised across seeds with the same CI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+X_AXES = ("step", "samples", "tokens", "time")
+BANDS = ("std", "minmax", "ci", "none")
+RULES = ("last", "mean_last_k", "best", "auc")
+MAX_BUCKETS = 1000
+# Above this many distinct x values (wall time and tokens differ between seeds) the grid is evenly spaced.
+MAX_GRID = 4000
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+CI_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Series:
+    """One run's metric: `x: [N]` strictly increasing, `y: [N]` finite."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    @classmethod
+    def of(cls, x: Sequence[float], y: Sequence[float | None]) -> Series:
+        """From points in any order; points with a missing (None/NaN) value are dropped."""
+        xs = np.asarray(x, dtype=float)
+        ys = np.asarray([np.nan if v is None else v for v in y], dtype=float)
+        keep = np.isfinite(ys) & np.isfinite(xs)
+        xs, ys = xs[keep], ys[keep]
+        order = np.argsort(xs, kind="stable")
+        xs, ys = xs[order], ys[order]
+        # Equal x (e.g. two steps logged in the same instant): the later point wins.
+        last = np.append(xs[1:] != xs[:-1], True)[: len(xs)]
+        return cls(xs[last], ys[last])
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A group's aggregate on the grid `x: [G]`: mean, band `lo/hi` (None for band "none"), seeds per point."""
+
+    x: np.ndarray
+    mean: np.ndarray
+    lo: np.ndarray | None
+    hi: np.ndarray | None
+    n: np.ndarray
+
+    def take(self, index: np.ndarray) -> Curve:
+        return Curve(
+            self.x[index],
+            self.mean[index],
+            None if self.lo is None else self.lo[index],
+            None if self.hi is None else self.hi[index],
+            self.n[index],
+        )
+
+
+def samples_x(steps: np.ndarray, prompts_per_step: int, group_size: int) -> np.ndarray:
+    """Samples seen after each step: step × (prompts per step × responses per prompt)."""
+    return steps * (prompts_per_step * group_size)
+
+
+def tokens_x(
+    steps: np.ndarray, length_steps: np.ndarray, mean_lengths: np.ndarray, batch_size: int
+) -> np.ndarray:
+    """Response tokens seen after each of `steps`, approximated from the logged mean response length.
+
+    Step t is counted as `batch_size × response_length/mean(t)` tokens (prompt tokens are not
+    counted); the cumulative count is interpolated at `steps`. Steps before the first logged
+    length have seen no tokens.
+    """
+    if len(length_steps) == 0:
+        return np.full(len(steps), np.nan)
+    cumulative = np.cumsum(mean_lengths * batch_size)
+    return np.interp(steps, length_steps, cumulative, left=0.0)
+
+
+def time_x(wall_times_s: np.ndarray) -> np.ndarray:
+    """Seconds since the run's first logged point."""
+    return wall_times_s - wall_times_s.min() if len(wall_times_s) else wall_times_s
+
+
+def common_grid(series: Sequence[Series]) -> np.ndarray:
+    """Every x any seed logged (exact for steps), or `MAX_GRID` even points over the span if more."""
+    xs = np.unique(np.concatenate([s.x for s in series])) if series else np.empty(0)
+    if len(xs) > MAX_GRID:
+        return np.linspace(xs[0], xs[-1], MAX_GRID)
+    return xs
+
+
+def align(series: Sequence[Series], grid: np.ndarray) -> np.ndarray:
+    """`[S, G]` values of each seed interpolated on `grid`; NaN outside a seed's own x range."""
+    values = np.full((len(series), len(grid)), np.nan)
+    for i, s in enumerate(series):
+        if len(s) == 0:
+            continue
+        inside = (grid >= s.x[0]) & (grid <= s.x[-1])
+        values[i, inside] = np.interp(grid[inside], s.x, s.y)
+    return values
+
+
+def bootstrap_ci(values: np.ndarray, seed: int = BOOTSTRAP_SEED) -> tuple[np.ndarray, np.ndarray]:
+    """95% percentile bootstrap CI of the mean over seeds, per column of `values: [S, G]` (NaN = absent).
+
+    Each resample draws S seeds with replacement (multinomial counts `[R, S]`), shared by all
+    columns; a resample's mean at a column averages only the drawn seeds present there.
+    """
+    n_seeds = values.shape[0]
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=BOOTSTRAP_RESAMPLES).astype(float)
+    present = np.isfinite(values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (counts @ np.where(present, values, 0.0)) / (counts @ present)
+    tail = (1 - CI_LEVEL) / 2 * 100
+    lo, hi = np.nanpercentile(means, [tail, 100 - tail], axis=0)
+    return lo, hi
+
+
+def aggregate(series: Sequence[Series], band: str, grid: np.ndarray | None = None) -> Curve:
+    """Mean over seeds on `grid` (default `common_grid`) with the chosen band."""
+    if band not in BANDS:
+        raise ValueError(f"band must be one of {', '.join(BANDS)} (got {band!r})")
+    grid = common_grid(series) if grid is None else grid
+    values = align(series, grid)
+    present = np.isfinite(values)
+    n = present.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(present, values, 0.0).sum(axis=0) / n
+        if band == "std":
+            squares = np.where(present, (values - mean) ** 2, 0.0).sum(axis=0)
+            std = np.where(n > 1, np.sqrt(squares / np.maximum(n - 1, 1)), 0.0)
+            lo, hi = mean - std, mean + std
+        elif band == "minmax":
+            lo = np.where(present, values, np.inf).min(axis=0, initial=np.inf)
+            hi = np.where(present, values, -np.inf).max(axis=0, initial=-np.inf)
+            lo, hi = np.where(n > 0, lo, np.nan), np.where(n > 0, hi, np.nan)
+        elif band == "ci":
+            lo, hi = bootstrap_ci(values) if len(series) else (mean, mean)
+        else:
+            lo = hi = None
+    return Curve(grid, mean, lo, hi, n)
+
+
+def downsample_index(y: np.ndarray, max_buckets: int = MAX_BUCKETS) -> np.ndarray:
+    """Indices to keep of `y: [N]`: per bucket of consecutive points its min, max and last; the first point.
+
+    At most `max_buckets` buckets, so at most `3 × max_buckets + 1` points. NaN counts as
+    neither min nor max.
+    """
+    n = len(y)
+    if n <= max_buckets:
+        return np.arange(n)
+    width = -(-n // max_buckets)
+    n_buckets = -(-n // width)
+    padded = np.full(n_buckets * width, np.nan)
+    padded[:n] = y
+    rows = padded.reshape(n_buckets, width)
+    offsets = np.arange(n_buckets) * width
+    lowest = np.where(np.isnan(rows), np.inf, rows).argmin(axis=1) + offsets
+    highest = np.where(np.isnan(rows), -np.inf, rows).argmax(axis=1) + offsets
+    last = np.minimum(offsets + width, n) - 1
+    return np.unique(np.concatenate([[0], lowest, highest, last]))
+
+
+def downsample(curve: Curve, max_buckets: int = MAX_BUCKETS) -> Curve:
+    """`curve` at the points `downsample_index` keeps of its mean."""
+    return curve.take(downsample_index(curve.mean, max_buckets))
+
+
+def final_value(series: Series, rule: str, k: int = 10) -> float:
+    """One number per run: its last value, mean of the last `k`, best (max), or AUC / x span."""
+    if len(series) == 0:
+        return float("nan")
+    if rule == "last":
+        return float(series.y[-1])
+    if rule == "mean_last_k":
+        if k < 1:
+            raise ValueError(f"k must be ≥ 1 (got {k})")
+        return float(series.y[-k:].mean())
+    if rule == "best":
+        return float(series.y.max())
+    if rule == "auc":
+        span = series.x[-1] - series.x[0]
+        if span == 0:
+            return float(series.y[0])
+        return float(np.trapezoid(series.y, series.x) / span)
+    raise ValueError(f"rule must be one of {', '.join(RULES)} (got {rule!r})")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A group's final value across seeds: mean, 95% bootstrap CI, std and the per-seed values."""
+
+    mean: float
+    ci_lo: float
+    ci_hi: float
+    std: float
+    n_seeds: int
+    values: list[float]
+
+
+def summarise(values: Sequence[float]) -> Summary:
+    """Mean and bootstrap CI of per-seed final values (NaN values, runs with no points, are left out)."""
+    finite = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
+    if len(finite) == 0:
+        return Summary(float("nan"), float("nan"), float("nan"), float("nan"), 0, [])
+    lo, hi = bootstrap_ci(finite[:, None])
+    std = float(finite.std(ddof=1)) if len(finite) > 1 else 0.0
+    return Summary(float(finite.mean()), float(lo[0]), float(hi[0]), std, len(finite), finite.tolist())

@@ -1,0 +1,139 @@
+"""Seed aggregation for the dashboards: interpolation on a common grid, bands, the bootstrap CI
+with its fixed seed, spike-preserving downsampling and the final-value rules, checked on numbers
+worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from experiments import curves
+from experiments.curves import Series
+
+
+def test_seeds_logged_at_different_steps_are_interpolated_on_the_union_of_their_steps():
+    a = Series.of([0, 2, 4], [0.0, 2.0, 4.0])
+    b = Series.of([0, 1, 4], [1.0, 1.0, 1.0])
+    curve = curves.aggregate([a, b], "none")
+    assert curve.x.tolist() == [0, 1, 2, 4]
+    assert curve.mean.tolist() == [0.5, 1.0, 1.5, 2.5]
+    assert curve.n.tolist() == [2, 2, 2, 2]
+    assert curve.lo is None and curve.hi is None
+
+
+def test_a_seed_still_running_counts_only_where_it_has_points():
+    done = Series.of([0, 1, 2, 3], [0.0, 1.0, 2.0, 3.0])
+    running = Series.of([0, 1], [2.0, 3.0])
+    curve = curves.aggregate([done, running], "minmax")
+    assert curve.n.tolist() == [2, 2, 1, 1]
+    assert curve.mean.tolist() == [1.0, 2.0, 2.0, 3.0]
+    assert curve.lo.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert curve.hi.tolist() == [2.0, 3.0, 2.0, 3.0]
+
+
+def test_missing_values_are_dropped_and_points_sorted():
+    s = Series.of([3, 1, 2, 0], [3.0, None, float("nan"), 0.0])
+    assert s.x.tolist() == [0, 3] and s.y.tolist() == [0.0, 3.0]
+    assert curves.aggregate([s], "none", grid=np.array([0.0, 1.5, 3.0])).mean.tolist() == [0.0, 1.5, 3.0]
+
+
+def test_std_band_is_the_sample_std_and_one_seed_has_no_width():
+    seeds = [Series.of([0, 1], [v, v + 1]) for v in (1.0, 2.0, 3.0)]
+    curve = curves.aggregate(seeds, "std")
+    assert curve.mean.tolist() == [2.0, 3.0]
+    assert curve.lo.tolist() == [1.0, 2.0] and curve.hi.tolist() == [3.0, 4.0]
+    single = curves.aggregate(seeds[:1], "std")
+    assert single.lo.tolist() == single.hi.tolist() == [1.0, 2.0]
+
+
+def test_bootstrap_ci_is_reproducible_and_brackets_the_mean():
+    values = np.array([[1.0, 10.0], [2.0, 10.0], [3.0, 10.0], [6.0, 10.0]])
+    lo, hi = curves.bootstrap_ci(values)
+    lo_again, hi_again = curves.bootstrap_ci(values)
+    assert lo.tolist() == lo_again.tolist() and hi.tolist() == hi_again.tolist()
+    # The 2.5% and 97.5% quantiles of 1,000 resampled means of {1, 2, 3, 6} with seed 0:
+    assert (lo[0], hi[0]) == (1.5, 5.0)
+    assert lo[1] == hi[1] == 10.0, "seeds that agree have a CI of zero width"
+    _, other_hi = curves.bootstrap_ci(values, seed=1)
+    assert other_hi[0] == pytest.approx(5.00625), "another seed draws other resamples"
+
+
+def test_ci_band_uses_the_bootstrap_per_grid_point():
+    seeds = [Series.of([0, 1], [v, 2 * v]) for v in (1.0, 2.0, 3.0, 6.0)]
+    curve = curves.aggregate(seeds, "ci")
+    assert curve.mean.tolist() == [3.0, 6.0]
+    assert (curve.lo[0], curve.hi[0]) == (1.5, 5.0)
+    assert (curve.lo[1], curve.hi[1]) == (3.0, 10.0), "the same resamples at every grid point"
+
+
+def test_unknown_band_is_refused_by_name():
+    with pytest.raises(ValueError, match="band must be one of std, minmax, ci, none"):
+        curves.aggregate([], "sem")
+
+
+def test_downsampling_keeps_a_one_step_spike_and_the_first_and_last_points():
+    n = 100_000
+    y = np.sin(np.arange(n) / 5000.0)
+    y[31_337] = 50.0
+    y[77_777] = -50.0
+    keep = curves.downsample_index(y)
+    assert 31_337 in keep and 77_777 in keep
+    assert keep[0] == 0 and keep[-1] == n - 1
+    width = -(-n // curves.MAX_BUCKETS)
+    assert len(np.unique(keep // width)) <= curves.MAX_BUCKETS
+    assert len(keep) <= 3 * curves.MAX_BUCKETS + 1
+    assert np.all(np.diff(keep) > 0)
+
+
+def test_downsampling_keeps_short_series_whole_and_buckets_each_min_max_last():
+    assert curves.downsample_index(np.arange(5.0)).tolist() == [0, 1, 2, 3, 4]
+    y = np.array([5.0, 1.0, 9.0, 2.0, 2.0, 7.0, 3.0, 0.0, 4.0])
+    # 3 buckets of 3: [5 1 9] [2 2 7] [3 0 4] → min, max and last of each, and the first point.
+    assert curves.downsample_index(y, max_buckets=3).tolist() == [0, 1, 2, 3, 5, 7, 8]
+
+
+def test_downsampled_curve_keeps_a_spike_of_one_seed_through_the_mean():
+    steps = np.arange(2001)
+    flat = Series.of(steps, np.zeros(2001))
+    spiky_y = np.zeros(2001)
+    spiky_y[1234] = 8.0
+    curve = curves.downsample(curves.aggregate([flat, Series.of(steps, spiky_y)], "std"), max_buckets=100)
+    assert len(curve.x) <= 301
+    assert curve.mean.max() == 4.0 and curve.x[curve.mean.argmax()] == 1234
+    assert curve.x[0] == 0 and curve.x[-1] == 2000
+
+
+@pytest.mark.parametrize(
+    ("rule", "k", "expected"),
+    [("last", 10, 2.0), ("mean_last_k", 2, 3.0), ("mean_last_k", 10, 2.0), ("best", 10, 4.0)],
+)
+def test_final_value_rules(rule, k, expected):
+    series = Series.of([0, 1, 2, 3], [0.0, 2.0, 4.0, 2.0])
+    assert curves.final_value(series, rule, k) == expected
+
+
+def test_area_under_curve_is_normalised_by_the_x_span():
+    # Trapezoids over x = 0, 1, 3: (0 + 2) / 2 × 1 + (2 + 4) / 2 × 2 = 7, over a span of 3.
+    assert curves.final_value(Series.of([0, 1, 3], [0.0, 2.0, 4.0]), "auc") == pytest.approx(7 / 3)
+    assert curves.final_value(Series.of([5], [1.5]), "auc") == 1.5
+    assert np.isnan(curves.final_value(Series.of([], []), "last"))
+    with pytest.raises(ValueError, match="rule must be one of"):
+        curves.final_value(Series.of([0], [1.0]), "median")
+
+
+def test_summary_across_seeds_has_a_fixed_seed_ci_and_says_how_many_seeds():
+    summary = curves.summarise([1.0, 2.0, 3.0, 6.0, float("nan")])
+    assert summary.n_seeds == 4 and summary.mean == 3.0
+    assert summary.std == pytest.approx(np.std([1, 2, 3, 6], ddof=1))
+    assert (summary.ci_lo, summary.ci_hi) == (1.5, 5.0)
+    one = curves.summarise([0.5])
+    assert (one.n_seeds, one.mean, one.ci_lo, one.ci_hi, one.std) == (1, 0.5, 0.5, 0.5, 0.0)
+    assert curves.summarise([]).n_seeds == 0
+
+
+def test_x_axes_samples_tokens_and_time():
+    steps = np.array([0.0, 1.0, 2.0, 4.0])
+    assert curves.samples_x(steps, prompts_per_step=4, group_size=8).tolist() == [0, 32, 64, 128]
+    # Mean lengths 10, 20, 30, 40 at steps 1..4 with 32 responses per step: 320, 960, 1920, 3200 cumulative.
+    tokens = curves.tokens_x(steps, np.array([1.0, 2.0, 3.0, 4.0]), np.array([10.0, 20.0, 30.0, 40.0]), 32)
+    assert tokens.tolist() == [0.0, 320.0, 960.0, 3200.0]
+    assert curves.time_x(np.array([100.0, 101.5, 104.0])).tolist() == [0.0, 1.5, 4.0]
