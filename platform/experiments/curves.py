@@ -83,14 +83,16 @@ def tokens_x(
 ) -> np.ndarray:
     """Response tokens seen after each of `steps`, approximated from the logged mean response length.
 
-    Step t is counted as `batch_size × response_length/mean(t)` tokens (prompt tokens are not
-    counted); the cumulative count is interpolated at `steps`. Steps before the first logged
-    length have seen no tokens.
+    Training step t ≥ 1 is counted as `batch_size × response_length/mean(t)` tokens (prompt
+    tokens are not counted; step 0 is before training); the cumulative count, 0 at step 0, is
+    interpolated at `steps`. Without any logged length the x values are unknown (NaN).
     """
-    if len(length_steps) == 0:
+    trained = length_steps > 0
+    if not trained.any():
         return np.full(len(steps), np.nan)
-    cumulative = np.cumsum(mean_lengths * batch_size)
-    return np.interp(steps, length_steps, cumulative, left=0.0)
+    knots = np.concatenate([[0.0], length_steps[trained]])
+    cumulative = np.concatenate([[0.0], np.cumsum(mean_lengths[trained] * batch_size)])
+    return np.interp(steps, knots, cumulative, left=0.0)
 
 
 def time_x(wall_times_s: np.ndarray) -> np.ndarray:

@@ -134,6 +134,9 @@ def test_x_axes_samples_tokens_and_time():
     steps = np.array([0.0, 1.0, 2.0, 4.0])
     assert curves.samples_x(steps, prompts_per_step=4, group_size=8).tolist() == [0, 32, 64, 128]
     # Mean lengths 10, 20, 30, 40 at steps 1..4 with 32 responses per step: 320, 960, 1920, 3200 cumulative.
-    tokens = curves.tokens_x(steps, np.array([1.0, 2.0, 3.0, 4.0]), np.array([10.0, 20.0, 30.0, 40.0]), 32)
+    # A length logged at step 0 (before training) is not counted.
+    lengths = np.array([99.0, 10.0, 20.0, 30.0, 40.0])
+    tokens = curves.tokens_x(steps, np.arange(5.0), lengths, 32)
     assert tokens.tolist() == [0.0, 320.0, 960.0, 3200.0]
+    assert np.isnan(curves.tokens_x(steps, np.array([0.0]), np.array([5.0]), 32)).all()
     assert curves.time_x(np.array([100.0, 101.5, 104.0])).tolist() == [0.0, 1.5, 4.0]
