@@ -1,4 +1,5 @@
-"""Server-rendered pages: experiments of your teams, the sweep form, runs, teams.
+"""Server-rendered pages: experiments of your teams, the sweep form, runs, teams, and an
+experiment's comparison dashboard with its JSON / CSV data.
 
 Every query goes through `visible_to(user)` or the user's memberships, so another team's
 objects are 404s. Live parts (`…/live/` fragments) are re-fetched by the page while
@@ -17,7 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from experiments import sweeps
+from experiments import compare, curves, sweeps
 from experiments.forms import AddMemberForm, SweepForm, TeamForm
 from experiments.models import Experiment, Membership, MetricPoint, Run, Team
 
@@ -84,6 +85,56 @@ def experiment_runs_live(request: HttpRequest, experiment_id: int) -> HttpRespon
     return render(
         request, "experiments/_runs.html", {"experiment": experiment, "runs": experiment.runs.all()}
     )
+
+
+@login_required
+def experiment_compare(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """The dashboard page; its script draws everything from `experiment_compare_data`."""
+    experiment = _experiment(request, experiment_id)
+    return render(
+        request,
+        "experiments/compare.html",
+        {
+            "experiment": experiment,
+            "metrics": compare.METRICS,
+            "x_axes": curves.X_AXES,
+            "bands": curves.BANDS,
+            "rules": curves.RULES,
+        },
+    )
+
+
+def _comparison(request: HttpRequest, experiment_id: int, table: str) -> HttpResponse:
+    experiment = _experiment(request, experiment_id)
+    try:
+        query = compare.ComparisonQuery.parse(request.GET)
+        output = request.GET.get("format", "json")
+        if output not in ("json", "csv"):
+            raise compare.QueryError("format", f"format must be json or csv (got {output!r})")
+    except compare.QueryError as exc:
+        return JsonResponse({"detail": [{"param": exc.param, "msg": exc.message}]}, status=400)
+    payload = compare.compare(experiment, query)
+    if output == "json":
+        return JsonResponse(payload if table == "curves" else {"summary": payload["summary"]})
+    text = compare.curves_csv(payload) if table == "curves" else compare.summary_csv(payload)
+    response = HttpResponse(text, content_type="text/csv")
+    metric = query.metric.replace("/", "-")
+    response["Content-Disposition"] = (
+        f'attachment; filename="experiment-{experiment.pk}-{metric}-{query.x if table == "curves" else query.rule}-{table}.csv"'
+    )
+    return response
+
+
+@login_required
+def experiment_compare_data(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """Aggregated curves, summary and per-run final values as JSON; `format=csv` gives the curves."""
+    return _comparison(request, experiment_id, "curves")
+
+
+@login_required
+def experiment_compare_summary(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """The summary table (final value ± CI per preset × staleness) as JSON or, with `format=csv`, CSV."""
+    return _comparison(request, experiment_id, "summary")
 
 
 def _run(request: HttpRequest, run_id: int) -> Run:

@@ -6,6 +6,7 @@ still crosses processes. Paths a run may read are limited to `LAB_DATA_ROOTS` (d
 and `LAB_MODEL_ROOTS` (local models), each a colon-separated list.
 """
 
+import importlib.util
 import os
 import secrets
 from pathlib import Path
@@ -112,6 +113,10 @@ STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(exist_ok=True)
 # Serve app static files straight from their packages, so no collectstatic step is needed locally.
 WHITENOISE_USE_FINDERS = True
+# Plotly.js from the installed plotly package, at static/plotly/plotly.min.js: pages work offline.
+STATICFILES_DIRS = [
+    ("plotly", Path(importlib.util.find_spec("plotly").submodule_search_locations[0]) / "package_data")
+]
 
 # Celery: Redis when REDIS_URL is set, else kombu's filesystem transport under var/.
 REDIS_URL = os.environ.get("REDIS_URL", "")

@@ -18,6 +18,17 @@ urlpatterns = [
     path("experiments/new/", views.submit_sweep, name="submit-sweep"),
     path("experiments/<int:experiment_id>/", views.experiment_detail, name="experiment-detail"),
     path("experiments/<int:experiment_id>/live/", views.experiment_runs_live, name="experiment-runs-live"),
+    path("experiments/<int:experiment_id>/compare/", views.experiment_compare, name="experiment-compare"),
+    path(
+        "experiments/<int:experiment_id>/compare/data",
+        views.experiment_compare_data,
+        name="experiment-compare-data",
+    ),
+    path(
+        "experiments/<int:experiment_id>/compare/summary",
+        views.experiment_compare_summary,
+        name="experiment-compare-summary",
+    ),
     path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
     path("runs/<int:run_id>/live/", views.run_live, name="run-live"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),

@@ -1,0 +1,285 @@
+"""An experiment's comparison: one metric of every run, aggregated per (preset, staleness) group.
+
+`ComparisonQuery.parse` validates the query string (metric, x, band, rule, k) and names the
+parameter that is wrong. `compare` reads only the chosen metric's points of the experiment's
+runs in one `values_list` query (plus the mean response lengths when x is tokens), turns each
+run into a `curves.Series` on the chosen x axis, and returns per group the downsampled mean
+curve with its band, and per group the final value across seeds (`summary`). Groups come in a
+fixed order: presets in `rlcore.presets` order, staleness settings in the order the sweep
+listed them. Each preset has one colour everywhere, keyed by that order.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from django.db.models import OuterRef, Subquery
+from django.http import QueryDict
+
+from experiments import curves
+from experiments.models import Experiment, MetricPoint, Run
+from rlcore.presets import preset_names
+from rlcore.sinks import EVAL_METRICS, STEP_METRICS
+
+METRICS = (*STEP_METRICS, *EVAL_METRICS)
+LENGTH_METRIC = "response_length/mean"
+SCATTER_METRICS = ("kl/init", "reward/mean")
+MAX_K = 100_000
+# Tableau 20 minus greys: one colour per rlcore preset, in PRESETS order; unknown presets cycle.
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#dbdb8d",
+    "#9edae5",
+)
+
+
+def preset_colours(presets: list[str]) -> dict[str, str]:
+    """The site-wide colour of each preset: its position in `rlcore.presets`, then the others in turn."""
+    known = preset_names()
+    extra = [p for p in presets if p not in known]
+    return {p: PALETTE[(known + extra).index(p) % len(PALETTE)] for p in presets}
+
+
+def preset_sort_key(preset: str) -> tuple[int, str]:
+    known = preset_names()
+    return (known.index(preset), "") if preset in known else (len(known), preset)
+
+
+class QueryError(ValueError):
+    def __init__(self, param: str, message: str):
+        self.param = param
+        self.message = message
+        super().__init__(f"{param}: {message}")
+
+
+def _choice(params: QueryDict, name: str, choices: tuple[str, ...], default: str) -> str:
+    value = params.get(name, default)
+    if value not in choices:
+        raise QueryError(name, f"{name} must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
+@dataclass(frozen=True)
+class ComparisonQuery:
+    metric: str = "reward/mean"
+    x: str = "step"
+    band: str = "std"
+    rule: str = "last"
+    k: int = 10
+
+    @classmethod
+    def parse(cls, params: QueryDict) -> ComparisonQuery:
+        metric = params.get("metric", cls.metric)
+        if not 0 < len(metric) <= 100 or "\x00" in metric:
+            raise QueryError(
+                "metric", f"metric must be a metric name of 1 to 100 characters (got {metric!r})"
+            )
+        k_text = params.get("k", str(cls.k))
+        if not k_text.isdigit() or not 1 <= int(k_text) <= MAX_K:
+            raise QueryError("k", f"k must be a whole number from 1 to {MAX_K} (got {k_text!r})")
+        return cls(
+            metric=metric,
+            x=_choice(params, "x", curves.X_AXES, cls.x),
+            band=_choice(params, "band", curves.BANDS, cls.band),
+            rule=_choice(params, "rule", curves.RULES, cls.rule),
+            k=int(k_text),
+        )
+
+
+def _points_by_run(
+    run_ids: list[int], name: str, with_time: bool = False
+) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """(steps, values, wall times in s or None) of metric `name` per run, from one query."""
+    fields = ["run_id", "step", "value"] + (["wall_time"] if with_time else [])
+    rows = list(
+        MetricPoint.objects.filter(run_id__in=run_ids, name=name)
+        .order_by("run_id", "step")
+        .values_list(*fields)
+    )
+    if not rows:
+        return {}
+    table = np.array([r[:3] for r in rows], dtype=float)
+    times = np.array([r[3].timestamp() for r in rows]) if with_time else None
+    starts = np.flatnonzero(np.diff(table[:, 0], prepend=np.nan))
+    ends = np.append(starts[1:], len(table))
+    return {
+        int(table[a, 0]): (table[a:b, 1], table[a:b, 2], None if times is None else times[a:b])
+        for a, b in zip(starts, ends, strict=True)
+    }
+
+
+def _rollout(run: Run) -> tuple[int, int]:
+    """(prompts per step, responses per prompt) from the run's resolved config."""
+    rollout = run.config.get("rollout", {})
+    return int(rollout.get("prompts_per_step", 1)), int(rollout.get("group_size", 1))
+
+
+def _series(run: Run, query: ComparisonQuery, points, lengths) -> curves.Series:
+    steps, values, times = points
+    if query.x == "step":
+        x = steps
+    elif query.x == "samples":
+        x = curves.samples_x(steps, *_rollout(run))
+    elif query.x == "tokens":
+        length_steps, length_values, _ = lengths.get(run.pk, (np.empty(0), np.empty(0), None))
+        finite = np.isfinite(length_values)
+        x = curves.tokens_x(steps, length_steps[finite], length_values[finite], math.prod(_rollout(run)))
+    else:
+        x = curves.time_x(times)
+    return curves.Series.of(x, values)
+
+
+def json_numbers(values: np.ndarray) -> list[float | int | None]:
+    """A float array as a short JSON list: ints when whole, else 6 significant digits of its largest
+    magnitude; NaN as null."""
+    finite = np.isfinite(values)
+    if not finite.any():
+        return [None] * len(values)
+    if finite.all() and np.all(values == np.round(values)) and np.abs(values).max() < 2**53:
+        return values.astype(np.int64).tolist()
+    scale = np.abs(values[finite]).max()
+    decimals = 0 if scale == 0 else int(np.clip(5 - math.floor(math.log10(scale)), -10, 15))
+    out = np.round(values, decimals).tolist()
+    return out if finite.all() else [v if f else None for v, f in zip(out, finite.tolist(), strict=True)]
+
+
+def _scalar(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def compare(experiment: Experiment, query: ComparisonQuery) -> dict[str, Any]:
+    """The comparison payload of `experiment` (see the module docstring)."""
+    runs = list(
+        experiment.runs.only("id", "preset", "staleness", "seed", "status", "config").annotate(
+            **{
+                f"last_{name}": Subquery(
+                    MetricPoint.objects.filter(run=OuterRef("pk"), name=name)
+                    .order_by("-step")
+                    .values("value")[:1]
+                )
+                for name in SCATTER_METRICS
+            }
+        )
+    )
+    run_ids = [run.pk for run in runs]
+    points = _points_by_run(run_ids, query.metric, with_time=query.x == "time")
+    lengths = _points_by_run(run_ids, LENGTH_METRIC) if query.x == "tokens" else {}
+
+    presets = sorted({run.preset for run in runs}, key=preset_sort_key)
+    staleness = list(dict.fromkeys(run.staleness for run in runs))
+    members: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for run in runs:
+        members[(run.preset, run.staleness)].append(run)
+
+    groups, summary, run_rows = [], [], []
+    for preset in presets:
+        for setting in staleness:
+            group_runs = members.get((preset, setting), [])
+            if not group_runs:
+                continue
+            series = {
+                run.pk: _series(run, query, points[run.pk], lengths) for run in group_runs if run.pk in points
+            }
+            series = {pk: s for pk, s in series.items() if len(s)}
+            full = curves.aggregate(list(series.values()), query.band)
+            shown = curves.downsample(full)
+            groups.append(
+                {
+                    "preset": preset,
+                    "staleness": setting,
+                    "n_runs": len(group_runs),
+                    "n_seeds": len(series),
+                    "x": json_numbers(shown.x),
+                    "mean": json_numbers(shown.mean),
+                    "lo": None if shown.lo is None else json_numbers(shown.lo),
+                    "hi": None if shown.hi is None else json_numbers(shown.hi),
+                    "n": shown.n.tolist(),
+                    "points": len(full.x),
+                    "downsampled": len(shown.x) < len(full.x),
+                }
+            )
+            finals = {pk: curves.final_value(s, query.rule, query.k) for pk, s in series.items()}
+            result = curves.summarise(list(finals.values()))
+            summary.append(
+                {
+                    "preset": preset,
+                    "staleness": setting,
+                    "n_runs": len(group_runs),
+                    "n_seeds": result.n_seeds,
+                    "value": _scalar(result.mean),
+                    "ci_lo": _scalar(result.ci_lo),
+                    "ci_hi": _scalar(result.ci_hi),
+                    "std": _scalar(result.std),
+                }
+            )
+            run_rows += [
+                {
+                    "id": run.pk,
+                    "preset": preset,
+                    "staleness": setting,
+                    "seed": run.seed,
+                    "status": run.status,
+                    "final": _scalar(finals.get(run.pk, math.nan)),
+                    **{name: getattr(run, f"last_{name}") for name in SCATTER_METRICS},
+                }
+                for run in group_runs
+            ]
+    return {
+        "experiment": experiment.pk,
+        "metric": query.metric,
+        "x": query.x,
+        "band": query.band,
+        "rule": query.rule,
+        "k": query.k,
+        "active": any(run.status in Run.ACTIVE for run in runs),
+        "presets": presets,
+        "staleness": staleness,
+        "colours": preset_colours(presets),
+        "groups": groups,
+        "summary": summary,
+        "runs": run_rows,
+    }
+
+
+def curves_csv(payload: dict[str, Any]) -> str:
+    """The aggregated curves as CSV: one row per group and grid point."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["preset", "staleness", payload["x"], "mean", "lo", "hi", "n_seeds"])
+    for g in payload["groups"]:
+        lo, hi = g["lo"] or [None] * len(g["x"]), g["hi"] or [None] * len(g["x"])
+        for row in zip(g["x"], g["mean"], lo, hi, g["n"], strict=True):
+            writer.writerow([g["preset"], g["staleness"], *("" if v is None else v for v in row)])
+    return out.getvalue()
+
+
+def summary_csv(payload: dict[str, Any]) -> str:
+    """The summary table as CSV: one row per (preset, staleness)."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    columns = ["preset", "staleness", "n_runs", "n_seeds", "value", "ci_lo", "ci_hi", "std"]
+    writer.writerow(columns)
+    for row in payload["summary"]:
+        writer.writerow(["" if row[c] is None else row[c] for c in columns])
+    return out.getvalue()

@@ -1,0 +1,251 @@
+// The comparison page: draws what the JSON endpoint aggregated, and keeps every control in the URL.
+// Changing metric, x axis, band or final-value rule fetches again; view and smoothing only redraw.
+// While a run is queued or running the data is polled every few seconds, without reloading the page.
+// Names (presets, staleness labels, metrics) are user input: they only ever go through textContent
+// or Plotly's text fields, never innerHTML.
+"use strict";
+
+(() => {
+  const POLL_MS = 3000;
+  const DEFAULTS = { metric: "reward/mean", x: "step", band: "std", view: "grid", smooth: "0", rule: "last", k: "10" };
+  const FETCHED = ["metric", "x", "band", "rule", "k"];
+  const DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"];
+  const X_TITLES = { step: "step", samples: "samples seen", tokens: "response tokens seen", time: "wall time (s)" };
+  const PLOT_CONFIG = { displaylogo: false, responsive: true };
+
+  const root = document.getElementById("compare");
+  const form = document.getElementById("controls");
+  const plots = document.getElementById("plots");
+  const status = document.getElementById("status");
+  let payload = null;
+  let fetched = "";
+  let pollTimer = null;
+
+  const control = (name) => form.elements[name];
+
+  function readUrl() {
+    const query = new URLSearchParams(location.search);
+    for (const [name, fallback] of Object.entries(DEFAULTS)) {
+      const el = control(name);
+      const value = query.get(name) ?? fallback;
+      if (el.tagName === "SELECT" && ![...el.options].some((o) => o.value === value)) el.add(new Option(value, value));
+      el.value = value;
+    }
+  }
+
+  function state() {
+    return Object.fromEntries(Object.keys(DEFAULTS).map((name) => [name, control(name).value]));
+  }
+
+  function dataQuery() {
+    const s = state();
+    return new URLSearchParams(FETCHED.map((name) => [name, s[name]])).toString();
+  }
+
+  function writeUrl() {
+    history.replaceState(null, "", "?" + new URLSearchParams(state()).toString());
+  }
+
+  function rgba(hex, alpha) {
+    const n = parseInt(hex.slice(1), 16);
+    return `rgba(${(n >> 16) & 255}, ${(n >> 8) & 255}, ${n & 255}, ${alpha})`;
+  }
+
+  // Exponential moving average with the (1 - w^t) debiasing of Adam, so the start is not pulled to zero.
+  function smooth(values, weight) {
+    if (weight <= 0) return values;
+    let average = 0;
+    let t = 0;
+    return values.map((v) => {
+      if (v === null) return null;
+      t += 1;
+      average = weight * average + (1 - weight) * v;
+      return average / (1 - weight ** t);
+    });
+  }
+
+  function groupTraces(group, options) {
+    const colour = payload.colours[group.preset];
+    const name = options.overlay ? `${group.preset} · ${group.staleness}` : group.preset;
+    const traces = [];
+    if (group.lo !== null) {
+      const common = { x: group.x, type: "scatter", mode: "lines", hoverinfo: "skip", showlegend: false, line: { width: 0 } };
+      traces.push({ ...common, y: group.lo, meta: { kind: "band-lo", preset: group.preset } });
+      traces.push({ ...common, y: group.hi, fill: "tonexty", fillcolor: rgba(colour, 0.18), meta: { kind: "band-hi", preset: group.preset } });
+    }
+    const seeds = group.n_seeds === 1 ? "1 seed" : `${group.n_seeds} seeds`;
+    traces.push({
+      x: group.x,
+      y: smooth(group.mean, Number(control("smooth").value)),
+      type: "scatter",
+      mode: "lines",
+      name,
+      legendgroup: name,
+      showlegend: options.showlegend,
+      line: { color: colour, width: 2, dash: options.dash },
+      hovertemplate: `%{y:.4g} at %{x}<extra>${escapeHover(name)} (${seeds})</extra>`,
+      meta: { kind: "mean", preset: group.preset, staleness: group.staleness },
+    });
+    return traces;
+  }
+
+  // Plotly renders hover templates as HTML-ish text; names are user input.
+  function escapeHover(text) {
+    return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+  }
+
+  function axisLayout(title) {
+    return {
+      height: 280,
+      margin: { l: 50, r: 10, t: 30, b: 40 },
+      title: { text: title, font: { size: 13 } },
+      xaxis: { title: { text: X_TITLES[payload.x] } },
+      yaxis: { title: { text: payload.metric } },
+      legend: { orientation: "h", y: -0.25 },
+    };
+  }
+
+  function drawGrid() {
+    plots.replaceChildren();
+    payload.staleness.forEach((setting, column) => {
+      const panel = document.createElement("div");
+      panel.className = "panel";
+      panel.dataset.staleness = setting;
+      plots.append(panel);
+      const traces = payload.groups
+        .filter((g) => g.staleness === setting)
+        .flatMap((g) => groupTraces(g, { overlay: false, showlegend: column === 0, dash: "solid" }));
+      Plotly.newPlot(panel, traces, axisLayout(`staleness: ${setting}`), PLOT_CONFIG);
+    });
+  }
+
+  function drawOverlay() {
+    plots.replaceChildren();
+    const panel = document.createElement("div");
+    panel.className = "panel overlay";
+    plots.append(panel);
+    const traces = payload.groups.flatMap((g) =>
+      groupTraces(g, { overlay: true, showlegend: true, dash: DASHES[payload.staleness.indexOf(g.staleness) % DASHES.length] }),
+    );
+    Plotly.newPlot(panel, traces, { ...axisLayout("all presets × staleness"), height: 460 }, PLOT_CONFIG);
+  }
+
+  function formatValue(v) {
+    return v === null ? "–" : Number(v).toPrecision(4);
+  }
+
+  function drawSummary() {
+    const table = document.getElementById("summary");
+    table.replaceChildren();
+    const head = table.insertRow();
+    for (const text of [`${payload.metric}, ${payload.rule}${payload.rule === "mean_last_k" ? ` (k = ${payload.k})` : ""}`, ...payload.staleness]) {
+      const th = document.createElement("th");
+      th.textContent = text;
+      head.append(th);
+    }
+    const cells = new Map(payload.summary.map((row) => [`${row.preset}\u0000${row.staleness}`, row]));
+    for (const preset of payload.presets) {
+      const tr = table.insertRow();
+      tr.dataset.preset = preset;
+      const name = tr.insertCell();
+      const swatch = document.createElement("span");
+      swatch.className = "swatch";
+      swatch.style.background = payload.colours[preset];
+      name.append(swatch, preset);
+      for (const setting of payload.staleness) {
+        const td = tr.insertCell();
+        td.dataset.staleness = setting;
+        const row = cells.get(`${preset}\u0000${setting}`);
+        if (!row) continue;
+        if (row.n_seeds === 0) td.textContent = "no points yet";
+        else if (row.n_seeds === 1) td.textContent = `${formatValue(row.value)} · 1 seed, no CI`;
+        else td.textContent = `${formatValue(row.value)} [${formatValue(row.ci_lo)}, ${formatValue(row.ci_hi)}] · ${row.n_seeds} seeds`;
+      }
+    }
+  }
+
+  function drawDegradation() {
+    const traces = payload.presets.map((preset) => {
+      const rows = payload.staleness.map((s) => payload.summary.find((r) => r.preset === preset && r.staleness === s));
+      const value = (r, key) => (r ? r[key] : null);
+      return {
+        x: payload.staleness,
+        y: rows.map((r) => value(r, "value")),
+        error_y: {
+          type: "data",
+          symmetric: false,
+          array: rows.map((r) => (r && r.ci_hi !== null ? r.ci_hi - r.value : null)),
+          arrayminus: rows.map((r) => (r && r.ci_lo !== null ? r.value - r.ci_lo : null)),
+        },
+        type: "scatter",
+        mode: "lines+markers",
+        name: preset,
+        line: { color: payload.colours[preset] },
+        meta: { kind: "degradation", preset },
+      };
+    });
+    const layout = { ...axisLayout(`final ${payload.metric} (${payload.rule}) vs staleness`), height: 320 };
+    layout.xaxis = { title: { text: "staleness" }, type: "category" };
+    Plotly.newPlot("degradation", traces, layout, PLOT_CONFIG);
+  }
+
+  function drawScatter() {
+    const traces = payload.presets.map((preset) => {
+      const runs = payload.runs.filter((r) => r.preset === preset && r["kl/init"] !== null && r["reward/mean"] !== null);
+      return {
+        x: runs.map((r) => r["kl/init"]),
+        y: runs.map((r) => r["reward/mean"]),
+        text: runs.map((r) => `run ${r.id} · ${r.staleness} · seed ${r.seed}`),
+        type: "scatter",
+        mode: "markers",
+        name: preset,
+        marker: { color: payload.colours[preset], size: 8 },
+        meta: { kind: "run", preset },
+      };
+    });
+    const layout = { ...axisLayout("last reward/mean vs last kl/init, one point per run"), height: 320 };
+    layout.xaxis = { title: { text: "kl/init" } };
+    layout.yaxis = { title: { text: "reward/mean" } };
+    Plotly.newPlot("scatter", traces, layout, PLOT_CONFIG);
+  }
+
+  function draw() {
+    if (control("view").value === "overlay") drawOverlay();
+    else drawGrid();
+    drawSummary();
+    drawDegradation();
+    drawScatter();
+    document.getElementById("smooth-value").textContent = control("smooth").value;
+    const runs = payload.runs.length;
+    status.textContent = `${runs} run${runs === 1 ? "" : "s"} in ${payload.groups.length} groups${payload.active ? " · some still running, refreshing" : ""}`;
+    root.dataset.rendered = new URLSearchParams(state()).toString();
+  }
+
+  async function load() {
+    clearTimeout(pollTimer);
+    const query = dataQuery();
+    document.getElementById("csv-curves").href = `${root.dataset.url}?${query}&format=csv`;
+    document.getElementById("csv-summary").href = `${root.dataset.summaryUrl}?${query}&format=csv`;
+    const response = await fetch(`${root.dataset.url}?${query}`, { credentials: "same-origin" });
+    if (query !== dataQuery()) return; // a newer request is on its way
+    if (!response.ok) {
+      const body = await response.json().catch(() => null);
+      status.textContent = body && body.detail ? body.detail.map((d) => d.msg).join("; ") : `error ${response.status}`;
+      return;
+    }
+    payload = await response.json();
+    fetched = query;
+    draw();
+    if (payload.active) pollTimer = setTimeout(load, POLL_MS);
+  }
+
+  form.addEventListener("input", () => {
+    writeUrl();
+    if (dataQuery() !== fetched) load();
+    else if (payload) draw();
+  });
+
+  readUrl();
+  writeUrl();
+  load();
+})();

@@ -1,0 +1,61 @@
+"""A finished experiment written straight into the database, for the comparison tests: no
+training, just runs and metric points whose values follow a formula the tests can check.
+
+`make_finished_experiment` builds presets × staleness settings × seeds runs with steps
+0…`steps`, each logging `reward/mean = (step / steps) × (0.5 + 0.25 p − 0.1 s) + 0.05 seed`
+(p = preset index, s = staleness index), `kl/init = 0.01 × step × (1 + s)`,
+`response_length/mean = 10 + seed`, one step per second of wall time.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from conftest import TINY_CONFIG
+from experiments.models import Experiment, MetricPoint, Run
+from experiments.sweeps import expand
+
+START = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def reward(step: int, steps: int, preset_index: int, staleness_index: int, seed: int) -> float:
+    return step / steps * (0.5 + 0.25 * preset_index - 0.1 * staleness_index) + 0.05 * seed
+
+
+def make_finished_experiment(
+    team,
+    owner,
+    name: str = "compare",
+    presets: tuple[str, ...] = ("reinforce", "grpo"),
+    staleness: tuple[dict, ...] = ({}, {"sync_offset": 2}),
+    seeds: tuple[int, ...] = (0, 1),
+    steps: int = 20,
+) -> Experiment:
+    sweep = expand(TINY_CONFIG, list(presets), list(staleness), list(seeds))
+    experiment = Experiment.objects.create(team=team, owner=owner, name=name, spec=sweep.as_spec())
+    points = []
+    for config in sweep.configs:
+        p = presets.index(config.algorithm.preset)
+        s = staleness.index(config.staleness.model_dump(exclude_defaults=True))
+        run = Run.objects.create(
+            experiment=experiment,
+            config=config.model_dump(mode="json"),
+            preset=config.algorithm.preset,
+            staleness=config.staleness.label,
+            seed=config.seed,
+            status=Run.SUCCEEDED,
+            progress=steps,
+        )
+        for step in range(steps + 1):
+            wall_time = START + timedelta(seconds=step)
+            values = {
+                "reward/mean": reward(step, steps, p, s, config.seed),
+                "kl/init": 0.01 * step * (1 + s),
+                "response_length/mean": 10.0 + config.seed,
+            }
+            points += [
+                MetricPoint(run=run, name=metric, step=step, value=value, wall_time=wall_time)
+                for metric, value in values.items()
+            ]
+    MetricPoint.objects.bulk_create(points)
+    return experiment

@@ -1,0 +1,178 @@
+"""The comparison endpoints of an experiment: aggregated curves and summary as JSON and CSV,
+team-scoped, with bad query parameters named in a 400, from one query for the metric's points."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from experiments.models import MetricPoint, Run
+from sample_experiments import make_finished_experiment, reward
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def experiment(team, alice):
+    return make_finished_experiment(team, alice)
+
+
+def data(client, experiment, **params):
+    response = client.get(reverse("experiment-compare-data", args=[experiment.pk]), params)
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def group(payload, preset, staleness):
+    return next(g for g in payload["groups"] if (g["preset"], g["staleness"]) == (preset, staleness))
+
+
+def test_groups_come_in_preset_order_with_the_mean_of_two_seeds_and_a_std_band(alice_client, experiment):
+    payload = data(alice_client, experiment)
+    assert payload["presets"] == ["reinforce", "grpo"], "rlcore.presets order, not alphabetical"
+    assert payload["staleness"] == ["on-policy", "sync_offset=2"]
+    assert [(g["preset"], g["staleness"]) for g in payload["groups"]] == [
+        ("reinforce", "on-policy"),
+        ("reinforce", "sync_offset=2"),
+        ("grpo", "on-policy"),
+        ("grpo", "sync_offset=2"),
+    ]
+    g = group(payload, "grpo", "sync_offset=2")
+    assert g["x"] == list(range(21)) and g["n_seeds"] == 2 and g["n"] == [2] * 21
+    assert g["mean"][20] == pytest.approx((0.65 + 0.70) / 2)
+    assert g["mean"][10] == pytest.approx((reward(10, 20, 1, 1, 0) + reward(10, 20, 1, 1, 1)) / 2)
+    # Two seeds 0.05 apart: sample std 0.05 / √2 on either side of the mean.
+    assert g["hi"][20] - g["mean"][20] == pytest.approx(0.05 / 2**0.5, rel=1e-4)
+    assert not g["downsampled"] and g["points"] == 21
+    assert payload["colours"] == {"reinforce": "#1f77b4", "grpo": "#ff7f0e"}
+    assert payload["active"] is False
+
+
+def test_x_axes_and_bands_change_the_curves(alice_client, experiment):
+    samples = group(data(alice_client, experiment, x="samples"), "reinforce", "on-policy")
+    assert samples["x"][-1] == 20 * 4 * 4, "steps × prompts_per_step × group_size"
+    tokens = group(data(alice_client, experiment, x="tokens"), "reinforce", "on-policy")
+    # Seed 0 answers 10 tokens, seed 1 11, 16 responses a step: their x grids interleave, tokens seen start at 0.
+    assert tokens["x"][0] == 0 and tokens["x"][-1] == 16 * 11 * 20
+    assert tokens["n"][-1] == 1, "past seed 0's last x only seed 1 remains"
+    time = group(data(alice_client, experiment, x="time"), "reinforce", "on-policy")
+    assert time["x"] == list(range(21))
+    minmax = group(data(alice_client, experiment, band="minmax"), "reinforce", "on-policy")
+    assert (minmax["lo"][20], minmax["hi"][20]) == (pytest.approx(0.5), pytest.approx(0.55))
+    ci = group(data(alice_client, experiment, band="ci"), "reinforce", "on-policy")
+    assert ci["lo"][20] == pytest.approx(0.5) and ci["hi"][20] == pytest.approx(0.55)
+    none = group(data(alice_client, experiment, band="none"), "reinforce", "on-policy")
+    assert none["lo"] is None and none["hi"] is None
+    kl = group(data(alice_client, experiment, metric="kl/init"), "grpo", "sync_offset=2")
+    assert kl["mean"][20] == pytest.approx(0.4)
+
+
+def test_summary_rules_and_per_run_final_values(alice_client, experiment):
+    payload = data(alice_client, experiment, rule="last")
+    row = next(r for r in payload["summary"] if (r["preset"], r["staleness"]) == ("grpo", "on-policy"))
+    assert row["n_seeds"] == 2 and row["value"] == pytest.approx(0.775)
+    assert (row["ci_lo"], row["ci_hi"]) == (pytest.approx(0.75), pytest.approx(0.8))
+    best = data(alice_client, experiment, rule="best")["summary"][0]
+    assert best["value"] == pytest.approx(0.525)
+    # Mean of the last 3 steps (18, 19, 20) of reward = step / 40 + 0.05 seed, over both seeds.
+    last_k = data(alice_client, experiment, rule="mean_last_k", k=3)["summary"][0]
+    assert last_k["value"] == pytest.approx(19 / 40 + 0.025)
+    auc = data(alice_client, experiment, rule="auc")["summary"][0]
+    assert auc["value"] == pytest.approx(0.25 + 0.025)
+    runs = payload["runs"]
+    assert len(runs) == 8 and {r["status"] for r in runs} == {Run.SUCCEEDED}
+    first = next(r for r in runs if (r["preset"], r["staleness"], r["seed"]) == ("grpo", "sync_offset=2", 1))
+    assert first["reward/mean"] == pytest.approx(0.7) and first["kl/init"] == pytest.approx(0.4)
+
+
+def test_a_group_with_one_seed_with_points_says_so(alice_client, experiment):
+    run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
+    MetricPoint.objects.filter(run=run).delete()
+    run.status = Run.RUNNING
+    run.save()
+    payload = data(alice_client, experiment)
+    g = group(payload, "grpo", "on-policy")
+    assert (g["n_runs"], g["n_seeds"]) == (2, 1)
+    row = next(r for r in payload["summary"] if (r["preset"], r["staleness"]) == ("grpo", "on-policy"))
+    assert (row["n_seeds"], row["value"], row["ci_lo"], row["ci_hi"]) == (1, 0.75, 0.75, 0.75)
+    assert payload["active"] is True
+
+
+def test_the_metric_points_come_from_one_query(alice_client, experiment):
+    with CaptureQueriesContext(connection) as queries:
+        data(alice_client, experiment, metric="reward/mean")
+    point_queries = [q["sql"] for q in queries if q["sql"].startswith('SELECT "experiments_metricpoint"')]
+    assert len(point_queries) == 1 and "reward/mean" in str(queries.captured_queries)
+
+
+def test_csv_downloads_of_curves_and_summary_parse(alice_client, experiment):
+    url = reverse("experiment-compare-data", args=[experiment.pk])
+    response = alice_client.get(url, {"metric": "reward/mean", "x": "samples", "format": "csv"})
+    assert response["Content-Type"] == "text/csv"
+    assert "reward-mean-samples-curves.csv" in response["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert len(rows) == 4 * 21
+    last = next(
+        r for r in rows if (r["preset"], r["staleness"], r["samples"]) == ("grpo", "on-policy", "320")
+    )
+    assert float(last["mean"]) == pytest.approx(0.775) and last["n_seeds"] == "2"
+    summary_url = reverse("experiment-compare-summary", args=[experiment.pk])
+    assert alice_client.get(summary_url).json()["summary"][0]["value"] == pytest.approx(0.525)
+    rows = list(
+        csv.DictReader(io.StringIO(alice_client.get(summary_url, {"format": "csv"}).content.decode()))
+    )
+    assert [(r["preset"], r["staleness"], r["n_seeds"]) for r in rows][:2] == [
+        ("reinforce", "on-policy", "2"),
+        ("reinforce", "sync_offset=2", "2"),
+    ]
+    assert float(rows[0]["value"]) == pytest.approx(0.525)
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"band": "sem"}, "band"),
+        ({"x": "epochs"}, "x"),
+        ({"rule": "median"}, "rule"),
+        ({"k": "0"}, "k"),
+        ({"k": "ten"}, "k"),
+        ({"metric": ""}, "metric"),
+        ({"format": "xml"}, "format"),
+    ],
+)
+def test_bad_query_parameters_are_a_400_naming_the_parameter(alice_client, experiment, params, param):
+    for name in ("experiment-compare-data", "experiment-compare-summary"):
+        response = alice_client.get(reverse(name, args=[experiment.pk]), params)
+        assert response.status_code == 400
+        assert response.json()["detail"][0]["param"] == param
+        assert param in response.json()["detail"][0]["msg"]
+
+
+def test_other_teams_get_404_and_anonymous_users_log_in(client, experiment, django_user_model):
+    from experiments.models import Membership, Team
+
+    bob = django_user_model.objects.create_user("bob", password="bob-password-1")
+    Membership.objects.create(team=Team.objects.create(name="team-b"), user=bob)
+    urls = [
+        reverse(name, args=[experiment.pk])
+        for name in ("experiment-compare", "experiment-compare-data", "experiment-compare-summary")
+    ]
+    for url in urls:
+        assert client.get(url)["Location"].startswith(reverse("login")), url
+    client.force_login(bob)
+    for url in urls:
+        assert client.get(url).status_code == 404, url
+
+
+def test_the_page_escapes_names_and_serves_plotly_from_our_static_files(alice_client, experiment):
+    experiment.name = "<script>alert(1)</script>"
+    experiment.save()
+    html = alice_client.get(reverse("experiment-compare", args=[experiment.pk])).content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>alert(1)" not in html
+    assert '<script src="/static/plotly/plotly.min.js">' in html
+    detail = alice_client.get(reverse("experiment-detail", args=[experiment.pk])).content.decode()
+    assert reverse("experiment-compare", args=[experiment.pk]) in detail
