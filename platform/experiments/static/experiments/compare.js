@@ -106,12 +106,16 @@
   }
 
   function drawGrid() {
-    plots.replaceChildren();
-    payload.staleness.forEach((setting, column) => {
+    // Every panel is in the grid before the first is drawn, so Plotly sizes each to its own column.
+    const panels = payload.staleness.map((setting) => {
       const panel = document.createElement("div");
       panel.className = "panel";
       panel.dataset.staleness = setting;
-      plots.append(panel);
+      return panel;
+    });
+    plots.replaceChildren(...panels);
+    payload.staleness.forEach((setting, column) => {
+      const panel = panels[column];
       const traces = payload.groups
         .filter((g) => g.staleness === setting)
         .flatMap((g) => groupTraces(g, { overlay: false, showlegend: column === 0, dash: "solid" }));

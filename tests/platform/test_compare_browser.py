@@ -1,0 +1,209 @@
+"""The comparison dashboard in a real headless Chromium, on a finished 2 presets × 2 staleness
+settings × 2 seeds experiment written straight into the database: the grid draws one line and
+one band per preset in each staleness panel, the controls change the traces and the URL, the URL
+reproduces the view, the CSV links download parseable files, and a running experiment is polled.
+Screenshots land in var/test/screenshots/."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from conftest import TEST_VAR
+from django.db import connections
+from django.urls import reverse
+from experiments.models import MetricPoint, Run
+from sample_experiments import START, make_finished_experiment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+SCREENSHOTS = TEST_VAR / "screenshots"
+INTERACTIVE_S = 3.0
+
+# Per panel: [kind, preset] of every trace, and the mean lines' colours.
+TRACES_JS = """() => [...document.querySelectorAll('#plots .panel')].map(panel => ({
+    staleness: panel.dataset.staleness || null,
+    traces: panel.data.map(t => ({kind: t.meta.kind, preset: t.meta.preset, staleness: t.meta.staleness || null,
+                                  colour: t.line.color || null, dash: t.line.dash || null, x: t.x, y: t.y})),
+}))"""
+
+
+@pytest.fixture
+def page(live_server, alice, monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop in this thread; the test's own ORM calls are still synchronous.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        page.goto(live_server.url + reverse("login"))
+        page.fill("input[name=username]", "alice")
+        page.fill("input[name=password]", "alice-password-1")
+        page.click("button[type=submit]")
+        page.wait_for_url(live_server.url + reverse("experiment-list"))
+        yield page
+        browser.close()
+        # Code under Playwright's sync API runs in a greenlet with its own Django connections.
+        connections.close_all()
+
+
+def rendered(page, **state) -> None:
+    """Wait until the page has drawn the view whose controls include `state`."""
+    expected = "&&".join(f"{k}={v}" for k, v in state.items())
+    page.wait_for_function(
+        """expected => { const r = document.getElementById('compare').dataset.rendered;
+            if (!r) return false; const q = new URLSearchParams(r);
+            return expected.split('&&').every(kv => { const i = kv.indexOf('='); return q.get(kv.slice(0, i)) === kv.slice(i + 1); }); }""",
+        arg=expected,
+    )
+
+
+def mean_line(panels, preset: str, staleness: str) -> dict:
+    return next(
+        t
+        for panel in panels
+        for t in panel["traces"]
+        if t["kind"] == "mean" and t["preset"] == preset and t["staleness"] == staleness
+    )
+
+
+def download(page, selector: str) -> list[dict[str, str]]:
+    with page.expect_download() as info:
+        page.click(selector)
+    return list(csv.DictReader(Path(info.value.path()).open()))
+
+
+def test_the_grid_controls_permalink_and_csv_of_a_finished_experiment(page, live_server, team, alice):
+    experiment = make_finished_experiment(team, alice)
+    page.goto(live_server.url + reverse("experiment-detail", args=[experiment.pk]))
+    started = time.monotonic()
+    page.click("#compare-link")
+    rendered(page, metric="reward/mean", x="step", band="std", view="grid")
+    interactive_s = time.monotonic() - started
+    assert interactive_s <= INTERACTIVE_S, f"interactive after {interactive_s:.2f} s"
+    page.screenshot(path=SCREENSHOTS / "compare-grid.png", full_page=True)
+
+    panels = page.evaluate(TRACES_JS)
+    assert [p["staleness"] for p in panels] == ["on-policy", "sync_offset=2"]
+    for panel in panels:
+        kinds = sorted((t["kind"], t["preset"]) for t in panel["traces"])
+        assert kinds == sorted(
+            [(kind, preset) for preset in ("reinforce", "grpo") for kind in ("mean", "band-lo", "band-hi")]
+        )
+        colours = {t["preset"]: t["colour"] for t in panel["traces"] if t["kind"] == "mean"}
+        assert colours == {"reinforce": "#1f77b4", "grpo": "#ff7f0e"}, "one colour per preset everywhere"
+    line = mean_line(panels, "grpo", "sync_offset=2")
+    assert line["x"][-1] == 20 and line["y"][-1] == pytest.approx(0.675)
+
+    assert page.text_content("#summary tr[data-preset=reinforce] td[data-staleness=on-policy]") == (
+        "0.5250 [0.5000, 0.5500] · 2 seeds"
+    )
+    degradation = page.evaluate("() => document.getElementById('degradation').data.map(t => [t.name, t.y])")
+    assert [name for name, _ in degradation] == ["reinforce", "grpo"]
+    assert [y for _, y in degradation] == [pytest.approx([0.525, 0.425]), pytest.approx([0.775, 0.675])]
+    scatter = page.evaluate("() => document.getElementById('scatter').data.map(t => [t.name, t.x.length])")
+    assert scatter == [["reinforce", 4], ["grpo", 4]]
+
+    page.select_option("select[name=metric]", "kl/init")
+    rendered(page, metric="kl/init")
+    assert mean_line(page.evaluate(TRACES_JS), "grpo", "sync_offset=2")["y"][-1] == pytest.approx(0.4)
+    page.select_option("select[name=x]", "samples")
+    rendered(page, metric="kl/init", x="samples")
+    assert mean_line(page.evaluate(TRACES_JS), "grpo", "sync_offset=2")["x"][-1] == 320
+    page.select_option("select[name=band]", "none")
+    rendered(page, band="none")
+    assert {t["kind"] for p in page.evaluate(TRACES_JS) for t in p["traces"]} == {"mean"}
+    assert "metric=kl%2Finit" in page.url and "x=samples" in page.url and "band=none" in page.url
+
+    rows = download(page, "#csv-curves")
+    assert len(rows) == 4 * 21 and set(rows[0]) == {
+        "preset",
+        "staleness",
+        "samples",
+        "mean",
+        "lo",
+        "hi",
+        "n_seeds",
+    }
+    assert float(next(r for r in rows if r["samples"] == "320" and r["preset"] == "grpo")["mean"]) > 0
+    summary = download(page, "#csv-summary")
+    assert [(r["preset"], r["staleness"], r["n_seeds"]) for r in summary][0] == (
+        "reinforce",
+        "on-policy",
+        "2",
+    )
+    assert float(summary[-1]["value"]) == pytest.approx(0.4)
+
+    page.select_option("select[name=band]", "ci")
+    page.select_option("select[name=metric]", "reward/mean")
+    page.select_option("select[name=view]", "overlay")
+    rendered(page, metric="reward/mean", band="ci", view="overlay")
+    page.screenshot(path=SCREENSHOTS / "compare-overlay.png", full_page=True)
+    [overlay] = page.evaluate(TRACES_JS)
+    means = [t for t in overlay["traces"] if t["kind"] == "mean"]
+    assert len(means) == 4 and len(overlay["traces"]) == 12
+    assert {(t["preset"], t["staleness"]): (t["colour"], t["dash"]) for t in means} == {
+        ("reinforce", "on-policy"): ("#1f77b4", "solid"),
+        ("reinforce", "sync_offset=2"): ("#1f77b4", "dash"),
+        ("grpo", "on-policy"): ("#ff7f0e", "solid"),
+        ("grpo", "sync_offset=2"): ("#ff7f0e", "dash"),
+    }
+
+    # EMA with weight 0.5 over the mean line 0.025, 0.05, … of reinforce on-policy: a = 0.0125, then
+    # 0.5 × 0.0125 + 0.5 × 0.05, each divided by 1 − 0.5^t.
+    page.eval_on_selector(
+        "input[name=smooth]",
+        "el => { el.value = '0.5'; el.dispatchEvent(new Event('input', {bubbles: true})); }",
+    )
+    rendered(page, smooth="0.5")
+    smoothed = mean_line(page.evaluate(TRACES_JS), "reinforce", "on-policy")["y"]
+    assert smoothed[0] == pytest.approx(0.025) and smoothed[1] == pytest.approx(
+        (0.5 * 0.0125 + 0.5 * 0.05) / 0.75
+    )
+
+    permalink = page.url
+    view = page.evaluate(TRACES_JS)
+    other = page.context.new_page()
+    other.goto(permalink)
+    rendered(other, metric="reward/mean", band="ci", view="overlay", x="samples", smooth="0.5")
+    assert other.evaluate(TRACES_JS) == view
+    assert other.input_value("select[name=x]") == "samples"
+    other.close()
+
+
+def test_a_running_experiment_is_polled_without_reloading(page, live_server, team, alice):
+    experiment = make_finished_experiment(team, alice, seeds=(0,), steps=4)
+    run = experiment.runs.get(preset="grpo", staleness="on-policy")
+    Run.objects.filter(pk=run.pk).update(status=Run.RUNNING)
+    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]))
+    rendered(page, metric="reward/mean")
+    assert "some still running" in page.text_content("#status")
+    assert "1 seed, no CI" in page.text_content("#summary tr[data-preset=grpo] td[data-staleness=on-policy]")
+    page.evaluate("() => { window.notReloaded = true; }")
+    MetricPoint.objects.create(
+        run=run, name="reward/mean", step=5, value=2.0, wall_time=START + timedelta(seconds=5)
+    )
+    Run.objects.filter(pk=run.pk).update(status=Run.SUCCEEDED)
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('#plots .panel')].some(p => p.data.some(
+            t => t.meta.kind === 'mean' && t.meta.preset === 'grpo' && t.x[t.x.length - 1] === 5))""",
+        timeout=10_000,
+    )
+    assert page.evaluate("() => window.notReloaded") is True
+    page.wait_for_function("() => !document.getElementById('status').textContent.includes('still running')")
