@@ -9,6 +9,7 @@ something is still queued or running.
 from __future__ import annotations
 
 import platform
+import re
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -118,7 +119,7 @@ def _comparison(request: HttpRequest, experiment_id: int, table: str) -> HttpRes
         return JsonResponse(payload if table == "curves" else {"summary": payload["summary"]})
     text = compare.curves_csv(payload) if table == "curves" else compare.summary_csv(payload)
     response = HttpResponse(text, content_type="text/csv")
-    metric = query.metric.replace("/", "-")
+    metric = re.sub(r"[^A-Za-z0-9_.-]+", "-", query.metric).strip("-")
     response["Content-Disposition"] = (
         f'attachment; filename="experiment-{experiment.pk}-{metric}-{query.x if table == "curves" else query.rule}-{table}.csv"'
     )

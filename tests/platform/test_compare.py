@@ -176,3 +176,13 @@ def test_the_page_escapes_names_and_serves_plotly_from_our_static_files(alice_cl
     assert '<script src="/static/plotly/plotly.min.js">' in html
     detail = alice_client.get(reverse("experiment-detail", args=[experiment.pk])).content.decode()
     assert reverse("experiment-compare", args=[experiment.pk]) in detail
+
+
+def test_any_metric_name_makes_a_safe_csv_file_name(alice_client, experiment):
+    url = reverse("experiment-compare-summary", args=[experiment.pk])
+    response = alice_client.get(url, {"metric": 'a"\r\nSet-Cookie: x=1/é', "format": "csv"})
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == (
+        f'attachment; filename="experiment-{experiment.pk}-a-Set-Cookie-x-1-last-summary.csv"'
+    )
+    assert "Set-Cookie" not in {k for k, _ in response.items()}

@@ -11,6 +11,7 @@ import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from conftest import TEST_VAR
@@ -207,3 +208,19 @@ def test_a_running_experiment_is_polled_without_reloading(page, live_server, tea
     )
     assert page.evaluate("() => window.notReloaded") is True
     page.wait_for_function("() => !document.getElementById('status').textContent.includes('still running')")
+
+
+def test_a_metric_name_from_the_url_is_shown_as_text(page, live_server, team, alice):
+    experiment = make_finished_experiment(team, alice, seeds=(0,), steps=2)
+    metric = "<img src=x onerror=window.pwned=1>"
+    page.goto(
+        live_server.url
+        + reverse("experiment-compare", args=[experiment.pk])
+        + "?"
+        + urlencode({"metric": metric})
+    )
+    rendered(page, metric=metric)
+    assert page.input_value("select[name=metric]") == metric
+    assert page.evaluate("() => window.pwned") is None
+    assert page.locator("#plots img, #summary img").count() == 0
+    assert metric in page.text_content("#summary")

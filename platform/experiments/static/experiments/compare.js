@@ -66,7 +66,7 @@
 
   function groupTraces(group, options) {
     const colour = payload.colours[group.preset];
-    const name = options.overlay ? `${group.preset} · ${group.staleness}` : group.preset;
+    const name = escapeText(options.overlay ? `${group.preset} · ${group.staleness}` : group.preset);
     const traces = [];
     if (group.lo !== null) {
       const common = { x: group.x, type: "scatter", mode: "lines", hoverinfo: "skip", showlegend: false, line: { width: 0 } };
@@ -83,14 +83,15 @@
       legendgroup: name,
       showlegend: options.showlegend,
       line: { color: colour, width: 2, dash: options.dash },
-      hovertemplate: `%{y:.4g} at %{x}<extra>${escapeHover(name)} (${seeds})</extra>`,
+      hovertemplate: `%{y:.4g} at %{x}<extra>${name} (${seeds})</extra>`,
       meta: { kind: "mean", preset: group.preset, staleness: group.staleness },
     });
     return traces;
   }
 
-  // Plotly renders hover templates as HTML-ish text; names are user input.
-  function escapeHover(text) {
+  // Plotly renders names, titles and hover text as HTML-ish markup (it decodes entities for display);
+  // the metric comes from the URL and names are user input.
+  function escapeText(text) {
     return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
   }
 
@@ -98,9 +99,9 @@
     return {
       height: 280,
       margin: { l: 50, r: 10, t: 30, b: 40 },
-      title: { text: title, font: { size: 13 } },
+      title: { text: escapeText(title), font: { size: 13 } },
       xaxis: { title: { text: X_TITLES[payload.x] } },
-      yaxis: { title: { text: payload.metric } },
+      yaxis: { title: { text: escapeText(payload.metric) } },
       legend: { orientation: "h", y: -0.25 },
     };
   }
@@ -173,7 +174,7 @@
       const rows = payload.staleness.map((s) => payload.summary.find((r) => r.preset === preset && r.staleness === s));
       const value = (r, key) => (r ? r[key] : null);
       return {
-        x: payload.staleness,
+        x: payload.staleness.map(escapeText),
         y: rows.map((r) => value(r, "value")),
         error_y: {
           type: "data",
@@ -183,7 +184,7 @@
         },
         type: "scatter",
         mode: "lines+markers",
-        name: preset,
+        name: escapeText(preset),
         line: { color: payload.colours[preset] },
         meta: { kind: "degradation", preset },
       };
@@ -199,10 +200,10 @@
       return {
         x: runs.map((r) => r["kl/init"]),
         y: runs.map((r) => r["reward/mean"]),
-        text: runs.map((r) => `run ${r.id} · ${r.staleness} · seed ${r.seed}`),
+        text: runs.map((r) => escapeText(`run ${r.id} · ${r.staleness} · seed ${r.seed}`)),
         type: "scatter",
         mode: "markers",
-        name: preset,
+        name: escapeText(preset),
         marker: { color: payload.colours[preset], size: 8 },
         meta: { kind: "run", preset },
       };
