@@ -119,7 +119,7 @@ def _points_by_run(
     )
     if not rows:
         return {}
-    table = np.array([r[:3] for r in rows], dtype=float)
+    table = np.array([r[:3] for r in rows] if with_time else rows, dtype=float)
     times = np.array([r[3].timestamp() for r in rows]) if with_time else None
     starts = np.flatnonzero(np.diff(table[:, 0], prepend=np.nan))
     ends = np.append(starts[1:], len(table))
