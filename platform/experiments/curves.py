@@ -40,7 +40,7 @@ class Series:
     def of(cls, x: Sequence[float], y: Sequence[float | None]) -> Series:
         """From points in any order; points with a missing (None/NaN) value are dropped."""
         xs = np.asarray(x, dtype=float)
-        ys = np.asarray([np.nan if v is None else v for v in y], dtype=float)
+        ys = np.asarray(y, dtype=float)  # None becomes NaN
         keep = np.isfinite(ys) & np.isfinite(xs)
         xs, ys = xs[keep], ys[keep]
         order = np.argsort(xs, kind="stable")

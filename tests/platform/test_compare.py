@@ -107,6 +107,8 @@ def test_the_metric_points_come_from_one_query(alice_client, experiment):
         data(alice_client, experiment, metric="reward/mean")
     point_queries = [q["sql"] for q in queries if q["sql"].startswith('SELECT "experiments_metricpoint"')]
     assert len(point_queries) == 1 and "reward/mean" in str(queries.captured_queries)
+    # Session, user, experiment, runs (with their last reward and KL), points: none per run.
+    assert len(queries) == 5, [q["sql"] for q in queries]
 
 
 def test_csv_downloads_of_curves_and_summary_parse(alice_client, experiment):
