@@ -109,6 +109,10 @@ def test_the_grid_controls_permalink_and_csv_of_a_finished_experiment(page, live
         )
         colours = {t["preset"]: t["colour"] for t in panel["traces"] if t["kind"] == "mean"}
         assert colours == {"reinforce": "#1f77b4", "grpo": "#ff7f0e"}, "one colour per preset everywhere"
+    ranges = page.evaluate(
+        "() => [...document.querySelectorAll('#plots .panel')].map(p => p.layout.yaxis.range)"
+    )
+    assert ranges[0] == ranges[1], "small multiples share their y range"
     line = mean_line(panels, "grpo", "sync_offset=2")
     assert line["x"][-1] == 20 and line["y"][-1] == pytest.approx(0.675)
 

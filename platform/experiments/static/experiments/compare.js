@@ -106,6 +106,24 @@
     };
   }
 
+  // One y range for every panel, so heights compare across staleness settings at a glance.
+  function sharedYRange() {
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const g of payload.groups) {
+      for (const values of [g.mean, g.lo, g.hi]) {
+        for (const v of values || []) {
+          if (v === null) continue;
+          lo = Math.min(lo, v);
+          hi = Math.max(hi, v);
+        }
+      }
+    }
+    if (!Number.isFinite(lo)) return undefined;
+    const pad = (hi - lo) * 0.05 || Math.abs(hi) * 0.05 || 1;
+    return [lo - pad, hi + pad];
+  }
+
   function drawGrid() {
     // Every panel is in the grid before the first is drawn, so Plotly sizes each to its own column.
     const panels = payload.staleness.map((setting) => {
@@ -115,12 +133,15 @@
       return panel;
     });
     plots.replaceChildren(...panels);
+    const range = sharedYRange();
     payload.staleness.forEach((setting, column) => {
       const panel = panels[column];
       const traces = payload.groups
         .filter((g) => g.staleness === setting)
         .flatMap((g) => groupTraces(g, { overlay: false, showlegend: column === 0, dash: "solid" }));
-      Plotly.newPlot(panel, traces, axisLayout(`staleness: ${setting}`), PLOT_CONFIG);
+      const layout = axisLayout(`staleness: ${setting}`);
+      layout.yaxis.range = range;
+      Plotly.newPlot(panel, traces, layout, PLOT_CONFIG);
     });
   }
 
