@@ -30,3 +30,4 @@ test: install lint
 
 bench: install
 	$(BIN)/python bench/rl_step.py
+	$(BIN)/python bench/dashboard.py
