@@ -211,3 +211,41 @@ def alice(team):
 def alice_client(client, alice):
     client.force_login(alice)
     return client
+
+
+# Debian's Chromium, never a downloaded browser; only the live server on 127.0.0.1, so no
+# update checks or other background traffic.
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+def page(live_server, alice, monkeypatch):
+    """A headless Chromium page logged in as alice on the live server."""
+    from django.db import connections
+    from django.urls import reverse
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop in this thread; the test's own ORM calls are still synchronous.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    (TEST_VAR / "screenshots").mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        page.goto(live_server.url + reverse("login"))
+        page.fill("input[name=username]", "alice")
+        page.fill("input[name=password]", "alice-password-1")
+        page.click("button[type=submit]")
+        page.wait_for_url(live_server.url + reverse("experiment-list"))
+        yield page
+        browser.close()
+        # Code under Playwright's sync API runs in a greenlet with its own Django connections.
+        connections.close_all()

@@ -7,7 +7,6 @@ Screenshots land in var/test/screenshots/."""
 from __future__ import annotations
 
 import csv
-import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -15,21 +14,12 @@ from urllib.parse import urlencode
 
 import pytest
 from conftest import TEST_VAR
-from django.db import connections
 from django.urls import reverse
 from experiments.models import MetricPoint, Run
 from sample_experiments import START, make_finished_experiment
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 SCREENSHOTS = TEST_VAR / "screenshots"
 INTERACTIVE_S = 3.0
 
@@ -39,29 +29,6 @@ TRACES_JS = """() => [...document.querySelectorAll('#plots .panel')].map(panel =
     traces: panel.data.map(t => ({kind: t.meta.kind, preset: t.meta.preset, staleness: t.meta.staleness || null,
                                   colour: t.line.color || null, dash: t.line.dash || null, x: t.x, y: t.y})),
 }))"""
-
-
-@pytest.fixture
-def page(live_server, alice, monkeypatch):
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop in this thread; the test's own ORM calls are still synchronous.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-        page = context.new_page()
-        page.set_default_timeout(20_000)
-        page.goto(live_server.url + reverse("login"))
-        page.fill("input[name=username]", "alice")
-        page.fill("input[name=password]", "alice-password-1")
-        page.click("button[type=submit]")
-        page.wait_for_url(live_server.url + reverse("experiment-list"))
-        yield page
-        browser.close()
-        # Code under Playwright's sync API runs in a greenlet with its own Django connections.
-        connections.close_all()
 
 
 def rendered(page, **state) -> None:

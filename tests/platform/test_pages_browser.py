@@ -3,47 +3,13 @@ type, and the experiment page refreshes its runs by polling until none is active
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 from conftest import TINY_CONFIG
-from django.db import connections
 from django.urls import reverse
 from experiments.models import Run
 from experiments.sweeps import create_experiment, expand
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-# Only the live server on 127.0.0.1: no update checks or other background traffic.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
-
-
-@pytest.fixture
-def page(live_server, alice, monkeypatch):
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop in this thread; the test's own ORM calls are still synchronous.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        page.set_default_timeout(20_000)
-        page.goto(live_server.url + reverse("login"))
-        page.fill("input[name=username]", "alice")
-        page.fill("input[name=password]", "alice-password-1")
-        page.click("button[type=submit]")
-        page.wait_for_url(live_server.url + reverse("experiment-list"))
-        yield page
-        browser.close()
-        # Code under Playwright's sync API runs in a greenlet with its own Django connections.
-        connections.close_all()
 
 
 def test_the_form_counts_the_runs_of_the_grid_while_typing(page, live_server):
