@@ -115,6 +115,19 @@ class Run(models.Model):
     def visible_to(cls, user) -> models.QuerySet[Run]:
         return cls.objects.filter(experiment__team__memberships__user=user)
 
+    @classmethod
+    def create_for(cls, experiment: Experiment, config, **fields) -> Run:
+        """A run of `experiment` for a validated `rlcore.config.RunConfig`, labelled from it."""
+        return cls.objects.create(
+            experiment=experiment,
+            config=config.model_dump(mode="json"),
+            preset=config.algorithm.preset,
+            staleness=config.staleness.label,
+            seed=config.seed,
+            queue=config.queue,
+            **fields,
+        )
+
     @property
     def steps(self) -> int:
         return self.config["steps"]

@@ -124,13 +124,5 @@ def create_experiment(team: Team, owner, name: str, description: str, sweep: Swe
             team=team, owner=owner, name=name, description=description, spec=sweep.as_spec()
         )
         for config in sweep.configs:
-            run = Run.objects.create(
-                experiment=experiment,
-                config=config.model_dump(mode="json"),
-                preset=config.algorithm.preset,
-                staleness=config.staleness.label,
-                seed=config.seed,
-                queue=config.queue,
-            )
-            run.enqueue()
+            Run.create_for(experiment, config).enqueue()
     return experiment

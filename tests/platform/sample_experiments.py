@@ -37,15 +37,7 @@ def make_finished_experiment(
     for config in sweep.configs:
         p = presets.index(config.algorithm.preset)
         s = staleness.index(config.staleness.model_dump(exclude_defaults=True))
-        run = Run.objects.create(
-            experiment=experiment,
-            config=config.model_dump(mode="json"),
-            preset=config.algorithm.preset,
-            staleness=config.staleness.label,
-            seed=config.seed,
-            status=Run.SUCCEEDED,
-            progress=steps,
-        )
+        run = Run.create_for(experiment, config, status=Run.SUCCEEDED, progress=steps)
         for step in range(steps + 1):
             wall_time = START + timedelta(seconds=step)
             values = {
