@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-REPORT = ROOT / "BENCHMARKS.md"
 SECTION = "## Comparison dashboard JSON on {database} (`bench/dashboard.py`)"
 METRICS = (
     "reward/mean",
@@ -223,21 +222,6 @@ def report(
     return "\n".join(lines), ok
 
 
-def write_section(section: str) -> None:
-    """Replace this benchmark's section for the same database in BENCHMARKS.md (or append it); other
-    sections stay."""
-    text = REPORT.read_text()
-    lines = text.splitlines(keepends=True)
-    title = section.splitlines()[0]
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == title), None)
-    if start is None:
-        REPORT.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = "".join(lines[end:])
-    REPORT.write_text("".join(lines[:start]) + section + ("\n" + tail if tail else ""))
-
-
 def main() -> int:
     args = parse_args()
     if len(os.sched_getaffinity(0)) > 2:
@@ -261,6 +245,8 @@ def main() -> int:
         teardown_test_environment()
     section, ok = report(rows, page_s, args, connection.vendor, ingest_s)
     if not args.no_write:
+        from bench.report import write_section  # the repository is on sys.path since setup_django
+
         write_section(section)
     print(section)
     return 0 if ok else 1

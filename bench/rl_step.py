@@ -47,11 +47,6 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "arithmetic.yaml"
-REPORT = ROOT / "BENCHMARKS.md"
-REPORT_HEADER = (
-    "# Benchmarks\n\n"
-    "Measured numbers, one section per benchmark under `bench/`; `make bench` refreshes them.\n"
-)
 SECTION = "## RL step: rlcore vs TRL `GRPOTrainer` (`bench/rl_step.py`)"
 SIDES = ("rlcore", "trl")
 THREADS = 2
@@ -369,19 +364,6 @@ def report(rounds: list[Round], args: argparse.Namespace) -> tuple[str, str]:
     return "\n".join(lines), outcome
 
 
-def write_section(section: str) -> None:
-    """Replace this benchmark's section of BENCHMARKS.md (or append it); other sections stay."""
-    text = REPORT.read_text() if REPORT.exists() else REPORT_HEADER
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
-    if start is None:
-        REPORT.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = "".join(lines[end:])
-    REPORT.write_text("".join(lines[:start]) + section + ("\n" + tail if tail else ""))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="uncontended rounds per side (interleaved)")
@@ -415,6 +397,9 @@ def main() -> int:
         if verdict(rounds, args.rounds, args.target)[2] != "INCONCLUSIVE":
             break
     section, outcome = report(rounds, args)
+    sys.path.insert(0, str(ROOT))  # run as a script, bench/ itself is on the path, not the repo
+    from bench.report import write_section
+
     write_section(section)
     print(section)
     print(outcome)
