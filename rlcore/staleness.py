@@ -60,6 +60,9 @@ class BehaviorSide:
         self.schedule = (sync_interval, sync_offset, offline)
         self.version: int | None = None
         self.queue: dict[int, Any] = {}
+        self._steps_of: dict[int, list[int]] = {}  # version -> the steps that train on it
+        for t in range(1, total_steps + 1):
+            self._steps_of.setdefault(self.version_for(t), []).append(t)
 
     def version_for(self, step: int) -> int:
         return behavior_version(step, *self.schedule)
@@ -67,13 +70,11 @@ class BehaviorSide:
     def advance(self, step: int, policy: Any) -> None:
         """Sync the engine to the policy's version (step − 1) if some step from here on needs it."""
         current = step - 1
-        if self.version == current or not any(
-            self.version_for(t) == current for t in range(step, self.total_steps + 1)
-        ):
+        if self.version == current or not any(t >= step for t in self._steps_of.get(current, ())):
             return
         if self.version is not None:
-            for t in range(step, self.total_steps + 1):
-                if self.version_for(t) == self.version and t not in self.queue:
+            for t in self._steps_of[self.version]:
+                if t >= step and t not in self.queue:
                     self.queue[t] = self.generate(t)
         self.engine.sync(policy)
         self.version = current
