@@ -57,13 +57,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from rlcore import trainer
-    from rlcore.tasks import DatasetError
 
     sink = ProgressSink(cfg.steps, JsonlSink(args.out) if args.out else None)
     started = time.perf_counter()
     try:
         summary = trainer.train(cfg, sink, checkpoint_dir=args.checkpoint_dir, cache_dir=args.cache_dir)
-    except (trainer.Diverged, DatasetError, FileNotFoundError) as exc:
+    # Bad datasets, model paths, devices or checkpoints surface as ValueError/OSError.
+    except (trainer.Diverged, ValueError, OSError) as exc:
         sink.close()
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -63,7 +63,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' was asked for but no CUDA device is available")
+        raise ValueError("device 'cuda' was asked for but no CUDA device is available; use 'cpu' or 'auto'")
     return torch.device(name)
 
 

@@ -79,3 +79,12 @@ def test_bad_config_file_exits_2_naming_the_field(tmp_path):
     out = rlcore("run", path)
     assert out.returncode == 2
     assert "rollout.group_size" in out.stderr and str(path) in out.stderr
+
+
+def test_missing_dataset_exits_1_naming_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    missing = tmp_path / "nope.jsonl"
+    path.write_text(f"task:\n  name: jsonl\n  path: {missing}\nsteps: 2\n")
+    out = rlcore("run", path)
+    assert out.returncode == 1
+    assert f"error: {missing}: no such file" in out.stderr
