@@ -6,8 +6,9 @@ extrapolation: a seed only counts where its own x range covers the grid point, s
 in progress narrows the group's seed count at the right end instead of being stretched), then
 averaged with a band: sample std, min–max, or a 95% percentile bootstrap CI of the mean over
 seeds with a fixed seed, so the same data always draws the same band. Curves are downsampled
-into at most `MAX_BUCKETS` buckets keeping each bucket's min, max and last point, so a one-step
-spike survives. Final values (last, mean of last k, best, normalised area under the curve) are
+into at most `MAX_BUCKETS` buckets keeping each bucket's min, max and last point of the mean, and
+the bucket's band envelope (lowest lo, highest hi), so a one-step spike survives in the line and
+in the band. Final values (last, mean of last k, best, normalised area under the curve) are
 computed per run on its raw series and summarised across seeds with the same CI.
 """
 
@@ -161,6 +162,11 @@ def aggregate(series: Sequence[Series], band: str, grid: np.ndarray | None = Non
     return Curve(grid, mean, lo, hi, n)
 
 
+def _bucket_width(n: int, max_buckets: int) -> int:
+    """Points per bucket so that `n` points make at most `max_buckets` buckets (1: no downsampling)."""
+    return 1 if n <= max_buckets else -(-n // max_buckets)
+
+
 def downsample_index(y: np.ndarray, max_buckets: int = MAX_BUCKETS) -> np.ndarray:
     """Indices to keep of `y: [N]`: per bucket of consecutive points its min, max and last; the first point.
 
@@ -168,9 +174,9 @@ def downsample_index(y: np.ndarray, max_buckets: int = MAX_BUCKETS) -> np.ndarra
     neither min nor max.
     """
     n = len(y)
-    if n <= max_buckets:
+    width = _bucket_width(n, max_buckets)
+    if width == 1:
         return np.arange(n)
-    width = -(-n // max_buckets)
     n_buckets = -(-n // width)
     padded = np.full(n_buckets * width, np.nan)
     padded[:n] = y
@@ -183,8 +189,23 @@ def downsample_index(y: np.ndarray, max_buckets: int = MAX_BUCKETS) -> np.ndarra
 
 
 def downsample(curve: Curve, max_buckets: int = MAX_BUCKETS) -> Curve:
-    """`curve` at the points `downsample_index` keeps of its mean."""
-    return curve.take(downsample_index(curve.mean, max_buckets))
+    """`curve` at the points `downsample_index` keeps of its mean, with the band as an envelope.
+
+    Each kept point's band is its bucket's lowest `lo` and highest `hi`, so a spike that only the
+    band shows (seeds spiking in opposite directions leave the mean flat) survives too; the band
+    can only get wider, never hide anything.
+    """
+    index = downsample_index(curve.mean, max_buckets)
+    shown = curve.take(index)
+    width = _bucket_width(len(curve.x), max_buckets)
+    if curve.lo is None or width == 1:
+        return shown
+    starts = np.arange(0, len(curve.x), width)
+    bucket = index // width
+    # fmin / fmax skip NaN (grid points no seed covers) unless the whole bucket is NaN.
+    lo = np.fmin.reduceat(curve.lo, starts)[bucket]
+    hi = np.fmax.reduceat(curve.hi, starts)[bucket]
+    return Curve(shown.x, shown.mean, lo, hi, shown.n)
 
 
 def final_value(series: Series, rule: str, k: int = 10) -> float:

@@ -105,7 +105,11 @@ def test_a_group_with_one_seed_with_points_says_so(alice_client, experiment):
 def test_the_metric_points_come_from_one_query(alice_client, experiment):
     with CaptureQueriesContext(connection) as queries:
         data(alice_client, experiment, metric="reward/mean")
-    point_queries = [q["sql"] for q in queries if q["sql"].startswith('SELECT "experiments_metricpoint"')]
+    point_queries = [
+        q["sql"]
+        for q in queries
+        if '"experiments_metricpoint"' in q["sql"] and '"experiments_run"' not in q["sql"]
+    ]
     assert len(point_queries) == 1 and "reward/mean" in str(queries.captured_queries)
     # Session, user, experiment, runs (with their last reward and KL), points: none per run.
     assert len(queries) == 5, [q["sql"] for q in queries]
@@ -188,3 +192,31 @@ def test_any_metric_name_makes_a_safe_csv_file_name(alice_client, experiment):
         f'attachment; filename="experiment-{experiment.pk}-a-Set-Cookie-x-1-last-summary.csv"'
     )
     assert "Set-Cookie" not in {k for k, _ in response.items()}
+
+
+def test_points_come_back_per_run_sorted_by_step_with_missing_values_as_nan(experiment):
+    """The point reader (on PostgreSQL the binary-array path) returns steps, values and wall times
+    per run sorted by step whatever order the rows were written in; a NULL value is NaN."""
+    import numpy as np
+    from experiments.compare import _points_by_run
+    from sample_experiments import START
+
+    run, other = experiment.runs.all()[:2]
+    MetricPoint.objects.filter(run__in=[run, other]).delete()
+    steps = [7, 3, 100_000, 0, 5]
+    MetricPoint.objects.bulk_create(
+        MetricPoint(
+            run=r, name="m", step=step, value=None if step == 5 else step / 10 + r.pk, wall_time=START
+        )
+        for r in (run, other)
+        for step in steps
+    )
+    MetricPoint.objects.filter(run=run, step=3).update(wall_time=START.replace(second=42))
+    points = _points_by_run([run.pk, other.pk], "m", with_time=True)
+    assert sorted(points) == sorted([run.pk, other.pk])
+    got_steps, values, times = points[run.pk]
+    np.testing.assert_array_equal(got_steps, [0, 3, 5, 7, 100_000])
+    np.testing.assert_array_equal(values, [run.pk, 0.3 + run.pk, np.nan, 0.7 + run.pk, 10_000 + run.pk])
+    assert times[1] - times[0] == 42 and times[0] == START.timestamp()
+    assert points[other.pk][1][-1] == 10_000 + other.pk
+    assert _points_by_run([run.pk], "no such metric") == {} and _points_by_run([], "m") == {}

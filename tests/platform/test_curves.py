@@ -102,6 +102,37 @@ def test_downsampled_curve_keeps_a_spike_of_one_seed_through_the_mean():
     assert curve.x[0] == 0 and curve.x[-1] == 2000
 
 
+def test_downsampled_band_keeps_a_spike_the_mean_does_not_show():
+    """Two seeds spike in opposite directions at one step: the mean stays flat, the band does not."""
+    steps = np.arange(2001)
+    up, down = np.zeros(2001), np.zeros(2001)
+    up[1234], down[1234] = 8.0, -8.0
+    full = curves.aggregate([Series.of(steps, up), Series.of(steps, down)], "minmax")
+    curve = curves.downsample(full, max_buckets=100)
+    assert len(curve.x) <= 301 and not curve.mean.any()
+    assert (curve.lo.min(), curve.hi.max()) == (-8.0, 8.0)
+    # Only the spike's bucket of 21 steps (1218…1238) is widened; elsewhere the band is the seeds' 0…0.
+    wide = curve.x[curve.hi > 0]
+    assert wide.min() >= 1218 and wide.max() <= 1238 and len(wide) >= 1
+    # Every kept point's band is its bucket's envelope of the full band: nothing narrower.
+    width = 21
+    for x, lo, hi in zip(curve.x.astype(int), curve.lo, curve.hi, strict=True):
+        bucket = slice(x // width * width, x // width * width + width)
+        assert lo == full.lo[bucket].min() and hi == full.hi[bucket].max()
+
+
+def test_downsampling_a_short_curve_keeps_it_exactly():
+    full = curves.aggregate(
+        [Series.of([0, 1, 2], [1.0, 2.0, 3.0]), Series.of([0, 1, 2], [3.0, 2.0, 1.0])], "minmax"
+    )
+    curve = curves.downsample(full)
+    assert (
+        curve.x.tolist() == [0, 1, 2]
+        and curve.lo.tolist() == [1.0, 2.0, 1.0]
+        and curve.hi.tolist() == [3.0, 2.0, 3.0]
+    )
+
+
 @pytest.mark.parametrize(
     ("rule", "k", "expected"),
     [("last", 10, 2.0), ("mean_last_k", 2, 3.0), ("mean_last_k", 10, 2.0), ("best", 10, 4.0)],
