@@ -1,13 +1,15 @@
-"""An experiment's comparison: one metric of every run, aggregated per (preset, staleness) group.
+"""Comparison of runs: one metric of every run, aggregated per (experiment, preset, staleness) group.
 
+The runs are an experiment's, or any runs of the user's teams picked by hand (`parse_run_ids`).
 `ComparisonQuery.parse` validates the query string (metric, x, band, rule, k) and names the
-parameter that is wrong. `compare` reads only the chosen metric's points of the experiment's
-runs in one query (plus the mean response lengths when x is tokens; on PostgreSQL as one binary
-array per run, see `_points_by_run_postgresql`), turns each
-run into a `curves.Series` on the chosen x axis, and returns per group the downsampled mean
-curve with its band, and per group the final value across seeds (`summary`). Groups come in a
-fixed order: presets in `rlcore.presets` order, staleness settings in the order the sweep
-listed them. Each preset has one colour everywhere, keyed by that order.
+parameter that is wrong. `compare` reads only the chosen metric's points of the runs in one
+query (plus the mean response lengths when x is tokens; on PostgreSQL as one binary array per
+run, see `_points_by_run_postgresql`), turns each run into a `curves.Series` on the chosen x
+axis, and returns per group the downsampled mean curve with its band, and per group the final
+value across seeds (`summary`). A line is one preset of one experiment (seeds of different
+experiments are never averaged together). Groups come in a fixed order: experiments by id,
+presets in `rlcore.presets` order, staleness settings in the order the runs were created. Each
+preset has one colour everywhere, keyed by that order.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import numpy as np
 import psycopg
 from django.db import connection
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import QueryDict
 
 from experiments import curves
@@ -35,6 +37,7 @@ METRICS = (*STEP_METRICS, *EVAL_METRICS)
 LENGTH_METRIC = "response_length/mean"
 SCATTER_METRICS = ("kl/init", "reward/mean")
 MAX_K = 100_000
+MAX_SELECTED_RUNS = 500
 POINT_DTYPE = np.dtype([("run", "i8"), ("step", "f8"), ("value", "f8")])
 # Tableau 20 minus greys: one colour per rlcore preset, in PRESETS order; unknown presets cycle.
 PALETTE = (
@@ -110,6 +113,27 @@ class ComparisonQuery:
             rule=_choice(params, "rule", curves.RULES, cls.rule),
             k=int(k_text),
         )
+
+
+def parse_run_ids(params: QueryDict) -> list[int]:
+    """The hand-picked runs of `?runs=1,2&runs=3`: distinct ids in the order given."""
+    texts = [t.strip() for value in params.getlist("runs") for t in value.split(",") if t.strip()]
+    bad = [t for t in texts if not t.isdigit() or len(t) > 18]
+    if bad:
+        raise QueryError("runs", f"runs must be run ids (whole numbers) separated by commas (got {bad[0]!r})")
+    ids = list(dict.fromkeys(int(t) for t in texts))
+    if not 1 <= len(ids) <= MAX_SELECTED_RUNS:
+        raise QueryError("runs", f"runs must name 1 to {MAX_SELECTED_RUNS} runs (got {len(ids)})")
+    return ids
+
+
+def selected_runs(visible: QuerySet[Run], ids: list[int]) -> QuerySet[Run]:
+    """The runs `ids` among `visible`; a QueryError naming the ids that are not there."""
+    found = set(visible.filter(pk__in=ids).values_list("pk", flat=True))
+    missing = [str(i) for i in ids if i not in found]
+    if missing:
+        raise QueryError("runs", f"no run {', '.join(missing[:10])} in your teams")
+    return visible.filter(pk__in=ids)
 
 
 Points = dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
@@ -227,10 +251,21 @@ def _scalar(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def compare(experiment: Experiment, query: ComparisonQuery) -> dict[str, Any]:
-    """The comparison payload of `experiment` (see the module docstring)."""
+def line_label(preset: str, experiment: Experiment, several: bool) -> str:
+    """What a line is called: its preset, plus its experiment when runs of several are compared."""
+    return f"{preset} · #{experiment.pk} {experiment.name}" if several else preset
+
+
+def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
+    """The comparison payload of `runs` (see the module docstring).
+
+    A line is a preset within one experiment: runs of different experiments are never averaged
+    together as seeds, since their configs may differ in more than preset and staleness.
+    """
     runs = list(
-        experiment.runs.annotate(
+        runs.select_related("experiment")
+        .order_by("experiment_id", "pk")
+        .annotate(
             **{
                 f"last_{name}": Subquery(
                     MetricPoint.objects.filter(run=OuterRef("pk"), name=name)
@@ -245,18 +280,27 @@ def compare(experiment: Experiment, query: ComparisonQuery) -> dict[str, Any]:
     points = _points_by_run(run_ids, query.metric, with_time=query.x == "time")
     lengths = _points_by_run(run_ids, LENGTH_METRIC) if query.x == "tokens" else {}
 
+    experiments = list({run.experiment_id: run.experiment for run in runs}.values())
+    several = len(experiments) > 1
     presets = sorted({run.preset for run in runs}, key=preset_sort_key)
     staleness = list(dict.fromkeys(run.staleness for run in runs))
-    members: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    lines = [
+        {"line": line_label(preset, experiment, several), "preset": preset, "experiment": experiment.pk}
+        for experiment in experiments
+        for preset in presets
+        if any(run.experiment_id == experiment.pk and run.preset == preset for run in runs)
+    ]
+    members: dict[tuple[int, str, str], list[Run]] = defaultdict(list)
     for run in runs:
-        members[(run.preset, run.staleness)].append(run)
+        members[(run.experiment_id, run.preset, run.staleness)].append(run)
 
     groups, summary, run_rows = [], [], []
-    for preset in presets:
+    for line in lines:
         for setting in staleness:
-            group_runs = members.get((preset, setting), [])
+            group_runs = members.get((line["experiment"], line["preset"], setting), [])
             if not group_runs:
                 continue
+            key = {**line, "staleness": setting, "n_runs": len(group_runs)}
             series = {
                 run.pk: _series(run, query, points[run.pk], lengths) for run in group_runs if run.pk in points
             }
@@ -265,9 +309,7 @@ def compare(experiment: Experiment, query: ComparisonQuery) -> dict[str, Any]:
             shown = curves.downsample(full)
             groups.append(
                 {
-                    "preset": preset,
-                    "staleness": setting,
-                    "n_runs": len(group_runs),
+                    **key,
                     "n_seeds": len(series),
                     "x": json_numbers(shown.x),
                     "mean": json_numbers(shown.mean),
@@ -282,9 +324,7 @@ def compare(experiment: Experiment, query: ComparisonQuery) -> dict[str, Any]:
             result = curves.summarise(list(finals.values()))
             summary.append(
                 {
-                    "preset": preset,
-                    "staleness": setting,
-                    "n_runs": len(group_runs),
+                    **key,
                     "n_seeds": result.n_seeds,
                     "value": _scalar(result.mean),
                     "ci_lo": _scalar(result.ci_lo),
@@ -295,7 +335,7 @@ def compare(experiment: Experiment, query: ComparisonQuery) -> dict[str, Any]:
             run_rows += [
                 {
                     "id": run.pk,
-                    "preset": preset,
+                    **line,
                     "staleness": setting,
                     "seed": run.seed,
                     "status": run.status,
@@ -305,14 +345,15 @@ def compare(experiment: Experiment, query: ComparisonQuery) -> dict[str, Any]:
                 for run in group_runs
             ]
     return {
-        "experiment": experiment.pk,
         "metric": query.metric,
         "x": query.x,
         "band": query.band,
         "rule": query.rule,
         "k": query.k,
         "active": any(run.status in Run.ACTIVE for run in runs),
+        "experiments": [{"id": e.pk, "name": e.name} for e in experiments],
         "presets": presets,
+        "lines": lines,
         "staleness": staleness,
         "colours": preset_colours(presets),
         "groups": groups,
@@ -325,11 +366,24 @@ def curves_csv(payload: dict[str, Any]) -> str:
     """The aggregated curves as CSV: one row per group and grid point."""
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["preset", "staleness", payload["x"], "mean", "lo", "hi", "n_seeds"])
+    several = len(payload["experiments"]) > 1
+    writer.writerow(
+        [
+            *(["experiment"] if several else []),
+            "preset",
+            "staleness",
+            payload["x"],
+            "mean",
+            "lo",
+            "hi",
+            "n_seeds",
+        ]
+    )
     for g in payload["groups"]:
         lo, hi = g["lo"] or [None] * len(g["x"]), g["hi"] or [None] * len(g["x"])
+        labels = [*([g["experiment"]] if several else []), g["preset"], g["staleness"]]
         for row in zip(g["x"], g["mean"], lo, hi, g["n"], strict=True):
-            writer.writerow([g["preset"], g["staleness"], *("" if v is None else v for v in row)])
+            writer.writerow([*labels, *("" if v is None else v for v in row)])
     return out.getvalue()
 
 
@@ -337,7 +391,11 @@ def summary_csv(payload: dict[str, Any]) -> str:
     """The summary table as CSV: one row per (preset, staleness)."""
     out = io.StringIO()
     writer = csv.writer(out)
-    columns = ["preset", "staleness", "n_runs", "n_seeds", "value", "ci_lo", "ci_hi", "std"]
+    several = len(payload["experiments"]) > 1
+    columns = [
+        *(["experiment"] if several else []),
+        *("preset", "staleness", "n_runs", "n_seeds", "value", "ci_lo", "ci_hi", "std"),
+    ]
     writer.writerow(columns)
     for row in payload["summary"]:
         writer.writerow(["" if row[c] is None else row[c] for c in columns])

@@ -1,5 +1,5 @@
-"""Server-rendered pages: experiments of your teams, the sweep form, runs, teams, and an
-experiment's comparison dashboard with its JSON / CSV data.
+"""Server-rendered pages: experiments of your teams, the sweep form, runs, teams, and the
+comparison dashboard (of an experiment, or of runs picked on the runs page) with its JSON / CSV data.
 
 Every query goes through `visible_to(user)` or the user's memberships, so another team's
 objects are 404s. Live parts (`…/live/` fragments) are re-fetched by the page while
@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from experiments import compare, curves, sweeps
@@ -25,6 +26,7 @@ from experiments.models import Experiment, Membership, MetricPoint, Run, Team
 
 RECENT_STEPS = 10
 RECENT_COMPLETIONS = 20
+RUN_LIST_LIMIT = 500
 
 
 def health(request: HttpRequest) -> JsonResponse:
@@ -88,15 +90,13 @@ def experiment_runs_live(request: HttpRequest, experiment_id: int) -> HttpRespon
     )
 
 
-@login_required
-def experiment_compare(request: HttpRequest, experiment_id: int) -> HttpResponse:
-    """The dashboard page; its script draws everything from `experiment_compare_data`."""
-    experiment = _experiment(request, experiment_id)
+def _compare_page(request: HttpRequest, context: dict) -> HttpResponse:
+    """The dashboard page; its script draws everything from the data URLs in `context`."""
     return render(
         request,
         "experiments/compare.html",
         {
-            "experiment": experiment,
+            **context,
             "metrics": compare.METRICS,
             "x_axes": curves.X_AXES,
             "bands": curves.BANDS,
@@ -105,37 +105,139 @@ def experiment_compare(request: HttpRequest, experiment_id: int) -> HttpResponse
     )
 
 
-def _comparison(request: HttpRequest, experiment_id: int, table: str) -> HttpResponse:
-    experiment = _experiment(request, experiment_id)
+def _bad_query(exc: compare.QueryError) -> JsonResponse:
+    return JsonResponse({"detail": [{"param": exc.param, "msg": exc.message}]}, status=400)
+
+
+def _comparison(request: HttpRequest, runs, table: str, name: str) -> HttpResponse:
+    """`compare` of `runs` for the query string: JSON, or with `format=csv` the curves or summary
+    table as a CSV file whose name starts with `name`."""
     try:
         query = compare.ComparisonQuery.parse(request.GET)
         output = request.GET.get("format", "json")
         if output not in ("json", "csv"):
             raise compare.QueryError("format", f"format must be json or csv (got {output!r})")
     except compare.QueryError as exc:
-        return JsonResponse({"detail": [{"param": exc.param, "msg": exc.message}]}, status=400)
-    payload = compare.compare(experiment, query)
+        return _bad_query(exc)
+    payload = compare.compare(runs, query)
     if output == "json":
         return JsonResponse(payload if table == "curves" else {"summary": payload["summary"]})
     text = compare.curves_csv(payload) if table == "curves" else compare.summary_csv(payload)
     response = HttpResponse(text, content_type="text/csv")
     metric = re.sub(r"[^A-Za-z0-9_.-]+", "-", query.metric).strip("-")
     response["Content-Disposition"] = (
-        f'attachment; filename="experiment-{experiment.pk}-{metric}-{query.x if table == "curves" else query.rule}-{table}.csv"'
+        f'attachment; filename="{name}-{metric}-{query.x if table == "curves" else query.rule}-{table}.csv"'
     )
     return response
 
 
 @login_required
+def experiment_compare(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    experiment = _experiment(request, experiment_id)
+    return _compare_page(
+        request,
+        {
+            "experiment": experiment,
+            "data_url": reverse("experiment-compare-data", args=[experiment.pk]),
+            "summary_url": reverse("experiment-compare-summary", args=[experiment.pk]),
+        },
+    )
+
+
+@login_required
 def experiment_compare_data(request: HttpRequest, experiment_id: int) -> HttpResponse:
     """Aggregated curves, summary and per-run final values as JSON; `format=csv` gives the curves."""
-    return _comparison(request, experiment_id, "curves")
+    experiment = _experiment(request, experiment_id)
+    return _comparison(request, experiment.runs.all(), "curves", f"experiment-{experiment.pk}")
 
 
 @login_required
 def experiment_compare_summary(request: HttpRequest, experiment_id: int) -> HttpResponse:
     """The summary table (final value ± CI per preset × staleness) as JSON or, with `format=csv`, CSV."""
-    return _comparison(request, experiment_id, "summary")
+    experiment = _experiment(request, experiment_id)
+    return _comparison(request, experiment.runs.all(), "summary", f"experiment-{experiment.pk}")
+
+
+def _selected_runs(request: HttpRequest):
+    """The runs picked in `?runs=…`, all of them in the user's teams (else a QueryError)."""
+    return compare.selected_runs(Run.visible_to(request.user), compare.parse_run_ids(request.GET))
+
+
+@login_required
+def runs_compare(request: HttpRequest) -> HttpResponse:
+    """Any runs of the user's teams, picked on the runs page, on one dashboard."""
+    try:
+        runs = _selected_runs(request)
+    except compare.QueryError as exc:
+        messages.error(request, exc.message)
+        return redirect("run-list")
+    ids = ",".join(str(pk) for pk in runs.order_by("pk").values_list("pk", flat=True))
+    return _compare_page(
+        request,
+        {
+            "selected": ids,
+            "experiments": Experiment.objects.filter(runs__in=runs).distinct().order_by("pk"),
+            "data_url": reverse("runs-compare-data"),
+            "summary_url": reverse("runs-compare-summary"),
+        },
+    )
+
+
+def _selection_comparison(request: HttpRequest, table: str) -> HttpResponse:
+    try:
+        runs = _selected_runs(request)
+    except compare.QueryError as exc:
+        return _bad_query(exc)
+    return _comparison(request, runs, table, "runs")
+
+
+@login_required
+def runs_compare_data(request: HttpRequest) -> HttpResponse:
+    """`experiment_compare_data` for the runs in `?runs=…`."""
+    return _selection_comparison(request, "curves")
+
+
+@login_required
+def runs_compare_summary(request: HttpRequest) -> HttpResponse:
+    """`experiment_compare_summary` for the runs in `?runs=…`."""
+    return _selection_comparison(request, "summary")
+
+
+@login_required
+def run_list(request: HttpRequest) -> HttpResponse:
+    """Runs of the user's teams, filtered by team, experiment, preset, staleness or status, with
+    check boxes to compare any of them."""
+    runs = Run.visible_to(request.user).select_related("experiment__team").order_by("-pk")
+    filters = {
+        "team": "experiment__team_id",
+        "experiment": "experiment_id",
+        "preset": "preset",
+        "staleness": "staleness",
+        "status": "status",
+    }
+    chosen = {name: request.GET.get(name, "").strip() for name in filters}
+    for name, value in chosen.items():
+        if value and (name not in ("team", "experiment") or value.isdigit()):
+            runs = runs.filter(**{filters[name]: value})
+    shown = list(runs[: RUN_LIST_LIMIT + 1])
+    visible = Run.visible_to(request.user)
+    return render(
+        request,
+        "experiments/runs.html",
+        {
+            "runs": shown[:RUN_LIST_LIMIT],
+            "truncated": len(shown) > RUN_LIST_LIMIT,
+            "limit": RUN_LIST_LIMIT,
+            "chosen": chosen,
+            "teams": Team.objects.filter(members=request.user),
+            "experiments": Experiment.visible_to(request.user).order_by("-pk")[:200],
+            "presets": sorted(
+                visible.order_by().values_list("preset", flat=True).distinct(), key=compare.preset_sort_key
+            ),
+            "staleness": sorted(visible.order_by().values_list("staleness", flat=True).distinct()),
+            "statuses": [s for s, _ in Run.STATUSES],
+        },
+    )
 
 
 def _run(request: HttpRequest, run_id: int) -> Run:

@@ -195,3 +195,38 @@ def test_a_metric_name_from_the_url_is_shown_as_text(page, live_server, team, al
     assert page.evaluate("() => window.pwned") is None
     assert page.locator("#plots img, #summary img").count() == 0
     assert metric in page.text_content("#summary")
+
+
+def test_runs_picked_from_two_experiments_share_one_dashboard_and_permalink(page, live_server, team, alice):
+    first = make_finished_experiment(team, alice, name="first", seeds=(0,))
+    second = make_finished_experiment(team, alice, name="second", presets=("grpo",), seeds=(0, 1))
+    page.goto(live_server.url + reverse("run-list"))
+    page.select_option("#filters select[name=preset]", "grpo")
+    page.click("#filters button")
+    page.wait_for_url("**preset=grpo**")
+    page.check("#select-all")
+    page.click("#compare-selected")
+    rendered(page, metric="reward/mean", view="grid")
+    page.screenshot(path=SCREENSHOTS / "compare-picked-runs.png", full_page=True)
+    picked = sorted(Run.objects.filter(preset="grpo").values_list("pk", flat=True))
+    assert f"runs={'%2C'.join(map(str, picked))}" in page.url
+
+    panels = page.evaluate(
+        """() => [...document.querySelectorAll('#plots .panel')].map(p => p.data
+            .filter(t => t.meta.kind === 'mean').map(t => [t.meta.line, t.line.color, t.line.dash]))"""
+    )
+    lines = [f"grpo · #{first.pk} first", f"grpo · #{second.pk} second"]
+    assert panels == [[[lines[0], "#ff7f0e", "solid"], [lines[1], "#ff7f0e", "dash"]]] * 2
+    assert page.text_content(f"#summary tr[data-line='{lines[1]}'] td[data-staleness=on-policy]").endswith(
+        "· 2 seeds"
+    )
+    rows = download(page, "#csv-summary")
+    assert {(r["experiment"], r["n_seeds"]) for r in rows} == {(str(first.pk), "1"), (str(second.pk), "2")}
+
+    page.select_option("select[name=metric]", "kl/init")
+    rendered(page, metric="kl/init")
+    other = page.context.new_page()
+    other.goto(page.url)
+    rendered(other, metric="kl/init")
+    assert other.evaluate(TRACES_JS) == page.evaluate(TRACES_JS)
+    other.close()

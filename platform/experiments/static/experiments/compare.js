@@ -1,4 +1,6 @@
 // The comparison page: draws what the JSON endpoint aggregated, and keeps every control in the URL.
+// A line is one preset of one experiment (`line` in the payload; just the preset for one experiment);
+// its colour is its preset's, and with runs of several experiments the dash tells experiments apart.
 // Changing metric, x axis, band or final-value rule fetches again; view and smoothing only redraw.
 // While a run is queued or running the data is polled every few seconds, without reloading the page.
 // Names (presets, staleness labels, metrics) are user input: they only ever go through textContent
@@ -21,6 +23,9 @@
   let fetched = "";
   let pollTimer = null;
 
+  // Hand-picked runs (`?runs=…`) stay in every URL; an experiment's page has none.
+  const FIXED = root.dataset.runs ? [["runs", root.dataset.runs]] : [];
+
   const control = (name) => form.elements[name];
 
   function readUrl() {
@@ -39,11 +44,11 @@
 
   function dataQuery() {
     const s = state();
-    return new URLSearchParams(FETCHED.map((name) => [name, s[name]])).toString();
+    return new URLSearchParams([...FIXED, ...FETCHED.map((name) => [name, s[name]])]).toString();
   }
 
   function writeUrl() {
-    history.replaceState(null, "", "?" + new URLSearchParams(state()).toString());
+    history.replaceState(null, "", "?" + new URLSearchParams([...FIXED, ...Object.entries(state())]).toString());
   }
 
   function rgba(hex, alpha) {
@@ -66,12 +71,12 @@
 
   function groupTraces(group, options) {
     const colour = payload.colours[group.preset];
-    const name = escapeText(options.overlay ? `${group.preset} · ${group.staleness}` : group.preset);
+    const name = escapeText(options.overlay ? `${group.line} · ${group.staleness}` : group.line);
     const traces = [];
     if (group.lo !== null) {
       const common = { x: group.x, type: "scatter", mode: "lines", hoverinfo: "skip", showlegend: false, line: { width: 0 } };
-      traces.push({ ...common, y: group.lo, meta: { kind: "band-lo", preset: group.preset } });
-      traces.push({ ...common, y: group.hi, fill: "tonexty", fillcolor: rgba(colour, 0.18), meta: { kind: "band-hi", preset: group.preset } });
+      traces.push({ ...common, y: group.lo, meta: { kind: "band-lo", preset: group.preset, line: group.line } });
+      traces.push({ ...common, y: group.hi, fill: "tonexty", fillcolor: rgba(colour, 0.18), meta: { kind: "band-hi", preset: group.preset, line: group.line } });
     }
     const seeds = group.n_seeds === 1 ? "1 seed" : `${group.n_seeds} seeds`;
     traces.push({
@@ -84,7 +89,7 @@
       showlegend: options.showlegend,
       line: { color: colour, width: 2, dash: options.dash },
       hovertemplate: `%{y:.4g} at %{x}<extra>${name} (${seeds})</extra>`,
-      meta: { kind: "mean", preset: group.preset, staleness: group.staleness },
+      meta: { kind: "mean", preset: group.preset, line: group.line, staleness: group.staleness },
     });
     return traces;
   }
@@ -134,15 +139,24 @@
     });
     plots.replaceChildren(...panels);
     const range = sharedYRange();
+    const inLegend = new Set();
     payload.staleness.forEach((setting, column) => {
       const panel = panels[column];
       const traces = payload.groups
         .filter((g) => g.staleness === setting)
-        .flatMap((g) => groupTraces(g, { overlay: false, showlegend: column === 0, dash: "solid" }));
+        .flatMap((g) => {
+          const first = !inLegend.has(g.line);
+          inLegend.add(g.line);
+          return groupTraces(g, { overlay: false, showlegend: first, dash: experimentDash(g) });
+        });
       const layout = axisLayout(`staleness: ${setting}`);
       layout.yaxis.range = range;
       Plotly.newPlot(panel, traces, layout, PLOT_CONFIG);
     });
+  }
+
+  function experimentDash(group) {
+    return DASHES[payload.experiments.findIndex((e) => e.id === group.experiment) % DASHES.length];
   }
 
   function drawOverlay() {
@@ -169,19 +183,20 @@
       th.textContent = text;
       head.append(th);
     }
-    const cells = new Map(payload.summary.map((row) => [`${row.preset}\u0000${row.staleness}`, row]));
-    for (const preset of payload.presets) {
+    const cells = new Map(payload.summary.map((row) => [`${row.line}\u0000${row.staleness}`, row]));
+    for (const { line, preset } of payload.lines) {
       const tr = table.insertRow();
       tr.dataset.preset = preset;
+      tr.dataset.line = line;
       const name = tr.insertCell();
       const swatch = document.createElement("span");
       swatch.className = "swatch";
       swatch.style.background = payload.colours[preset];
-      name.append(swatch, preset);
+      name.append(swatch, line);
       for (const setting of payload.staleness) {
         const td = tr.insertCell();
         td.dataset.staleness = setting;
-        const row = cells.get(`${preset}\u0000${setting}`);
+        const row = cells.get(`${line}\u0000${setting}`);
         if (!row) continue;
         if (row.n_seeds === 0) td.textContent = "no points yet";
         else if (row.n_seeds === 1) td.textContent = `${formatValue(row.value)} · 1 seed, no CI`;
@@ -191,8 +206,8 @@
   }
 
   function drawDegradation() {
-    const traces = payload.presets.map((preset) => {
-      const rows = payload.staleness.map((s) => payload.summary.find((r) => r.preset === preset && r.staleness === s));
+    const traces = payload.lines.map(({ line, preset, experiment }) => {
+      const rows = payload.staleness.map((s) => payload.summary.find((r) => r.line === line && r.staleness === s));
       const value = (r, key) => (r ? r[key] : null);
       return {
         x: payload.staleness.map(escapeText),
@@ -205,9 +220,9 @@
         },
         type: "scatter",
         mode: "lines+markers",
-        name: escapeText(preset),
-        line: { color: payload.colours[preset] },
-        meta: { kind: "degradation", preset },
+        name: escapeText(line),
+        line: { color: payload.colours[preset], dash: experimentDash({ experiment }) },
+        meta: { kind: "degradation", preset, line },
       };
     });
     const layout = { ...axisLayout(`final ${payload.metric} (${payload.rule}) vs staleness`), height: 320 };
@@ -216,17 +231,17 @@
   }
 
   function drawScatter() {
-    const traces = payload.presets.map((preset) => {
-      const runs = payload.runs.filter((r) => r.preset === preset && r["kl/init"] !== null && r["reward/mean"] !== null);
+    const traces = payload.lines.map(({ line, preset }) => {
+      const runs = payload.runs.filter((r) => r.line === line && r["kl/init"] !== null && r["reward/mean"] !== null);
       return {
         x: runs.map((r) => r["kl/init"]),
         y: runs.map((r) => r["reward/mean"]),
         text: runs.map((r) => escapeText(`run ${r.id} · ${r.staleness} · seed ${r.seed}`)),
         type: "scatter",
         mode: "markers",
-        name: escapeText(preset),
+        name: escapeText(line),
         marker: { color: payload.colours[preset], size: 8 },
-        meta: { kind: "run", preset },
+        meta: { kind: "run", preset, line },
       };
     });
     const layout = { ...axisLayout("last reward/mean vs last kl/init, one point per run"), height: 320 };
