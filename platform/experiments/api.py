@@ -3,7 +3,8 @@
 Every call needs `Authorization: Bearer <token>` (make one with `python manage.py
 create_token USERNAME`; only its hash is stored). Objects of teams the caller is not a
 member of do not exist for them (404). A sweep is validated exactly like the web form,
-through `RunConfig`; problems come back as 422 with one entry per field.
+through `RunConfig`; problems come back as 422 with one entry per field. The comparison
+endpoints return exactly what the dashboard draws (`experiments.compare`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ninja.errors import HttpError, ValidationError
 from ninja.security import HttpBearer
 from pydantic import StringConstraints
 
-from experiments import sweeps
+from experiments import compare, sweeps
 from experiments.models import ApiToken, Experiment, MetricPoint, Run, Team
 
 
@@ -199,6 +200,58 @@ def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"
     for metric, step, value in points.values_list("name", "step", "value"):
         metrics.setdefault(metric, []).append([step, value])
     return {"run": run.pk, "metrics": metrics}
+
+
+def _comparison(request: HttpRequest, runs) -> Any:
+    try:
+        return compare.compare(runs, compare.ComparisonQuery.parse(request.GET))
+    except compare.QueryError as exc:
+        return Status(
+            422, {"detail": [{"loc": ["query", exc.param], "field": exc.param, "msg": exc.message}]}
+        )
+
+
+# Declared for the OpenAPI docs; `ComparisonQuery.parse` validates them, as for the dashboard.
+CompareParam = Annotated[str | None, "see ComparisonQuery"]
+
+
+@api.get("/experiments/{experiment_id}/compare", response={200: dict, 422: dict})
+def compare_experiment(
+    request: HttpRequest,
+    experiment_id: int,
+    metric: CompareParam = None,
+    x: CompareParam = None,
+    band: CompareParam = None,
+    rule: CompareParam = None,
+    k: CompareParam = None,
+):
+    """The experiment's comparison dashboard as data: one metric per (preset, staleness) group,
+    seeds aggregated (mean, band, seeds per point) and downsampled, the final value of each group
+    with a 95% bootstrap CI, and per-run final values. `metric` (default reward/mean), `x` (step,
+    samples, tokens, time), `band` (std, minmax, ci, none), `rule` (last, mean_last_k, best, auc), `k`."""
+    experiment = get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
+    return _comparison(request, experiment.runs.all())
+
+
+@api.get("/compare", response={200: dict, 422: dict})
+def compare_runs(
+    request: HttpRequest,
+    runs: str,
+    metric: CompareParam = None,
+    x: CompareParam = None,
+    band: CompareParam = None,
+    rule: CompareParam = None,
+    k: CompareParam = None,
+):
+    """`compare_experiment` for any runs of your teams, `runs=1,2,3`; a line is one preset of one
+    experiment, so seeds of different experiments are never averaged together."""
+    try:
+        picked = compare.selected_runs(Run.visible_to(request.user), compare.parse_run_ids(request.GET))
+    except compare.QueryError as exc:
+        return Status(
+            422, {"detail": [{"loc": ["query", exc.param], "field": exc.param, "msg": exc.message}]}
+        )
+    return _comparison(request, picked)
 
 
 @api.post("/runs/{run_id}/cancel", response=RunDetailOut)

@@ -89,3 +89,48 @@ def test_openapi_docs_are_served(client):
     assert client.get("/api/docs").status_code == 200
     schema = client.get("/api/openapi.json").json()
     assert "/api/sweeps" in schema["paths"] and "/api/runs/{run_id}/metrics" in schema["paths"]
+
+
+def test_comparisons_through_the_api_match_the_dashboard(client, alice_client, token, team, alice):
+    """`/api/experiments/<id>/compare` and `/api/compare?runs=…` give the dashboard's payload with
+    a token (no session), validate like it, and keep other teams' runs out."""
+    from django.urls import reverse
+    from experiments.models import Membership, Team
+    from sample_experiments import make_finished_experiment
+
+    experiment = make_finished_experiment(team, alice)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    params = {"metric": "kl/init", "x": "samples", "band": "ci", "rule": "auc"}
+    api = client.get(f"/api/experiments/{experiment.pk}/compare", params, **auth)
+    page = alice_client.get(reverse("experiment-compare-data", args=[experiment.pk]), params)
+    assert api.status_code == page.status_code == 200 and api.json() == page.json()
+    assert client.get(f"/api/experiments/{experiment.pk}/compare").status_code == 401
+
+    ids = list(experiment.runs.filter(seed=0).values_list("pk", flat=True))
+    picked = client.get("/api/compare", {"runs": ",".join(map(str, ids))}, **auth).json()
+    assert sorted(r["id"] for r in picked["runs"]) == sorted(ids) and all(
+        g["n_seeds"] == 1 for g in picked["groups"]
+    )
+
+    bad = client.get(f"/api/experiments/{experiment.pk}/compare", {"band": "sem"}, **auth)
+    assert bad.status_code == 422
+    assert bad.json()["detail"] == [
+        {
+            "loc": ["query", "band"],
+            "field": "band",
+            "msg": "band must be one of std, minmax, ci, none (got 'sem')",
+        }
+    ]
+    assert client.get("/api/compare", {"runs": "x"}, **auth).json()["detail"][0]["field"] == "runs"
+
+    bob = type(alice).objects.create_user("bob", password="bob-password-1")
+    Membership.objects.create(team=Team.objects.create(name="team-b"), user=bob)
+    out = io.StringIO()
+    call_command("create_token", "bob", stdout=out)
+    bob_auth = {"HTTP_AUTHORIZATION": f"Bearer {out.getvalue().strip()}"}
+    assert client.get(f"/api/experiments/{experiment.pk}/compare", **bob_auth).status_code == 404
+    foreign = client.get("/api/compare", {"runs": str(ids[0])}, **bob_auth)
+    assert (
+        foreign.status_code == 422 and foreign.json()["detail"][0]["msg"] == f"no run {ids[0]} in your teams"
+    )
+    assert "/api/compare" in client.get("/api/openapi.json").content.decode()
