@@ -258,8 +258,9 @@ class MetricPoint(models.Model):
     """One metric of one run at one trainer step.
 
     The unique index (run, name, step) is the only index: it leads with the run, so it serves the
-    run's foreign key too, and on PostgreSQL it also carries `value` and `wall_time`, so a
-    comparison reads one metric of hundreds of runs from the index alone (index-only scan).
+    run's foreign key too. On PostgreSQL it also carries `value` and `wall_time` (a covering
+    index, built by migration 0002: Django's `include` would leave SQLite with no unique index at
+    all), so a comparison reads one metric of hundreds of runs from the index alone.
     """
 
     # No index of its own: the unique index below starts with the run.
@@ -272,11 +273,8 @@ class MetricPoint(models.Model):
     class Meta:
         ordering = ["run", "name", "step"]
         constraints = [
-            models.UniqueConstraint(
-                fields=["run", "name", "step"],
-                include=["value", "wall_time"],
-                name="one_point_per_run_name_step",
-            )
+            # On PostgreSQL, migration 0002 rebuilds it with INCLUDE (value, wall_time).
+            models.UniqueConstraint(fields=["run", "name", "step"], name="one_point_per_run_name_step")
         ]
 
     def __str__(self) -> str:

@@ -93,9 +93,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
-    # The metric points' unique index carries value and wall time on PostgreSQL only (a covering
-    # index for the comparison queries); SQLite builds it without them, which is all it needs.
-    SILENCED_SYSTEM_CHECKS = ["models.W039"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

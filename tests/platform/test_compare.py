@@ -220,3 +220,24 @@ def test_points_come_back_per_run_sorted_by_step_with_missing_values_as_nan(expe
     assert times[1] - times[0] == 42 and times[0] == START.timestamp()
     assert points[other.pk][1][-1] == 10_000 + other.pk
     assert _points_by_run([run.pk], "no such metric") == {} and _points_by_run([], "m") == {}
+
+
+def test_metric_points_have_one_unique_index_covering_values_on_postgresql(experiment):
+    """The unique (run, name, step) index exists on every database (the worker's upserts need it)
+    and is the table's only index besides the primary key; on PostgreSQL it covers value and wall
+    time, so the comparison reads points from the index alone."""
+    from django.db import IntegrityError, transaction
+
+    point = MetricPoint.objects.first()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        MetricPoint.objects.create(run=point.run, name=point.name, step=point.step, wall_time=point.wall_time)
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, MetricPoint._meta.db_table)
+    indexes = [
+        c["columns"] for c in constraints.values() if (c["index"] or c["unique"]) and not c["primary_key"]
+    ]
+    assert indexes == [["run_id", "name", "step"]]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'one_point_per_run_name_step'")
+            assert cursor.fetchone()[0].endswith("(run_id, name, step) INCLUDE (value, wall_time)")
