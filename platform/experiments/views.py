@@ -8,13 +8,16 @@ something is still queued or running.
 
 from __future__ import annotations
 
+import itertools
 import platform
 import re
 
+import numpy as np
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q
+from django.db.models import Case, Count, F, Q, Value, When, Window
+from django.db.models.functions import RowNumber
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -22,10 +25,13 @@ from django.views.decorators.http import require_POST
 
 from experiments import compare, curves, sweeps
 from experiments.forms import AddMemberForm, SweepForm, TeamForm
-from experiments.models import Experiment, Membership, MetricPoint, Run, Team
+from experiments.models import Completion, Experiment, Membership, MetricPoint, Run, Team
 
 RECENT_STEPS = 10
 RECENT_COMPLETIONS = 20
+# The run page's side-by-side table: this many of the run's latest prompts, this many other runs each.
+SAME_PROMPTS = 5
+SAME_PROMPT_RUNS = 12
 RUN_LIST_LIMIT = 500
 
 
@@ -244,6 +250,50 @@ def _run(request: HttpRequest, run_id: int) -> Run:
     return get_object_or_404(Run.visible_to(request.user).select_related("experiment__team"), pk=run_id)
 
 
+def _same_prompts(run: Run, completions: list[Completion]) -> list[dict]:
+    """The latest `SAME_PROMPTS` prompts of `completions` (newest first), each with this run's completion
+    and those of up to `SAME_PROMPT_RUNS` other runs of the experiment that got the same prompt.
+
+    Runs of the same seed see the same prompts at the same step, so another run's completion at this
+    run's step is preferred, else its latest one. One query: the database keeps one row per prompt and run.
+    """
+    mine: dict[str, Completion] = {}
+    for c in completions:
+        mine.setdefault(c.prompt, c)
+        if len(mine) == SAME_PROMPTS:
+            break
+    if not mine:
+        return []
+    at_my_step = Case(
+        *(When(prompt=prompt, step=c.step, then=Value(0)) for prompt, c in mine.items()), default=Value(1)
+    )
+    others = (
+        Completion.objects.filter(run__experiment_id=run.experiment_id, prompt__in=list(mine))
+        .exclude(run_id=run.pk)
+        .annotate(
+            preference=Window(
+                RowNumber(),
+                partition_by=[F("prompt"), F("run_id")],
+                order_by=[at_my_step.asc(), F("step").desc(), F("id").asc()],
+            )
+        )
+        .filter(preference=1)
+        .order_by()
+        .select_related("run")
+        .only("run", "step", "prompt", "completion", "reward", "run__preset", "run__staleness", "run__seed")
+    )
+    rows: dict[str, list[Completion]] = {prompt: [] for prompt in mine}
+    for c in others:
+        rows[c.prompt].append(c)
+    groups = []
+    for prompt, c in mine.items():
+        # Runs at this run's step first, then in run order; shown in run order.
+        kept = sorted(rows[prompt], key=lambda o, step=c.step: (o.step != step, o.run_id))[:SAME_PROMPT_RUNS]
+        if kept:
+            groups.append({"prompt": prompt, "rows": [c, *sorted(kept, key=lambda o: o.run_id)]})
+    return groups
+
+
 def _run_context(run: Run) -> dict:
     recent_steps = list(
         MetricPoint.objects.filter(run=run)
@@ -257,11 +307,13 @@ def _run_context(run: Run) -> dict:
     ):
         table.setdefault(name, {})[step] = value
     steps = sorted(recent_steps)
+    completions = list(run.completions.all()[:RECENT_COMPLETIONS])
     return {
         "run": run,
         "steps": steps,
         "metric_rows": [(name, [table[name].get(s) for s in steps]) for name in sorted(table)],
-        "completions": run.completions.all()[:RECENT_COMPLETIONS],
+        "completions": completions,
+        "same_prompts": _same_prompts(run, completions),
     }
 
 
@@ -273,6 +325,26 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 @login_required
 def run_live(request: HttpRequest, run_id: int) -> HttpResponse:
     return render(request, "experiments/_run_live.html", _run_context(_run(request, run_id)))
+
+
+@login_required
+def run_curves(request: HttpRequest, run_id: int) -> JsonResponse:
+    """Every metric the run logged as `{name: {"x": steps, "y": values}}`, each downsampled to at most
+    `curves.MAX_BUCKETS` buckets (min, max and last of each, so spikes survive); missing values are null."""
+    run = _run(request, run_id)
+    points = list(
+        MetricPoint.objects.filter(run=run).order_by("name", "step").values_list("name", "step", "value")
+    )
+    x = np.array([step for _, step, _ in points], dtype=float)
+    y = np.array([value for _, _, value in points], dtype=float)  # None becomes NaN, then null in the JSON
+    metrics = {}
+    start = 0
+    for name, group in itertools.groupby(name for name, _, _ in points):
+        end = start + sum(1 for _ in group)
+        keep = start + curves.downsample_index(y[start:end])
+        metrics[name] = {"x": compare.json_numbers(x[keep]), "y": compare.json_numbers(y[keep])}
+        start = end
+    return JsonResponse({"run": run.pk, "active": run.is_active, "metrics": metrics})
 
 
 @login_required

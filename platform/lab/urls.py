@@ -35,6 +35,7 @@ urlpatterns = [
     path("compare/summary", views.runs_compare_summary, name="runs-compare-summary"),
     path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
     path("runs/<int:run_id>/live/", views.run_live, name="run-live"),
+    path("runs/<int:run_id>/curves", views.run_curves, name="run-curves"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),
     path("runs/<int:run_id>/retry/", views.run_retry, name="run-retry"),
     path("teams/", views.team_list, name="team-list"),

@@ -1,0 +1,95 @@
+// The run page's curves: one small Plotly chart per metric the run logged, from the `run-curves` JSON.
+// While the run is queued or running the JSON is polled every few seconds and the charts redrawn in
+// place (Plotly.react), without reloading the page. Metric names are user input: they only ever go
+// through textContent or escaped Plotly text, never innerHTML.
+"use strict";
+
+(() => {
+  const POLL_MS = 3000;
+  const FIRST = ["reward/mean", "eval/accuracy", "kl/init", "kl/behavior"];
+  const PLOT_CONFIG = { displaylogo: false, responsive: true };
+
+  const root = document.getElementById("run-curves");
+  const grid = root.querySelector(".curve-grid");
+  const status = document.getElementById("run-curves-status");
+  const panels = new Map(); // metric name → its chart element
+  let shown = ""; // the metric names in the grid, in order
+  let draws = 0;
+
+  // Plotly renders titles and hover text as HTML-ish markup (it decodes entities for display).
+  function escapeText(text) {
+    return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+  }
+
+  // The headline metrics first, then the rest alphabetically (by code point, as Python sorts).
+  function order(names) {
+    const rest = names.filter((n) => !FIRST.includes(n)).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+    return [...FIRST.filter((n) => names.includes(n)), ...rest];
+  }
+
+  function panel(name) {
+    if (!panels.has(name)) {
+      const el = document.createElement("div");
+      el.className = "curve";
+      el.dataset.metric = name;
+      panels.set(name, el);
+    }
+    return panels.get(name);
+  }
+
+  function draw(payload) {
+    const names = order(Object.keys(payload.metrics));
+    // Every panel is in the grid before the first is drawn, so Plotly sizes each to its own column.
+    const key = JSON.stringify(names);
+    if (key !== shown) {
+      grid.replaceChildren(...names.map(panel));
+      shown = key;
+    }
+    for (const name of names) {
+      const { x, y } = payload.metrics[name];
+      const trace = {
+        x,
+        y,
+        type: "scatter",
+        mode: x.length <= 50 ? "lines+markers" : "lines",
+        marker: { size: 4 },
+        line: { color: "#1f77b4", width: 1.5 },
+        hovertemplate: "%{y:.4g} at step %{x}<extra></extra>",
+      };
+      const layout = {
+        height: 220,
+        margin: { l: 45, r: 10, t: 30, b: 30 },
+        // Left-aligned, so a long name shows its start and runs off on the right.
+        title: { text: escapeText(name), font: { size: 13 }, x: 0, xref: "paper", xanchor: "left" },
+        showlegend: false,
+      };
+      Plotly.react(panel(name), [trace], layout, PLOT_CONFIG);
+    }
+    const n = names.length;
+    status.textContent =
+      n === 0
+        ? `No metrics yet${payload.active ? "; refreshing while the run is active" : "."}`
+        : `${n} metric${n === 1 ? "" : "s"}${payload.active ? " · the run is active, refreshing" : ""}`;
+    draws += 1;
+    root.dataset.rendered = String(draws);
+  }
+
+  async function load() {
+    let active = true;
+    try {
+      const response = await fetch(root.dataset.url, { credentials: "same-origin" });
+      if (!response.ok) {
+        status.textContent = `Could not load the curves (error ${response.status}).`;
+        return;
+      }
+      const payload = await response.json();
+      active = payload.active;
+      draw(payload);
+    } catch (error) {
+      status.textContent = `Could not load the curves (${error.message}); retrying.`;
+    }
+    if (active) setTimeout(load, POLL_MS);
+  }
+
+  load();
+})();
