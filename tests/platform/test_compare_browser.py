@@ -230,3 +230,22 @@ def test_runs_picked_from_two_experiments_share_one_dashboard_and_permalink(page
     rendered(other, metric="kl/init")
     assert other.evaluate(TRACES_JS) == page.evaluate(TRACES_JS)
     other.close()
+
+
+def test_charts_download_as_png_and_svg_from_the_plotly_toolbar(page, live_server, team, alice):
+    experiment = make_finished_experiment(team, alice, seeds=(0,), steps=3)
+    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]) + "?metric=kl/init")
+    rendered(page, metric="kl/init")
+    panel = page.locator("#plots .panel").first
+    panel.hover()
+    downloads = {}
+    for title in ("Download plot as a PNG", "Download plot as SVG"):
+        with page.expect_download() as info:
+            panel.locator(f'.modebar-btn[data-title="{title}"]').click()
+        downloads[info.value.suggested_filename] = Path(info.value.path()).read_bytes()
+    assert sorted(downloads) == [
+        "kl-init-step-staleness-on-policy.png",
+        "kl-init-step-staleness-on-policy.svg",
+    ]
+    assert downloads["kl-init-step-staleness-on-policy.png"].startswith(b"\x89PNG")
+    assert downloads["kl-init-step-staleness-on-policy.svg"].lstrip().startswith(b"<svg")

@@ -13,7 +13,7 @@
   const FETCHED = ["metric", "x", "band", "rule", "k"];
   const DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"];
   const X_TITLES = { step: "step", samples: "samples seen", tokens: "response tokens seen", time: "wall time (s)" };
-  const PLOT_CONFIG = { displaylogo: false, responsive: true };
+  const { escapeText } = window.LabPlots;
 
   const root = document.getElementById("compare");
   const form = document.getElementById("controls");
@@ -49,6 +49,11 @@
 
   function writeUrl() {
     history.replaceState(null, "", "?" + new URLSearchParams([...FIXED, ...Object.entries(state())]).toString());
+  }
+
+  // Downloads are named after what they show: `<metric>-<x>-<chart>.png` / `.svg`.
+  function plotConfig(chart) {
+    return window.LabPlots.config(`${control("metric").value}-${control("x").value}-${chart}`);
   }
 
   function rgba(hex, alpha) {
@@ -92,12 +97,6 @@
       meta: { kind: "mean", preset: group.preset, line: group.line, staleness: group.staleness },
     });
     return traces;
-  }
-
-  // Plotly renders names, titles and hover text as HTML-ish markup (it decodes entities for display);
-  // the metric comes from the URL and names are user input.
-  function escapeText(text) {
-    return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
   }
 
   function axisLayout(title) {
@@ -151,7 +150,7 @@
         });
       const layout = axisLayout(`staleness: ${setting}`);
       layout.yaxis.range = range;
-      Plotly.newPlot(panel, traces, layout, PLOT_CONFIG);
+      Plotly.newPlot(panel, traces, layout, plotConfig(`staleness-${setting}`));
     });
   }
 
@@ -167,7 +166,7 @@
     const traces = payload.groups.flatMap((g) =>
       groupTraces(g, { overlay: true, showlegend: true, dash: DASHES[payload.staleness.indexOf(g.staleness) % DASHES.length] }),
     );
-    Plotly.newPlot(panel, traces, { ...axisLayout("all presets × staleness"), height: 460 }, PLOT_CONFIG);
+    Plotly.newPlot(panel, traces, { ...axisLayout("all presets × staleness"), height: 460 }, plotConfig("overlay"));
   }
 
   function formatValue(v) {
@@ -227,7 +226,7 @@
     });
     const layout = { ...axisLayout(`final ${payload.metric} (${payload.rule}) vs staleness`), height: 320 };
     layout.xaxis = { title: { text: "staleness" }, type: "category" };
-    Plotly.newPlot("degradation", traces, layout, PLOT_CONFIG);
+    Plotly.newPlot("degradation", traces, layout, plotConfig("degradation"));
   }
 
   function drawScatter() {
@@ -247,7 +246,7 @@
     const layout = { ...axisLayout("last reward/mean vs last kl/init, one point per run"), height: 320 };
     layout.xaxis = { title: { text: "kl/init" } };
     layout.yaxis = { title: { text: "reward/mean" } };
-    Plotly.newPlot("scatter", traces, layout, PLOT_CONFIG);
+    Plotly.newPlot("scatter", traces, layout, plotConfig("reward-vs-kl"));
   }
 
   function draw() {

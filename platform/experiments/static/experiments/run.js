@@ -7,7 +7,7 @@
 (() => {
   const POLL_MS = 3000;
   const FIRST = ["reward/mean", "eval/accuracy", "kl/init", "kl/behavior"];
-  const PLOT_CONFIG = { displaylogo: false, responsive: true };
+  const { escapeText } = window.LabPlots;
 
   const root = document.getElementById("run-curves");
   const grid = root.querySelector(".curve-grid");
@@ -15,11 +15,6 @@
   const panels = new Map(); // metric name → its chart element
   let shown = ""; // the metric names in the grid, in order
   let draws = 0;
-
-  // Plotly renders titles and hover text as HTML-ish markup (it decodes entities for display).
-  function escapeText(text) {
-    return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
-  }
 
   // The headline metrics first, then the rest alphabetically (by code point, as Python sorts).
   function order(names) {
@@ -63,7 +58,7 @@
         title: { text: escapeText(name), font: { size: 13 }, x: 0, xref: "paper", xanchor: "left" },
         showlegend: false,
       };
-      Plotly.react(panel(name), [trace], layout, PLOT_CONFIG);
+      Plotly.react(panel(name), [trace], layout, window.LabPlots.config(`run-${payload.run}-${name}`));
     }
     const n = names.length;
     status.textContent =
