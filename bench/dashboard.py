@@ -7,8 +7,9 @@ writes `--steps` steps × 8 metrics of every run through the real ingestion path
 logged-in member (the whole view: auth, queries, aggregation, JSON), it calls the comparison
 endpoint `--calls` times per metric and reports the median time and the payload size, and it
 times the comparison page until drawn in headless Chromium against a live server. The
-reference measured in the same run is the floor no view can beat: the one `values_list` query
-of the metric's points alone. Pinned to 2 cores when the machine has more. The section, one per
+reference measured in the same run is the plain ORM read of the metric's points (one
+`values_list` query, a tuple per point), which is what the view did before it read one binary
+array per run on PostgreSQL; on SQLite the view still reads that way, so there it is a floor. Pinned to 2 cores when the machine has more. The section, one per
 database engine, goes into `BENCHMARKS.md`; the exit code is 0 when every metric's median is
 within `--target-ms` and its payload within `--max-payload-mb`, else 1.
 
@@ -97,6 +98,17 @@ def ingest(n_runs: int, steps: int):
     return experiment, user
 
 
+def settle(connection) -> None:
+    """Bring the freshly written table to its steady state before timing: what autovacuum does
+    shortly after a burst of inserts (statistics, and on PostgreSQL the visibility map that lets
+    the covering index answer alone), so it does not compete for the 2 cores during the timings."""
+    from experiments.models import MetricPoint
+
+    table = connection.ops.quote_name(MetricPoint._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM ANALYZE {table}" if connection.vendor == "postgresql" else f"ANALYZE {table}")
+
+
 def measure(experiment, user, calls: int) -> list[dict]:
     from django.test import Client
     from django.urls import reverse
@@ -109,7 +121,7 @@ def measure(experiment, user, calls: int) -> list[dict]:
     rows = []
     for metric in METRICS:
         client.get(url, {"metric": metric})
-        times, floor = [], []
+        times, orm_read = [], []
         for _ in range(calls):
             started = time.perf_counter()
             response = client.get(url, {"metric": metric})
@@ -121,13 +133,13 @@ def measure(experiment, user, calls: int) -> list[dict]:
                 .order_by("run_id", "step")
                 .values_list("run_id", "step", "value")
             )
-            floor.append(time.perf_counter() - started)
+            orm_read.append(time.perf_counter() - started)
         payload = response.json()
         rows.append(
             {
                 "metric": metric,
                 "median_ms": statistics.median(times) * 1000,
-                "floor_ms": statistics.median(floor) * 1000,
+                "orm_read_ms": statistics.median(orm_read) * 1000,
                 "payload_mb": len(response.content) / 1e6,
                 "points": len(points),
                 "shown": sum(len(g["x"]) for g in payload["groups"]),
@@ -194,18 +206,21 @@ def report(
         f"{args.runs} runs ({len(PRESETS)} presets × {len(STALENESS)} staleness settings × "
         f"{args.runs // (len(PRESETS) * len(STALENESS))} seeds) × {args.steps:,} steps × {len(METRICS)} metrics "
         f"= {args.runs * args.steps * len(METRICS):,} points, written through the worker's `DatabaseSink` "
-        f"in {ingest_s:.0f} s. Each metric: one warm-up call, then the median of {args.calls} calls of "
+        f"in {ingest_s:.0f} s, then `VACUUM ANALYZE` (`ANALYZE` on SQLite) of the table, as autovacuum "
+        "would. Each metric: one warm-up call, then the median of {args.calls} calls of "
         "`GET /experiments/<id>/compare/data?metric=…` (defaults: x step, band std, rule last) through "
-        "Django's test client; \"floor\" is the median time of the view's one `values_list` query of "
-        'that metric\'s points alone. "shown" is the number of points sent after downsampling '
-        "(≤ 1,000 buckets per group).",
+        'Django\'s test client; "ORM read" is the median time of one `values_list` query of that '
+        "metric's points (a Python tuple per point), the reference: on PostgreSQL the view reads one "
+        'binary array per run instead, on SQLite it reads exactly this. "shown" is the number of '
+        "points sent after downsampling (≤ 1,000 buckets per group).",
         "",
-        "| metric | median ms | floor ms | view / floor | payload MB | points read | points shown | groups |",
+        "| metric | median ms | ORM read ms | view / ORM read | payload MB | points read | points shown "
+        "| groups |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| `{r['metric']}` | {r['median_ms']:.0f} | {r['floor_ms']:.0f} | {r['median_ms'] / r['floor_ms']:.1f}× "
+            f"| `{r['metric']}` | {r['median_ms']:.0f} | {r['orm_read_ms']:.0f} | {r['median_ms'] / r['orm_read_ms']:.1f}× "
             f"| {r['payload_mb']:.2f} | {r['points']:,} | {r['shown']:,} | {r['groups']} |"
         )
     worst = max(rows, key=lambda r: r["median_ms"])
@@ -219,6 +234,12 @@ def report(
         f"Plotly.js: {page_s[0]:.2f} s), target ≤ {args.target_page_s:.0f} s: **{'PASS' if ok else 'FAIL'}**.",
         "",
     ]
+    if engine != "postgresql":
+        lines += [
+            "The targets are for PostgreSQL, the team's database; this is the embedded default of "
+            "`make up`, which reads every point as a Python tuple.",
+            "",
+        ]
     return "\n".join(lines), ok
 
 
@@ -238,6 +259,7 @@ def main() -> int:
         started = time.perf_counter()
         experiment, user = ingest(args.runs, args.steps)
         ingest_s = time.perf_counter() - started
+        settle(connection)
         rows = measure(experiment, user, args.calls)
         page_s = page_seconds(experiment, args.page_loads)
     finally:
