@@ -17,12 +17,12 @@ from typing import Annotated, Any, Literal
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
-from ninja import NinjaAPI, Schema, Status
+from ninja import Field, NinjaAPI, Query, Schema, Status
 from ninja.errors import HttpError, ValidationError
 from ninja.security import HttpBearer
 from pydantic import StringConstraints
 
-from experiments import compare, sweeps
+from experiments import compare, curves, sweeps
 from experiments.models import ApiToken, Experiment, MetricPoint, Run, Team
 
 
@@ -202,55 +202,44 @@ def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"
     return {"run": run.pk, "metrics": metrics}
 
 
+class ComparisonParams(Schema):
+    """The dashboard's query (documented here; `ComparisonQuery.parse` validates it, as for the page)."""
+
+    metric: str = "reward/mean"
+    x: str = Field("step", description=f"one of {', '.join(curves.X_AXES)}")
+    band: str = Field("std", description=f"one of {', '.join(curves.BANDS)}")
+    rule: str = Field("last", description=f"final value: one of {', '.join(curves.RULES)}")
+    k: str = Field("10", description="the k of mean_last_k")
+
+
+def _query_error(exc: compare.QueryError) -> Status:
+    return Status(422, {"detail": [{"loc": ["query", exc.param], "field": exc.param, "msg": exc.message}]})
+
+
 def _comparison(request: HttpRequest, runs) -> Any:
     try:
         return compare.compare(runs, compare.ComparisonQuery.parse(request.GET))
     except compare.QueryError as exc:
-        return Status(
-            422, {"detail": [{"loc": ["query", exc.param], "field": exc.param, "msg": exc.message}]}
-        )
-
-
-# Declared for the OpenAPI docs; `ComparisonQuery.parse` validates them, as for the dashboard.
-CompareParam = Annotated[str | None, "see ComparisonQuery"]
+        return _query_error(exc)
 
 
 @api.get("/experiments/{experiment_id}/compare", response={200: dict, 422: dict})
-def compare_experiment(
-    request: HttpRequest,
-    experiment_id: int,
-    metric: CompareParam = None,
-    x: CompareParam = None,
-    band: CompareParam = None,
-    rule: CompareParam = None,
-    k: CompareParam = None,
-):
+def compare_experiment(request: HttpRequest, experiment_id: int, params: Query[ComparisonParams]):
     """The experiment's comparison dashboard as data: one metric per (preset, staleness) group,
     seeds aggregated (mean, band, seeds per point) and downsampled, the final value of each group
-    with a 95% bootstrap CI, and per-run final values. `metric` (default reward/mean), `x` (step,
-    samples, tokens, time), `band` (std, minmax, ci, none), `rule` (last, mean_last_k, best, auc), `k`."""
+    with a 95% bootstrap CI, and per-run final values."""
     experiment = get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
     return _comparison(request, experiment.runs.all())
 
 
 @api.get("/compare", response={200: dict, 422: dict})
-def compare_runs(
-    request: HttpRequest,
-    runs: str,
-    metric: CompareParam = None,
-    x: CompareParam = None,
-    band: CompareParam = None,
-    rule: CompareParam = None,
-    k: CompareParam = None,
-):
+def compare_runs(request: HttpRequest, runs: str, params: Query[ComparisonParams]):
     """`compare_experiment` for any runs of your teams, `runs=1,2,3`; a line is one preset of one
     experiment, so seeds of different experiments are never averaged together."""
     try:
         picked = compare.selected_runs(Run.visible_to(request.user), compare.parse_run_ids(request.GET))
     except compare.QueryError as exc:
-        return Status(
-            422, {"detail": [{"loc": ["query", exc.param], "field": exc.param, "msg": exc.message}]}
-        )
+        return _query_error(exc)
     return _comparison(request, picked)
 
 
