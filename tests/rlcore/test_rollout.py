@@ -159,7 +159,9 @@ def test_groups_share_the_prompt_pass_without_changing_log_probs_or_gradients(ti
     lm.model.zero_grad(set_to_none=True)
     assert (logps[0][mask] - logps[1][mask]).abs().max() < 1e-5
     assert (rollout.logp[mask] - logps[1][mask]).abs().max() < 1e-5
-    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    # Summing in another order moves a float32 gradient by about eps × the magnitude of what is
+    # summed (entries here reach ~200), so compare the whole vectors: a wrong grouping is off by O(1).
+    assert (grads[0] - grads[1]).norm() / grads[1].norm() < 1e-5
 
 
 def test_shared_prompt_pass_refuses_rows_that_are_not_groups(tiny):
