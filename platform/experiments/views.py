@@ -223,7 +223,16 @@ def run_list(request: HttpRequest) -> HttpResponse:
     }
     chosen = {name: request.GET.get(name, "").strip() for name in filters}
     for name, value in chosen.items():
-        if value and (name not in ("team", "experiment") or value.isdigit()):
+        if not value:
+            continue
+        if name in ("team", "experiment") and not (value.isdigit() and len(value) <= 18):
+            article = "an" if name == "experiment" else "a"
+            messages.error(
+                request, f"{name} must be the id of {article} {name} (got {value[:50]!r}); not filtered"
+            )
+        elif len(value) > 100 or "\x00" in value:
+            messages.error(request, f"{name} must be at most 100 characters, without NUL; not filtered")
+        else:
             runs = runs.filter(**{filters[name]: value})
     shown = list(runs[: RUN_LIST_LIMIT + 1])
     visible = Run.visible_to(request.user)

@@ -134,3 +134,25 @@ def test_names_on_the_picked_runs_pages_are_escaped(alice_client, team, alice):
         html = response.content.decode()
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>alert(1)" not in html
     assert Run.objects.count() == len(ids)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"team": "abc"}, "team must be the id of a team (got &#x27;abc&#x27;); not filtered"),
+        ({"experiment": "9" * 30}, "experiment must be the id of an experiment"),
+        ({"preset": "grpo\x00"}, "preset must be at most 100 characters, without NUL; not filtered"),
+        ({"staleness": "x" * 101}, "staleness must be at most 100 characters, without NUL; not filtered"),
+    ],
+)
+def test_bad_filters_on_the_runs_page_are_named_and_ignored(alice_client, experiments, params, message):
+    response = alice_client.get(reverse("run-list"), params)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert message in html
+    assert html.count('name="runs"') == Run.objects.count(), "the bad filter is left out"
+
+
+def test_an_unknown_experiment_id_on_the_runs_page_shows_no_runs(alice_client, experiments):
+    html = alice_client.get(reverse("run-list"), {"experiment": "9" * 18}).content.decode()
+    assert "No runs match." in html
