@@ -122,6 +122,8 @@ def test_the_runs_page_filters_and_links_picked_runs_to_the_dashboard(alice_clie
     ids = ",".join(map(str, sorted(shown)))
     assert f'data-runs="{ids}"' in page and "Compare selected runs" in page
     assert f'href="{reverse("experiment-detail", args=[second.pk])}"' in page
+    detail = alice_client.get(reverse("experiment-detail", args=[first.pk])).content.decode()
+    assert f'href="{reverse("run-list")}?experiment={first.pk}"' in detail
 
 
 def test_names_on_the_picked_runs_pages_are_escaped(alice_client, team, alice):
