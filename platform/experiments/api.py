@@ -205,11 +205,13 @@ def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"
 class ComparisonParams(Schema):
     """The dashboard's query (documented here; `ComparisonQuery.parse` validates it, as for the page)."""
 
-    metric: str = "reward/mean"
-    x: str = Field("step", description=f"one of {', '.join(curves.X_AXES)}")
-    band: str = Field("std", description=f"one of {', '.join(curves.BANDS)}")
-    rule: str = Field("last", description=f"final value: one of {', '.join(curves.RULES)}")
-    k: str = Field("10", description="the k of mean_last_k")
+    metric: str = compare.ComparisonQuery.metric
+    x: str = Field(compare.ComparisonQuery.x, description=f"one of {', '.join(curves.X_AXES)}")
+    band: str = Field(compare.ComparisonQuery.band, description=f"one of {', '.join(curves.BANDS)}")
+    rule: str = Field(
+        compare.ComparisonQuery.rule, description=f"final value: one of {', '.join(curves.RULES)}"
+    )
+    k: str = Field(str(compare.ComparisonQuery.k), description="the k of mean_last_k")
 
 
 def _query_error(exc: compare.QueryError) -> Status:
