@@ -2,19 +2,35 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# An unpinned torch may pull a multi-GB CUDA build; CPU-only machines pass e.g. TORCH_SPEC=torch==2.13.0.
-TORCH_SPEC ?= torch
 EXTRAS ?= dev
+# torch comes first and alone, so nothing later pulls a multi-GB CUDA build by accident:
+# - on a machine without an NVIDIA GPU (and without EXTRAS=gpu) a CPU-only build: torch==2.13.0 is
+#   the CPU build on this project's package index; elsewhere point TORCH_INDEX at PyTorch's CPU wheel index;
+# - with an NVIDIA GPU or EXTRAS=gpu, the registry's default (CUDA) build, as vLLM expects.
+HAS_NVIDIA_GPU := $(shell (test -e /proc/driver/nvidia/version || nvidia-smi -L >/dev/null 2>&1) && echo yes)
+ifneq ($(HAS_NVIDIA_GPU)$(findstring gpu,$(EXTRAS)),)
+TORCH_SPEC ?= torch
+TORCH_FLAVOUR := cuda
+else
+TORCH_SPEC ?= torch==2.13.0
+TORCH_FLAVOUR := cpu
+endif
+TORCH_INDEX ?=
+TORCH_PIP_ARGS := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
-.PHONY: install up test lint bench
+.PHONY: install up test lint bench chromium
 
 install: $(VENV)/.installed-$(EXTRAS)
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	@if [ "$(TORCH_FLAVOUR)" = cpu ] && $(BIN)/python -m pip list 2>/dev/null | grep -Eiq '^(nvidia|cuda)-'; then \
+	    echo "error: CUDA wheels were installed into $(VENV) on a machine without an NVIDIA GPU;" >&2; \
+	    echo "       remove $(VENV) and pass a CPU-only torch (TORCH_SPEC=... or TORCH_INDEX=<PyTorch CPU index>)" >&2; \
+	    exit 1; fi
 	touch $@
 
 # Embedded defaults without DATABASE_URL / REDIS_URL (SQLite and a filesystem broker under var/).
@@ -25,7 +41,17 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: install lint
+# The browser tests drive Debian's Chromium through Playwright; never a downloaded browser.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	    if [ "$$(id -u)" = 0 ]; then \
+	        echo "installing Debian's chromium for the browser tests"; \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	    else \
+	        echo "error: the browser tests need Debian's chromium: sudo apt-get install chromium" >&2; exit 1; \
+	    fi; }
+
+test: install lint chromium
 	$(BIN)/python -m pytest
 
 bench: install
