@@ -84,13 +84,13 @@ class Profiler:
 
     def instrument(self) -> None:
         """Wrap rlcore's step pieces (module and class attributes, so `train` picks them up)."""
-        advance = staleness.BehaviorSide.advance
+        publish = staleness.LocalSource.publish
 
-        def advance_counting(side: staleness.BehaviorSide, step: int, policy: Any) -> None:
-            self.step = step
-            advance(side, step, policy)
+        def publish_counting(source: staleness.LocalSource, version: int, policy: Any) -> None:
+            self.step = version + 1
+            publish(source, version, policy)
 
-        staleness.BehaviorSide.advance = advance_counting
+        staleness.LocalSource.publish = publish_counting
         evaluate = trainer.evaluate
 
         def evaluate_untimed(*args: Any) -> dict[str, float]:

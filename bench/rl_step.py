@@ -165,7 +165,7 @@ def run_trl(warmup: int, steps: int, cache_dir: Path | None) -> tuple[list[int],
     from trl import GRPOConfig, GRPOTrainer
 
     from rlcore import models, tasks
-    from rlcore.trainer import generator
+    from rlcore.batch import seeded_rng
 
     total = warmup + steps
     run = bench_config(total)
@@ -176,7 +176,7 @@ def run_trl(warmup: int, steps: int, cache_dir: Path | None) -> tuple[list[int],
     problems = [
         p
         for step in range(1, total + 1)
-        for p in task.sample(rollout.prompts_per_step, generator(run.seed, step, "prompts"))
+        for p in task.sample(rollout.prompts_per_step, seeded_rng(run.seed, step, "prompts"))
     ]
     dataset = Dataset.from_list(
         [{"prompt": p.prompt, "answer": p.answer, "solution": p.solution} for p in problems]

@@ -44,6 +44,10 @@ class ProgressSink:
     def should_stop(self) -> bool:
         return False
 
+    def flush(self) -> None:
+        if self.out:
+            self.out.flush()
+
     def close(self) -> None:
         self.bar.close()
         if self.out:

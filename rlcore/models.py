@@ -220,7 +220,7 @@ def evaluate(lm: LoadedModel, task: Task, problems: list[Problem], max_new_token
             max_new_tokens,
             temperature=1.0,
             top_p=1.0,
-            generator=None,
+            generators=None,
             eos_id=lm.eos_id,
             pad_id=lm.pad_id,
         )

@@ -5,9 +5,12 @@ distribution at temperature T, `log_softmax(logits / T)`; top-p only restricts w
 tokens may be drawn. `score_responses` is the trainer's side of the same computation, so
 on-policy the two agree to float error (ρ = 1).
 
+Both implement `RolloutEngine`. Sampling randomness comes as one `torch.Generator` per
+prompt group, so a group's responses depend only on its own generator's seed, not on which
+other groups share the batch (or the worker).
+
 - `HFEngine`: its own copy of a transformers model (the behaviour weights), a lean KV-cache
-  decode loop, inverse-CDF sampling driven by a `torch.Generator` (so a step's samples
-  depend only on its generator's seed).
+  decode loop, inverse-CDF sampling.
 - `VLLMEngine` (`gpu` extra): vLLM in-process, weights pushed from the trainer on `sync`.
 """
 
@@ -19,7 +22,7 @@ import os
 import socket
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -71,14 +74,19 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Ten
 
 
 def sample_next(
-    logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+    logits: Tensor,
+    temperature: float,
+    top_p: float,
+    generators: Sequence[torch.Generator] | None,
+    group_size: int = 1,
 ) -> tuple[Tensor, Tensor]:
-    """Draw one token per row ([B, V] logits); greedy when `generator` is None.
+    """Draw one token per row ([B, V] logits); greedy when `generators` is None.
 
+    Rows come in groups of `group_size`; group g draws its uniforms from `generators[g]`.
     Returns (tokens [B], log-probs [B] of the tempered distribution).
     """
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-    if generator is None:
+    if generators is None:
         tokens = logits.argmax(dim=-1)
     else:
         probs = logp_all.exp()
@@ -87,10 +95,35 @@ def sample_next(
             outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
             probs = probs.scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
         cdf = probs.cumsum(dim=-1)
-        u = torch.rand((logits.shape[0], 1), generator=generator, device="cpu").to(cdf.device)
+        u = torch.cat([torch.rand((group_size, 1), generator=g) for g in generators]).to(cdf.device)
         tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp(max=logits.shape[-1] - 1)
         tokens = tokens.squeeze(-1)
     return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class RolloutEngine(Protocol):
+    """Generates with behaviour weights it holds; the trainer's weights reach it only through `sync`."""
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        generators: Sequence[torch.Generator] | None = None,
+        group_size: int = 1,
+    ) -> Rollout:
+        """`group_size` responses per prompt, in consecutive rows, the group of prompt i sampled
+        with `generators[i]`; greedy when `generators` is None."""
+
+    def sync(self, policy: torch.nn.Module) -> None:
+        """Load the trainer's current weights as the behaviour weights."""
+
+    def snapshot(self) -> dict[str, Tensor]:
+        """A copy of the behaviour weights (for a checkpoint, or to publish)."""
+
+    def load_snapshot(self, weights: dict[str, Tensor]) -> None:
+        """Load behaviour weights from a snapshot."""
 
 
 class HFEngine:
@@ -118,10 +151,9 @@ class HFEngine:
         max_new_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        generator: torch.Generator | None = None,
+        generators: Sequence[torch.Generator] | None = None,
         group_size: int = 1,
     ) -> Rollout:
-        """`group_size` responses per prompt, in consecutive rows; greedy when generator is None."""
         with torch.inference_mode():
             rollout = decode(
                 self.model,
@@ -129,7 +161,7 @@ class HFEngine:
                 max_new_tokens,
                 temperature,
                 top_p,
-                generator,
+                generators,
                 self.eos_id,
                 self.pad_id,
                 group_size,
@@ -176,16 +208,19 @@ def decode(
     max_new_tokens: int,
     temperature: float,
     top_p: float,
-    generator: torch.Generator | None,
+    generators: Sequence[torch.Generator] | None,
     eos_id: int,
     pad_id: int,
     group_size: int = 1,
 ) -> Rollout:
-    """Sample (or, without a generator, greedily pick) up to `max_new_tokens` per response.
+    """Sample (or, without generators, greedily pick) up to `max_new_tokens` per response.
 
-    Each prompt gets `group_size` responses in consecutive rows; its prompt runs once and the
-    group shares its KV cache.
+    Each prompt gets `group_size` responses in consecutive rows, sampled with its own
+    generator (`generators[i]` for prompt i); its prompt runs once and the group shares its
+    KV cache.
     """
+    if generators is not None and len(generators) != len(prompts):
+        raise ValueError(f"{len(generators)} generators for {len(prompts)} prompt groups")
     device = next(model.parameters()).device
     unique_ids, unique_mask = left_pad(prompts, pad_id)
     logits, cache, next_position = _prefill(model, unique_ids.to(device), unique_mask.to(device), group_size)
@@ -200,7 +235,7 @@ def decode(
     lengths = torch.zeros(n, dtype=torch.long, device=device)
     cache_kw = {_cache_argument(model): cache}
     for i in range(max_new_tokens):
-        tokens, token_logp = sample_next(logits, temperature, top_p, generator)
+        tokens, token_logp = sample_next(logits, temperature, top_p, generators, group_size)
         response[:, i] = torch.where(alive, tokens, pad_id)
         logp[:, i] = torch.where(alive, token_logp, 0.0)
         lengths += alive.long()
@@ -372,14 +407,19 @@ class VLLMEngine:
         max_new_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        generator: torch.Generator | None = None,
+        generators: Sequence[torch.Generator] | None = None,
         group_size: int = 1,
     ) -> Rollout:
         from vllm import SamplingParams, TokensPrompt
 
+        greedy = generators is None
+        # One seed per response, derived from its group's generator only.
+        seeds = [
+            0 if greedy else int(torch.randint(2**31 - 1, (1,), generator=g)) + j
+            for g in (generators or [None] * len(prompts))
+            for j in range(group_size)
+        ]
         prompts = [p for p in prompts for _ in range(group_size)]
-        greedy = generator is None
-        base_seed = 0 if greedy else int(torch.randint(2**31 - 1, (1,), generator=generator))
         params = [
             SamplingParams(
                 n=1,
@@ -387,9 +427,9 @@ class VLLMEngine:
                 top_p=1.0 if greedy else top_p,
                 max_tokens=max_new_tokens,
                 logprobs=0,
-                seed=base_seed + i,
+                seed=seed,
             )
-            for i in range(len(prompts))
+            for seed in seeds
         ]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)

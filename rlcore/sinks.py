@@ -32,6 +32,9 @@ class Sink(Protocol):
     def should_stop(self) -> bool:
         """Asked between steps; True ends the run early (cancellation)."""
 
+    def flush(self) -> None:
+        """Make everything reported so far durable; called right before a checkpoint is written."""
+
 
 @dataclass
 class ListSink:
@@ -50,6 +53,9 @@ class ListSink:
     def should_stop(self) -> bool:
         last = max((step for step, _ in self.points), default=0)
         return self.stop_after_step is not None and last >= self.stop_after_step
+
+    def flush(self) -> None:
+        """Nothing to do: memory is all there is."""
 
     def series(self, name: str) -> list[tuple[int, float]]:
         """(step, value) of one metric, in logging order."""
@@ -76,6 +82,9 @@ class JsonlSink:
 
     def should_stop(self) -> bool:
         return False
+
+    def flush(self) -> None:
+        self._file.flush()
 
     def close(self) -> None:
         self._file.close()
@@ -104,6 +113,9 @@ STEP_METRICS = (
     "lr",
     "tokens_per_s",
     "time/step_s",
+    "time/rollout_s",
+    "time/wait_s",
+    "time/update_s",
 )
 # Logged at step 0 and every `eval_every` steps, and after the last step.
 EVAL_METRICS = ("eval/accuracy", "eval/reward", "eval/kl_init")

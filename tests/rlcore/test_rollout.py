@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlcore import models, tasks
+from rlcore.batch import group_rngs
 from rlcore.rollout import (
     HFEngine,
     rollout_from_vllm,
@@ -14,6 +15,11 @@ from rlcore.rollout import (
     token_logprobs,
     vllm_weight_names,
 )
+
+
+def rngs(seed, prompts):
+    """One generator per prompt group, as the producer makes them."""
+    return group_rngs(seed, 0, "test", range(len(prompts)))
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +35,7 @@ def test_on_policy_rollout_and_trainer_log_probs_agree(tiny, temperature):
     # Prompts of different lengths exercise left padding and position ids.
     prompts = lm.encode(["12+34=", "5+6=", "123+4567=", "99+1="] * 4)
     engine = HFEngine(lm.model, lm.eos_id, lm.pad_id)
-    rollout = engine.generate(prompts, 6, temperature, 1.0, torch.Generator().manual_seed(0))
+    rollout = engine.generate(prompts, 6, temperature, 1.0, rngs(0, prompts))
     with torch.no_grad():
         logp, _ = token_logprobs(score_responses(lm.model, rollout), rollout.response_ids, temperature)
     mask = rollout.response_mask.bool()
@@ -41,7 +47,8 @@ def test_on_policy_rollout_and_trainer_log_probs_agree(tiny, temperature):
 def test_responses_stop_at_eos_and_are_masked_after_it(tiny):
     lm, _ = tiny
     engine = HFEngine(lm.model, lm.eos_id, lm.pad_id)
-    rollout = engine.generate(lm.encode(["12+34="] * 32), 6, 1.0, 1.0, torch.Generator().manual_seed(1))
+    prompts = lm.encode(["12+34="] * 32)
+    rollout = engine.generate(prompts, 6, 1.0, 1.0, rngs(1, prompts))
     for ids, mask, finished in zip(
         rollout.response_ids, rollout.response_mask, rollout.finished, strict=True
     ):
@@ -59,11 +66,26 @@ def test_sampling_depends_only_on_the_generator_seed(tiny):
     lm, _ = tiny
     engine = HFEngine(lm.model, lm.eos_id, lm.pad_id)
     prompts = lm.encode(["12+34=", "56+78="] * 8)
-    a = engine.generate(prompts, 6, 1.0, 1.0, torch.Generator().manual_seed(7))
-    b = engine.generate(prompts, 6, 1.0, 1.0, torch.Generator().manual_seed(7))
-    c = engine.generate(prompts, 6, 1.0, 1.0, torch.Generator().manual_seed(8))
+    a = engine.generate(prompts, 6, 1.0, 1.0, rngs(7, prompts))
+    b = engine.generate(prompts, 6, 1.0, 1.0, rngs(7, prompts))
+    c = engine.generate(prompts, 6, 1.0, 1.0, rngs(8, prompts))
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logp, b.logp)
     assert not torch.equal(a.response_ids, c.response_ids)
+
+
+def test_a_groups_samples_do_not_depend_on_the_other_groups_in_the_batch(tiny):
+    lm, _ = tiny
+    engine = HFEngine(lm.model, lm.eos_id, lm.pad_id)
+    prompts = lm.encode(["12+34=", "5+6=", "123+4567=", "99+1="])
+    generators = group_rngs(3, 1, "sampling", range(4))
+    whole = engine.generate(prompts, 6, 1.0, 1.0, generators, group_size=4)
+    # Groups 2 and 3 alone (a different padding width, fewer rows), with their own generators.
+    part = engine.generate(prompts[2:], 6, 1.0, 1.0, group_rngs(3, 1, "sampling", range(2, 4)), group_size=4)
+    assert torch.equal(whole.response_ids[8:], part.response_ids)
+    assert torch.equal(whole.response_mask[8:], part.response_mask)
+    assert (whole.logp[8:] - part.logp).abs().max() < 1e-5
+    other = engine.generate(prompts[2:], 6, 1.0, 1.0, group_rngs(4, 1, "sampling", range(2, 4)), group_size=4)
+    assert not torch.equal(other.response_ids, part.response_ids), "another seed, other samples"
 
 
 def test_sync_copies_the_policy_weights(tiny):
@@ -81,7 +103,7 @@ def test_sync_copies_the_policy_weights(tiny):
 
 def test_sampler_matches_the_tempered_distribution():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20000, 1)
-    tokens, logp = sample_next(logits, 0.5, 1.0, torch.Generator().manual_seed(0))
+    tokens, logp = sample_next(logits, 0.5, 1.0, [torch.Generator().manual_seed(0)], logits.shape[0])
     expected = torch.softmax(logits[0] / 0.5, dim=-1)
     freq = torch.bincount(tokens, minlength=4).float() / tokens.numel()
     assert torch.allclose(freq, expected, atol=0.01)
@@ -91,7 +113,7 @@ def test_sampler_matches_the_tempered_distribution():
 def test_top_p_draws_only_from_the_nucleus_but_reports_tempered_log_probs():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log()[None].repeat(5000, 1)
-    tokens, logp = sample_next(logits, 1.0, 0.7, torch.Generator().manual_seed(0))
+    tokens, logp = sample_next(logits, 1.0, 0.7, [torch.Generator().manual_seed(0)], logits.shape[0])
     assert set(tokens.tolist()) == {0, 1}
     assert torch.allclose(logp, probs.log()[tokens], atol=1e-6)
 
@@ -146,7 +168,7 @@ def test_groups_share_the_prompt_pass_without_changing_log_probs_or_gradients(ti
     lm, _ = tiny
     engine = HFEngine(lm.model, lm.eos_id, lm.pad_id)
     prompts = lm.encode(["12+34=", "5+6=", "123+4567=", "99+1="])
-    rollout = engine.generate(prompts, 6, 1.0, 1.0, torch.Generator().manual_seed(2), group_size=4).trimmed()
+    rollout = engine.generate(prompts, 6, 1.0, 1.0, rngs(2, prompts), group_size=4).trimmed()
     assert torch.equal(rollout.prompt_ids[:4], rollout.prompt_ids[:1].repeat(4, 1))
     mask = rollout.response_mask.bool()
     grads, logps = [], []
@@ -167,6 +189,7 @@ def test_groups_share_the_prompt_pass_without_changing_log_probs_or_gradients(ti
 def test_shared_prompt_pass_refuses_rows_that_are_not_groups(tiny):
     lm, _ = tiny
     engine = HFEngine(lm.model, lm.eos_id, lm.pad_id)
-    rollout = engine.generate(lm.encode(["12+34=", "5+6="]), 6, 1.0, 1.0, torch.Generator().manual_seed(0))
+    prompts = lm.encode(["12+34=", "5+6="])
+    rollout = engine.generate(prompts, 6, 1.0, 1.0, rngs(0, prompts))
     with pytest.raises(ValueError, match="sharing a prompt"):
         score_responses(lm.model, rollout, 2)

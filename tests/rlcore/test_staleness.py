@@ -1,11 +1,11 @@
-"""The staleness schedule of ALGORITHMS.md §6 and the behaviour side that obeys it."""
+"""The staleness schedule of ALGORITHMS.md §6 and the local batch source that obeys it."""
 
 import pytest
 import torch
 
 from rlcore import trainer
 from rlcore.rollout import score_responses, token_logprobs
-from rlcore.staleness import BehaviorSide, behavior_version, staleness
+from rlcore.staleness import LocalSource, behavior_version, staleness
 
 # (t, k, d) -> (v, lag), transcribed from the table of §6.
 SCHEDULES = {(1, 0): "k1d0", (1, 10): "k1d10", (20, 0): "k20d0", (20, 10): "k20d10", (4, 2): "k4d2"}
@@ -52,29 +52,38 @@ class RecordingEngine:
         self.syncs.append(self.version)
 
 
+class RecordingProducer:
+    """Makes a batch that says which version the engine held, and checks it is the one asked for."""
+
+    def __init__(self):
+        self.engine = RecordingEngine()
+        self.generated = {}
+
+    def batch(self, step, version):
+        assert step not in self.generated, f"step {step} generated twice"
+        assert self.engine.version == version, (
+            f"step {step}: asked for {version}, engine holds {self.engine.version}"
+        )
+        self.generated[step] = version
+        return {"step": step, "version": self.engine.version}
+
+
 @pytest.mark.parametrize(
     "k,d,offline",
     [(1, 0, False), (1, 10, False), (20, 0, False), (20, 10, False), (4, 2, False), (3, 0, True)],
 )
 def test_every_batch_is_generated_by_the_version_the_schedule_names(k, d, offline):
     total = 45
-    engine = RecordingEngine()
-    generated = {}
-
-    def generate(step):
-        assert step not in generated, f"step {step} generated twice"
-        generated[step] = engine.version
-        return {"step": step, "version": engine.version}
-
-    side = BehaviorSide(engine, generate, total, k, d, offline)
+    producer = RecordingProducer()
+    source = LocalSource(producer, total, k, d, offline)
     max_queue = 0
     for step in range(1, total + 1):
-        side.advance(step, {"version": step - 1})
-        batch = side.batch(step)
+        source.publish(step - 1, {"version": step - 1})
+        batch = source.take(step)
         assert batch == {"step": step, "version": behavior_version(step, k, d, offline)}
-        max_queue = max(max_queue, len(side.queue))
+        max_queue = max(max_queue, len(source.queue))
     needed = sorted({behavior_version(t, k, d, offline) for t in range(1, total + 1)})
-    assert engine.syncs == needed, "the engine syncs exactly to the versions some step needs"
+    assert producer.engine.syncs == needed, "the engine syncs exactly to the versions some step needs"
     assert max_queue <= d + k, "rollouts run at most sync_offset (+ interval) steps ahead"
     if d == 0:
         assert max_queue == 0, "without an offset every batch is generated when its step comes"
@@ -82,25 +91,27 @@ def test_every_batch_is_generated_by_the_version_the_schedule_names(k, d, offlin
 
 def test_under_sync_interval_4_step_3_trains_on_theta0_log_probs(small_config, cache_dir):
     config = small_config(staleness={"sync_interval": 4}, optimizer={"lr": 3e-3})
-    run = trainer.prepare(config, cache_dir)
+    learner = trainer.prepare(config, cache_dir)
+    source = trainer.local_source(learner, cache_dir)
     batches = {}
     for step in (1, 2, 3):
-        batches[step], metrics = run.step(step)
+        batches[step], metrics = trainer.run_step(learner, source, step)
         assert metrics["staleness"] == step - 1
         assert metrics["policy_version"] == 0
     rollout = batches[3].rollout
     mask = rollout.response_mask.bool()
     with torch.no_grad():
-        theta0, _ = token_logprobs(score_responses(run.initial, rollout), rollout.response_ids, 1.0)
-        current, _ = token_logprobs(score_responses(run.policy, rollout), rollout.response_ids, 1.0)
+        theta0, _ = token_logprobs(score_responses(learner.initial, rollout), rollout.response_ids, 1.0)
+        current, _ = token_logprobs(score_responses(learner.policy, rollout), rollout.response_ids, 1.0)
     assert torch.allclose(rollout.logp[mask], theta0[mask], atol=1e-5)
     assert (rollout.logp[mask] - current[mask]).abs().max() > 1e-3, "the policy has moved on since θ0"
 
 
 def test_kl_behavior_is_zero_on_policy_and_positive_when_stale(small_config, cache_dir):
     def metrics_of(**staleness_cfg):
-        run = trainer.prepare(small_config(staleness=staleness_cfg, optimizer={"lr": 3e-3}), cache_dir)
-        return [run.step(step)[1] for step in range(1, 6)]
+        learner = trainer.prepare(small_config(staleness=staleness_cfg, optimizer={"lr": 3e-3}), cache_dir)
+        source = trainer.local_source(learner, cache_dir)
+        return [trainer.run_step(learner, source, step)[1] for step in range(1, 6)]
 
     for m in metrics_of():
         assert abs(m["kl/behavior"]) < 1e-6

@@ -6,7 +6,7 @@ import torch
 from rlcore import models, tasks, trainer
 from rlcore.sinks import EVAL_METRICS, STEP_METRICS, ListSink
 
-TIMING = {"time/step_s", "tokens_per_s"}
+TIMING = {"time/step_s", "time/rollout_s", "time/wait_s", "time/update_s", "tokens_per_s"}
 
 
 def without_timing(points):
@@ -47,8 +47,10 @@ def test_same_config_and_seed_give_the_same_curve(small_config, cache_dir):
 def test_same_prompts_for_every_preset_at_the_same_step(small_config, cache_dir):
     prompts = []
     for preset in ("reinforce", "grpo"):
-        run = trainer.prepare(small_config(algorithm={"preset": preset}), cache_dir)
-        prompts.append([[p.prompt for p in run.step(step)[0].problems] for step in (1, 2, 3)])
+        learner = trainer.prepare(small_config(algorithm={"preset": preset}), cache_dir)
+        source = trainer.local_source(learner, cache_dir)
+        steps = [trainer.run_step(learner, source, step)[0] for step in (1, 2, 3)]
+        prompts.append([[p.prompt for p in batch.problems] for batch in steps])
     assert prompts[0] == prompts[1]
 
 
@@ -69,6 +71,27 @@ def test_resume_from_a_checkpoint_logs_what_an_uninterrupted_run_logs(small_conf
     assert without_timing(resumed.points) == without_timing(whole.points)[3:]
     assert summary["completed"] == 1.0
     assert summary["eval/accuracy_initial"] == whole.points[0][1]["eval/accuracy"]
+
+
+class FlushRecordingSink(ListSink):
+    """Notes, at every flush, the last step logged and the checkpoints that exist."""
+
+    def __init__(self, checkpoint_dir):
+        super().__init__()
+        self.checkpoint_dir = checkpoint_dir
+        self.flushes = []
+
+    def flush(self):
+        last = self.points[-1][0]
+        existing = sorted(p.name for p in self.checkpoint_dir.glob("step-*.pt"))
+        self.flushes.append((last, existing))
+
+
+def test_the_sink_is_flushed_right_before_each_checkpoint(small_config, cache_dir, tmp_path):
+    sink = FlushRecordingSink(tmp_path)
+    trainer.train(small_config(), sink, cache_dir=cache_dir, checkpoint_dir=tmp_path)
+    # checkpoint_every 2: flushed after logging steps 2, 4, 6, each time before that step's checkpoint.
+    assert sink.flushes == [(2, []), (4, ["step-000002.pt"]), (6, ["step-000004.pt"])]
 
 
 def test_a_checkpoint_of_another_config_is_refused(small_config, cache_dir, tmp_path):

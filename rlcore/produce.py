@@ -1,0 +1,78 @@
+"""Batch production: task + tokenizer + rollout engine → the scored batch of a trainer step.
+
+`Producer.batch(step, version)` generates with whatever weights the engine holds (the caller
+has loaded version `version` into it) and scores the responses. It needs neither θ0, nor the
+optimiser, nor the algorithm, so a rollout worker runs it as well as the trainer's process.
+`groups` selects a slice of the step's prompt groups: a step split across rollout jobs
+produces, group for group, the same responses as one job producing it whole.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlcore import models, tasks
+from rlcore.batch import Batch, group_rngs, seeded_rng
+from rlcore.config import RunConfig
+from rlcore.rollout import HFEngine, RolloutEngine, VLLMEngine
+
+
+@dataclass
+class Producer:
+    """(step, version) -> a scored `Batch`, generated with the engine's current weights."""
+
+    config: RunConfig
+    task: tasks.Task
+    lm: models.LoadedModel  # the tokenizer and token ids; its weights are not the behaviour's
+    engine: RolloutEngine
+
+    def batch(self, step: int, version: int, groups: range | None = None) -> Batch:
+        started = time.perf_counter()
+        cfg = self.config.rollout
+        groups = groups if groups is not None else range(cfg.prompts_per_step)
+        # All of the step's prompts are drawn, so a slice of groups sees the same prompts.
+        prompts = self.task.sample(cfg.prompts_per_step, seeded_rng(self.config.seed, step, "prompts"))
+        unique = [prompts[g] for g in groups]
+        rollout = self.engine.generate(
+            self.lm.encode([p.prompt for p in unique]),
+            cfg.max_new_tokens,
+            cfg.temperature,
+            cfg.top_p,
+            group_rngs(self.config.seed, step, "sampling", groups),
+            group_size=cfg.group_size,
+        )
+        problems = [p for p in unique for _ in range(cfg.group_size)]
+        completions = self.lm.decode_responses(rollout)
+        scores = [
+            self.task.score(p, c, bool(f))
+            for p, c, f in zip(problems, completions, rollout.finished, strict=True)
+        ]
+        return Batch(
+            step=step,
+            version=version,
+            problems=problems,
+            completions=completions,
+            rewards=torch.tensor([s.reward for s in scores], dtype=torch.float32),
+            correct=torch.tensor([s.correct for s in scores]),
+            rollout=rollout,
+            generate_s=time.perf_counter() - started,
+        )
+
+
+def make_engine(
+    config: RunConfig, lm: models.LoadedModel, cache_dir: Path | None, task: tasks.Task
+) -> RolloutEngine:
+    """The rollout engine the config names, holding a copy of `lm`'s weights (θ0 at the start)."""
+    if config.rollout.engine == "hf":
+        return HFEngine(lm.model, lm.eos_id, lm.pad_id)
+    path = (
+        config.model.path
+        if config.model.source == "local"
+        else str(models.tiny_model_path(config, task, cache_dir))
+    )
+    max_len = lm.model.config.max_position_embeddings
+    return VLLMEngine(path, config.model.dtype, lm.eos_id, lm.pad_id, config.seed, max_len)
