@@ -20,10 +20,8 @@ from celery.signals import worker_ready
 from django.conf import settings
 from django.db import close_old_connections
 from experiments.models import Run
-from experiments.sweeps import validation_context
+from lab.celery import app
 
-from rlcore.config import RunConfig
-from workers import app
 from workers.sink import DatabaseSink, finite_or_none
 
 log = logging.getLogger(__name__)
@@ -42,7 +40,7 @@ def execute(run_id: int, attempt: int) -> str:
     log.info("run %s attempt %s: claimed by %s", run_id, attempt, worker)
     sink = DatabaseSink(run, worker, checkpoint_every=run.config["checkpoint_every"])
     try:
-        config = RunConfig.model_validate(run.config, context=validation_context())
+        config = run.run_config()
         from rlcore.trainer import train
 
         summary = train(config, sink, checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR)

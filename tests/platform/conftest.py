@@ -97,14 +97,14 @@ def stop_group(proc: subprocess.Popen, sig: int, timeout_s: float) -> str:
 
 def queued_messages(queue: str = "cpu") -> int:
     """Messages waiting in the broker queue (nothing consumes them while no worker runs)."""
-    from workers import app
+    from lab.celery import app
 
     with app.connection_for_write() as conn:
         return conn.default_channel.queue_declare(queue=queue, passive=False).message_count
 
 
 def purge_queue(queue: str = "cpu") -> None:
-    from workers import app
+    from lab.celery import app
 
     with app.connection_for_write() as conn:
         conn.default_channel.queue_purge(queue)
@@ -114,7 +114,7 @@ class WorkerProcess:
     """`celery -A workers worker -Q cpu` in its own process group, logging to a file."""
 
     def __init__(self, env: dict[str, str], log_path: Path, name: str):
-        from workers import worker_command
+        from lab.celery import worker_command
 
         self.log_path = log_path
         self._log = log_path.open("w")

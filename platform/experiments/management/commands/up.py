@@ -22,9 +22,9 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
+from lab.celery import worker_command
 
 from experiments.models import Membership, Team
-from workers import worker_command
 
 STOP_TIMEOUT_S = 15
 START_TIMEOUT_S = 60
