@@ -5,25 +5,26 @@ run for this attempt, train it with a `DatabaseSink`, and end it `succeeded`, `c
 or `failed` with the reason. A message for an attempt that is no longer queued (a duplicate,
 or one redelivered after the run was reaped and re-queued) does nothing. Every worker also
 runs the reaper in a background thread, so a run whose worker died is re-queued as soon as
-any worker is alive; `python manage.py reap` does the same once by hand.
+any worker is alive; `python manage.py reap` does the same once by hand. Before it takes any
+work, a worker limits torch to `LAB_TORCH_THREADS` threads (the solo pool trains in the
+worker's main process), so the workers on one machine never oversubscribe its cores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
 import threading
 import time
 
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_ready
 from django.conf import settings
 from django.db import close_old_connections
 from experiments.models import Run
-from experiments.sweeps import validation_context
+from lab.celery import app
 
-from rlcore.config import RunConfig
-from workers import app
 from workers.sink import DatabaseSink, finite_or_none
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ def execute(run_id: int, attempt: int) -> str:
     log.info("run %s attempt %s: claimed by %s", run_id, attempt, worker)
     sink = DatabaseSink(run, worker, checkpoint_every=run.config["checkpoint_every"])
     try:
-        config = RunConfig.model_validate(run.config, context=validation_context())
+        config = run.run_config()
         from rlcore.trainer import train
 
         summary = train(config, sink, checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR)
@@ -75,10 +76,34 @@ def reap_forever(interval_s: float) -> None:
             close_old_connections()
 
 
+def limit_torch_threads(threads: int) -> None:
+    """Make this process train with `threads` CPU threads: torch's intra-op pool, its inter-op
+    pool while torch still allows setting it, and OpenMP/MKL if torch has not loaded them yet."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # torch refuses once inter-op work has run; not yet at start-up
+        torch.set_num_interop_threads(threads)
+
+
+@worker_init.connect
+def _limit_torch_threads(sender, **kwargs) -> None:
+    limit_torch_threads(settings.LAB_TORCH_THREADS)
+
+
 @worker_ready.connect
 def _start_reaper(sender, **kwargs) -> None:
+    import torch
+
     log.info(
-        "worker %s ready on %s (Python %s)", worker_identity(), platform.system(), platform.python_version()
+        "worker %s ready on %s (Python %s), torch threads %s (inter-op %s)",
+        worker_identity(),
+        platform.system(),
+        platform.python_version(),
+        torch.get_num_threads(),
+        torch.get_num_interop_threads(),
     )
     threading.Thread(
         target=reap_forever, args=(settings.LAB_REAP_INTERVAL_S,), name="reaper", daemon=True

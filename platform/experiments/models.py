@@ -20,6 +20,13 @@ from django.db import models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from rlcore.config import RunConfig
+
+
+def validation_context() -> dict[str, list[str]]:
+    """What `RunConfig` validation needs beyond the config: the folders runs may read from."""
+    return {"data_roots": settings.LAB_DATA_ROOTS, "model_roots": settings.LAB_MODEL_ROOTS}
+
 
 class Team(models.Model):
     name = models.CharField(max_length=100, unique=True)
@@ -128,6 +135,10 @@ class Run(models.Model):
             **fields,
         )
 
+    def run_config(self) -> RunConfig:
+        """The stored config, validated again against today's allowed data and model roots."""
+        return RunConfig.model_validate(self.config, context=validation_context())
+
     @property
     def steps(self) -> int:
         return self.config["steps"]
@@ -156,7 +167,7 @@ class Run(models.Model):
 
     def enqueue(self) -> None:
         """Send "execute this attempt" to the run's queue once the current transaction commits."""
-        from workers import app
+        from lab.celery import app
 
         run_id, attempt, queue = self.pk, self.attempt, self.queue
         transaction.on_commit(

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from pydantic import ValidationError
 
-from experiments.models import Experiment, Run, Team
+from experiments.models import Experiment, Run, Team, validation_context
 from rlcore.config import RunConfig, error_list
 
 # Where a grid axis lands in RunConfig, and the name the submitter used for it.
@@ -52,10 +52,6 @@ class Sweep:
             "staleness": self.staleness,
             "seeds": self.seeds,
         }
-
-
-def validation_context() -> dict[str, list[str]]:
-    return {"data_roots": settings.LAB_DATA_ROOTS, "model_roots": settings.LAB_MODEL_ROOTS}
 
 
 def _submitted_name(dotted: str) -> str:

@@ -1,1 +1,1 @@
-"""The Django project of Off-Policy Lab: settings from the environment, URLs, WSGI entry."""
+"""The Django project of Off-Policy Lab: settings from the environment, URLs, WSGI entry, the Celery app."""

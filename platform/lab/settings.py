@@ -3,7 +3,9 @@
 With no `DATABASE_URL` the database is a SQLite file under `LAB_VAR_DIR` (default `var/`);
 with no `REDIS_URL` Celery uses kombu's filesystem transport under the same folder, which
 still crosses processes. Paths a run may read are limited to `LAB_DATA_ROOTS` (datasets)
-and `LAB_MODEL_ROOTS` (local models), each a colon-separated list.
+and `LAB_MODEL_ROOTS` (local models), each a colon-separated list. Each worker process trains
+with `LAB_TORCH_THREADS` torch threads, by default an equal share of the machine's cores
+among the `UP_WORKER_QUEUES` workers that `make up` starts, so they never oversubscribe it.
 """
 
 import importlib.util
@@ -12,6 +14,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 VAR_DIR = Path(os.environ.get("LAB_VAR_DIR", REPO_DIR / "var")).resolve()
@@ -27,6 +30,18 @@ def _secret_key() -> str:
         path.write_text(secrets.token_urlsafe(50))
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity where the OS reports one."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def default_torch_threads(cores: int, workers: int) -> int:
+    """Torch threads per worker when `workers` workers share `cores` cores: an equal share, at least 1."""
+    return max(1, cores // workers)
 
 
 def _paths(name: str, default: Path) -> list[str]:
@@ -138,6 +153,16 @@ LAB_HEARTBEAT_TIMEOUT_S = float(os.environ.get("LAB_HEARTBEAT_TIMEOUT_S", 60))
 LAB_REAP_INTERVAL_S = float(os.environ.get("LAB_REAP_INTERVAL_S", 15))
 LAB_MAX_ATTEMPTS = int(os.environ.get("LAB_MAX_ATTEMPTS", 3))
 LAB_MAX_SWEEP_RUNS = int(os.environ.get("LAB_MAX_SWEEP_RUNS", 512))
+
+# The queues of the Celery workers `manage.py up` (`make up`) starts on this machine, one worker each.
+UP_WORKER_QUEUES = ("cpu",)
+# Torch (and OpenMP/MKL) threads of each worker process; a share of the cores each, so that the
+# workers `make up` starts never run more busy threads than the machine has cores.
+LAB_TORCH_THREADS = int(
+    os.environ.get("LAB_TORCH_THREADS") or default_torch_threads(usable_cores(), len(UP_WORKER_QUEUES))
+)
+if LAB_TORCH_THREADS < 1:
+    raise ImproperlyConfigured(f"LAB_TORCH_THREADS must be at least 1, not {LAB_TORCH_THREADS}")
 
 LOGGING = {
     "version": 1,

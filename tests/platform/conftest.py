@@ -3,7 +3,8 @@ real Celery worker processes that share the test database.
 
 The tests run against whatever `DATABASE_URL` / `REDIS_URL` say (CI: real PostgreSQL and
 Redis) or, with neither set, against the embedded defaults (SQLite file, filesystem broker).
-Every worker is a subprocess bounded by `timeout` and stopped at teardown.
+Every worker is a subprocess bounded by `timeout` and stopped at teardown, and trains with one
+torch thread (`LAB_TORCH_THREADS=1`, and OpenMP/MKL told the same), as two cores are shared.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ django.setup()  # this conftest is not an initial one, so pytest-django has not 
 
 WORKER_LIMIT_S = 600
 READY_TIMEOUT_S = 90
+WORKER_THREADS = "1"
 
 # A run of a few seconds on 2 cores: the tiny model, small batches, frequent checkpoints.
 TINY_CONFIG = {
@@ -97,14 +99,14 @@ def stop_group(proc: subprocess.Popen, sig: int, timeout_s: float) -> str:
 
 def queued_messages(queue: str = "cpu") -> int:
     """Messages waiting in the broker queue (nothing consumes them while no worker runs)."""
-    from workers import app
+    from lab.celery import app
 
     with app.connection_for_write() as conn:
         return conn.default_channel.queue_declare(queue=queue, passive=False).message_count
 
 
 def purge_queue(queue: str = "cpu") -> None:
-    from workers import app
+    from lab.celery import app
 
     with app.connection_for_write() as conn:
         conn.default_channel.queue_purge(queue)
@@ -114,7 +116,7 @@ class WorkerProcess:
     """`celery -A workers worker -Q cpu` in its own process group, logging to a file."""
 
     def __init__(self, env: dict[str, str], log_path: Path, name: str):
-        from workers import worker_command
+        from lab.celery import worker_command
 
         self.log_path = log_path
         self._log = log_path.open("w")
@@ -159,21 +161,29 @@ def _test_database_url() -> str:
 
 @pytest.fixture(scope="session")
 def worker_env(django_db_setup, django_db_blocker) -> dict[str, str]:
-    """The environment of a worker process: same settings, pointed at the test database."""
+    """The environment of a worker process: same settings, pointed at the test database, one thread."""
     with django_db_blocker.unblock():
         url = _test_database_url()
     shutil.rmtree(TEST_VAR / "runs", ignore_errors=True)
     (TEST_VAR / "data").mkdir(parents=True, exist_ok=True)
-    return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "DATABASE_URL": url,
+        "PYTHONUNBUFFERED": "1",
+        "LAB_TORCH_THREADS": WORKER_THREADS,
+        "OMP_NUM_THREADS": WORKER_THREADS,
+        "MKL_NUM_THREADS": WORKER_THREADS,
+    }
 
 
 @pytest.fixture
-def start_worker(worker_env, tmp_path) -> Iterator[Callable[[], WorkerProcess]]:
-    """Start workers on demand; every one is stopped at teardown."""
+def start_worker(worker_env, tmp_path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start workers on demand, optionally with changes to `worker_env`; all are stopped at teardown."""
     started: list[WorkerProcess] = []
 
-    def start() -> WorkerProcess:
-        worker = WorkerProcess(worker_env, tmp_path / f"worker-{len(started)}.log", f"test{len(started)}")
+    def start(env: dict[str, str] | None = None) -> WorkerProcess:
+        n = len(started)
+        worker = WorkerProcess({**worker_env, **(env or {})}, tmp_path / f"worker-{n}.log", f"test{n}")
         started.append(worker)
         return worker
 

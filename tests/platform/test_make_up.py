@@ -17,6 +17,8 @@ from urllib.parse import urlencode
 
 import pytest
 from conftest import REPO, TEST_VAR, TINY_CONFIG, stop_group, wait_for
+from django.conf import settings
+from lab.settings import default_torch_threads, usable_cores
 
 UP_LIMIT_S = 300
 
@@ -99,6 +101,10 @@ def test_make_up_serves_the_site_and_runs_a_sweep_on_embedded_defaults(make_up):
     wait_for(finished, 180, "the sweep to run to completion", interval_s=1)
     health = json.loads(browser.open(url + "health").read())
     assert health["system"] == platform.system()
+    # One worker per queue it is meant to start, each with its share of the cores, never more.
+    threads = re.findall(r"worker \S+ ready on \S+ .*, torch threads (\d+)", log_path.read_text())
+    workers = len(settings.UP_WORKER_QUEUES)
+    assert threads == [str(default_torch_threads(usable_cores(), workers))] * workers
 
     leftover = stop_group(proc, signal.SIGINT, timeout_s=60)  # SIGINT to the group is what Ctrl-C does
     assert not leftover, f"Ctrl-C left these running:\n{leftover}\n{log_path.read_text()[-3000:]}"

@@ -1,7 +1,8 @@
 """`python manage.py up` (what `make up` runs): migrate, make a first user, serve, work.
 
-Starts gunicorn (the site, static files through whitenoise) and one Celery worker on the
-`cpu` queue as child processes, prints the URL, and stops both on Ctrl-C or when either
+Starts gunicorn (the site, static files through whitenoise) and one Celery worker per queue
+in `settings.UP_WORKER_QUEUES` (today one, on `cpu`) as child processes, each told to use
+`LAB_TORCH_THREADS` threads, prints the URL, and stops them all on Ctrl-C or when any
 exits. On a first start with no users it creates an admin and a team and prints the
 credentials once.
 """
@@ -22,12 +23,24 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
+from lab.celery import worker_command
 
 from experiments.models import Membership, Team
-from workers import worker_command
 
 STOP_TIMEOUT_S = 15
 START_TIMEOUT_S = 60
+
+
+def worker_env() -> dict[str, str]:
+    """A worker child's environment: its share of the cores for torch, and for OpenMP and MKL,
+    which read their thread counts once, when torch loads them."""
+    threads = str(settings.LAB_TORCH_THREADS)
+    return {
+        **os.environ,
+        "LAB_TORCH_THREADS": threads,
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+    }
 
 
 def create_first_user() -> tuple[str, str] | None:
@@ -44,7 +57,7 @@ def create_first_user() -> tuple[str, str] | None:
 
 
 class Command(BaseCommand):
-    help = "Migrate, create a first user if there is none, then run the web server and a worker."
+    help = "Migrate, create a first user if there is none, then run the web server and the workers."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
@@ -85,7 +98,12 @@ class Command(BaseCommand):
                 ],
                 cwd=repo,
             ),
-            subprocess.Popen(worker_command("cpu", f"cpu-{os.getpid()}@%h"), cwd=repo),
+            *(
+                subprocess.Popen(
+                    worker_command(queue, f"{queue}-{os.getpid()}@%h"), cwd=repo, env=worker_env()
+                )
+                for queue in settings.UP_WORKER_QUEUES
+            ),
         ]
         stop = []
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -94,7 +112,7 @@ class Command(BaseCommand):
             # Listening on all interfaces still answers on the loopback, which ALLOWED_HOSTS accepts.
             url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
             self._wait_until_serving(url, children, stop)
-            self.stdout.write(f"Serving on {url} (Ctrl-C stops the web server and the worker)")
+            self.stdout.write(f"Serving on {url} (Ctrl-C stops the web server and the workers)")
             self.stdout.flush()
             while not stop and all(child.poll() is None for child in children):
                 time.sleep(0.5)
@@ -107,7 +125,7 @@ class Command(BaseCommand):
         deadline = time.monotonic() + START_TIMEOUT_S
         while not stop and time.monotonic() < deadline:
             if any(child.poll() is not None for child in children):
-                raise CommandError("the web server or the worker failed to start; see its output above")
+                raise CommandError("the web server or a worker failed to start; see its output above")
             try:
                 urllib.request.urlopen(url + "health", timeout=2).close()
                 return

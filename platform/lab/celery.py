@@ -1,0 +1,75 @@
+"""The Celery app that carries runs to workers, configured from Django settings.
+
+The web tier sends "execute run N, attempt A" through it by task name (`Run.enqueue`); the
+tasks themselves live in `workers/` and register on this app when a worker imports them
+(`include`). Workers start as `celery -A workers worker -Q cpu` (or `-Q gpu`): `workers`
+puts `platform/` on `sys.path` and re-exports this app, since a bare `python -m celery`
+started from the repository root cannot import `lab`. The broker is Redis when `REDIS_URL`
+is set, else kombu's filesystem transport under `var/broker/`. One worker executes one run
+at a time (solo pool, prefetch 1); messages are acknowledged only after the run ends, and
+the run's own row in the database, not the message, decides whether it executes.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
+
+from celery import Celery  # noqa: E402
+from django.conf import settings  # noqa: E402
+from kombu import Queue  # noqa: E402
+
+QUEUES = ("cpu", "gpu")
+
+app = Celery("lab", include=["workers.tasks"])
+
+
+def _transport_options() -> dict:
+    if settings.REDIS_URL:
+        # An unacknowledged run must not be handed to a second worker while the first still trains.
+        return {"visibility_timeout": settings.LAB_MAX_RUN_S + 3600}
+    queue_dir = str(settings.BROKER_DIR / "queue")
+    return {
+        "data_folder_in": queue_dir,
+        "data_folder_out": queue_dir,
+        "processed_folder": str(settings.BROKER_DIR / "processed"),
+        "store_processed": False,
+        "control_folder": str(settings.BROKER_DIR / "control"),
+    }
+
+
+app.conf.update(
+    broker_url=settings.CELERY_BROKER_URL,
+    broker_transport_options=_transport_options(),
+    broker_connection_retry_on_startup=True,
+    task_queues=[Queue(name) for name in QUEUES],
+    task_default_queue="cpu",
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    task_ignore_result=True,
+    worker_prefetch_multiplier=1,
+    worker_pool="solo",
+    worker_concurrency=1,
+    worker_hijack_root_logger=False,
+)
+
+
+def worker_command(queue: str, hostname: str) -> list[str]:
+    """The command line of one worker process for `queue` (what `make up` and the tests start).
+
+    Run it from the repository root: `-A workers` is found through the current directory.
+    """
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers",
+        "worker",
+        "-Q",
+        queue,
+        "--hostname",
+        hostname,
+        "--loglevel",
+        "INFO",
+    ]
