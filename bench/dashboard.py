@@ -88,7 +88,7 @@ def ingest(n_runs: int, steps: int):
     rng = np.random.default_rng(0)
     for run in experiment.runs.all():
         run.claim("bench", run.attempt)
-        sink = DatabaseSink(run, "bench", checkpoint_every=0)
+        sink = DatabaseSink(run, "bench")
         walk = np.cumsum(rng.normal(0, 0.01, size=(steps, len(METRICS))), axis=0)
         for step in range(1, steps + 1):
             sink.log(step, dict(zip(METRICS, walk[step - 1].tolist(), strict=True)))

@@ -59,6 +59,7 @@ class Producer:
             rewards=torch.tensor([s.reward for s in scores], dtype=torch.float32),
             correct=torch.tensor([s.correct for s in scores]),
             rollout=rollout,
+            pad_id=self.lm.pad_id,
             generate_s=time.perf_counter() - started,
         )
 
@@ -74,5 +75,14 @@ def make_engine(
         if config.model.source == "local"
         else str(models.tiny_model_path(config, task, cache_dir))
     )
-    max_len = lm.model.config.max_position_embeddings
-    return VLLMEngine(path, config.model.dtype, lm.eos_id, lm.pad_id, config.seed, max_len)
+    model_config = lm.model.config
+    tied = bool(getattr(model_config, "tie_word_embeddings", False))
+    return VLLMEngine(
+        path,
+        config.model.dtype,
+        lm.eos_id,
+        lm.pad_id,
+        config.seed,
+        model_config.max_position_embeddings,
+        tied,
+    )

@@ -355,7 +355,16 @@ def _free_port() -> int:
 class VLLMEngine:
     """vLLM in this process (external launcher), its weights synced from the trainer."""
 
-    def __init__(self, model_path: str, dtype: str, eos_id: int, pad_id: int, seed: int, max_model_len: int):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        eos_id: int,
+        pad_id: int,
+        seed: int,
+        max_model_len: int,
+        tied_embeddings: bool = False,
+    ):
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -381,18 +390,19 @@ class VLLMEngine:
         )
         self.eos_id = eos_id
         self.pad_id = pad_id
+        self.tied_embeddings = tied_embeddings
         self._weights: dict[str, Tensor] = {}
 
     def sync(self, policy: torch.nn.Module) -> None:
-        tied = bool(getattr(policy.config, "tie_word_embeddings", False))
-        self._push(dict(vllm_weight_names(policy.named_parameters(), tied)))
+        self._push(dict(vllm_weight_names(policy.named_parameters(), self.tied_embeddings)))
 
     def snapshot(self) -> dict[str, Tensor]:
         """The weights last pushed (a CPU copy taken at the push), for a checkpoint."""
         return dict(self._weights)
 
     def load_snapshot(self, weights: dict[str, Tensor]) -> None:
-        self._push(weights)
+        """Push a snapshot or a trainer's state dict (published weights): names are mapped either way."""
+        self._push(dict(vllm_weight_names(weights.items(), self.tied_embeddings)))
 
     def _push(self, weights: dict[str, Tensor]) -> None:
         runner_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model

@@ -170,7 +170,10 @@ def train(
     for step in range(start, config.steps + 1):
         if sink.should_stop():
             break
-        batch, metrics = run_step(learner, source, step)
+        try:
+            batch, metrics = run_step(learner, source, step)
+        except staleness.Stopped:
+            break
         if step == config.steps or (config.eval_every and step % config.eval_every == 0):
             metrics.update(learner.evaluate(step))
         sink.log(step, metrics)
@@ -263,6 +266,7 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
     optimizer.step()
 
     rewards = batch.rewards
+    lag = (step - 1 - batch.versions()).float()
     return {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std(correction=0)),
@@ -270,6 +274,11 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
         **{name: value / total_tokens for name, value in sums.items()},
         **stats,
         "staleness": float(step - 1 - batch.version),
+        # Over the batch's sequences: one value unless async parts came from several versions.
+        "staleness/mean": float(lag.mean()),
+        "staleness/p50": float(lag.quantile(0.5)),
+        "staleness/p95": float(lag.quantile(0.95)),
+        "staleness/max": float(lag.max()),
         "policy_version": float(batch.version),
         "drop_frac": float(1 - keep.float().mean()),
         "response_length/mean": float(mask.sum(dim=1).mean()),

@@ -1,10 +1,10 @@
 """The sink a worker hands to `rlcore.trainer.train`: metrics and completions into the database.
 
 The trainer thread only appends to in-memory buffers; a background thread writes them in
-batches every half second together with the run's heartbeat and progress. At a checkpoint
-step the trainer thread writes synchronously instead: the trainer saves the checkpoint right
-after reporting that step, and a run resumed from it must find every earlier point already
-in the database, even if the worker was killed a moment after the checkpoint. Points are
+batches every half second together with the run's heartbeat and progress. Right before it
+writes a checkpoint the trainer calls `flush()`, which writes synchronously: a run resumed
+from that checkpoint must find every earlier point already in the database, even if the
+worker was killed a moment after the checkpoint. Points are
 upserts keyed `(run, name, step)` and completions of a step replace that step's earlier
 ones, so a step re-executed after a resume never duplicates anything. `should_stop` reads
 the run's row, so a cancel (or the run being reaped from this worker) is honoured at the
@@ -37,10 +37,9 @@ def finite_or_none(value: float) -> float | None:
 class DatabaseSink:
     """Buffers what the trainer reports and flushes it to the database from a thread."""
 
-    def __init__(self, run: Run, worker: str, checkpoint_every: int):
+    def __init__(self, run: Run, worker: str):
         self.run = run
         self.worker = worker
-        self.checkpoint_every = checkpoint_every
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._points: dict[tuple[str, int], tuple[float | None, datetime]] = {}
@@ -56,22 +55,17 @@ class DatabaseSink:
             for name, value in metrics.items():
                 self._points[(name, step)] = (finite_or_none(value), now)
             self._progress = step
-        self._flush_if_checkpoint(step)
 
     def sample(self, step: int, samples: list[Sample]) -> None:
         with self._lock:
             self._samples.setdefault(step, []).extend(samples)
-        self._flush_if_checkpoint(step)
-
-    def _flush_if_checkpoint(self, step: int) -> None:
-        if self.checkpoint_every and step and step % self.checkpoint_every == 0:
-            self.flush()
 
     def should_stop(self) -> bool:
         return self.run.stop_requested(self.worker)
 
     def flush(self) -> None:
-        """Write everything buffered so far and beat the heartbeat."""
+        """Write everything buffered so far and beat the heartbeat (the trainer calls it right
+        before each checkpoint)."""
         with self._flush_lock:
             self._write()
 

@@ -1,8 +1,10 @@
-"""Celery tasks: execute one run with rlcore, and the reaper that re-queues lost runs.
+"""Celery tasks: execute one run with rlcore (the training job), generate part of a batch
+(a rollout job, `workers.rollout`), and the reaper that re-queues lost runs and jobs.
 
 `execute(run_id, attempt)` is the plain entry point (the task only calls it): claim the
-run for this attempt, train it with a `DatabaseSink`, and end it `succeeded`, `cancelled`
-or `failed` with the reason. A message for an attempt that is no longer queued (a duplicate,
+run for this attempt, train it with a `DatabaseSink` — and, in the distributed and async
+execution modes, with a `DatabaseSource` whose batches rollout workers make — and end it
+`succeeded`, `cancelled` or `failed` with the reason. A message for an attempt that is no longer queued (a duplicate,
 or one redelivered after the run was reaped and re-queued) does nothing. Every worker also
 runs the reaper in a background thread, so a run whose worker died is re-queued as soon as
 any worker is alive; `python manage.py reap` does the same once by hand. Before it takes any
@@ -22,10 +24,11 @@ import time
 from celery.signals import worker_init, worker_ready
 from django.conf import settings
 from django.db import close_old_connections
-from experiments.models import Run
+from experiments.models import RolloutJob, Run
 from lab.celery import app
 
 from workers.sink import DatabaseSink, finite_or_none
+from workers.source import DatabaseSource, clear_buffer
 
 log = logging.getLogger(__name__)
 
@@ -41,25 +44,43 @@ def execute(run_id: int, attempt: int) -> str:
     if run is None or not run.claim(worker, attempt):
         return f"run {run_id} attempt {attempt}: not queued any more, nothing to do"
     log.info("run %s attempt %s: claimed by %s", run_id, attempt, worker)
-    sink = DatabaseSink(run, worker, checkpoint_every=run.config["checkpoint_every"])
+    sink = DatabaseSink(run, worker)
+    source = None
     try:
         config = run.run_config()
         from rlcore.trainer import train
 
-        summary = train(config, sink, checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR)
+        if config.execution.mode != "simulated":
+            source = DatabaseSource(run, config, sink.should_stop)
+        summary = train(
+            config, sink, checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR, source=source
+        )
+        if source is not None:
+            summary.update(source.summary())
     except Exception as exc:
         log.exception("run %s attempt %s failed", run_id, attempt)
         sink.close()
         run.fail(worker, f"{type(exc).__name__}: {exc}")
+        RolloutJob.cancel_for(run)
         return f"run {run_id} attempt {attempt}: failed"
     sink.close()
     run.finish(worker, {name: finite_or_none(value) for name, value in summary.items()})
+    if run.status in (Run.SUCCEEDED, Run.CANCELLED):
+        RolloutJob.cancel_for(run)
+        clear_buffer(run)
     return f"run {run_id} attempt {attempt}: {run.status}"
 
 
 @app.task(name="workers.tasks.execute_run", acks_late=True, reject_on_worker_lost=True)
 def execute_run(run_id: int, attempt: int) -> str:
     return execute(run_id, attempt)
+
+
+@app.task(name="workers.tasks.generate_batch", acks_late=True, reject_on_worker_lost=True)
+def generate_batch(job_id: int, attempt: int) -> str:
+    from workers import rollout
+
+    return rollout.generate(job_id, attempt, worker_identity())
 
 
 def reap_forever(interval_s: float) -> None:
@@ -70,6 +91,8 @@ def reap_forever(interval_s: float) -> None:
                 log.warning(
                     "run %s lost (%s); now %s, attempt %s", run.pk, run.error, run.status, run.attempt
                 )
+            for job in RolloutJob.reap():
+                log.warning("%s lost (%s); now %s, attempt %s", job, job.error, job.status, job.attempt)
         except Exception:
             log.exception("reaping lost runs failed; trying again in %.0f s", interval_s)
         finally:

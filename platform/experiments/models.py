@@ -129,7 +129,7 @@ class Run(models.Model):
             experiment=experiment,
             config=config.model_dump(mode="json"),
             preset=config.algorithm.preset,
-            staleness=config.staleness.label,
+            staleness=config.staleness_label,
             seed=config.seed,
             queue=config.queue,
             **fields,
@@ -218,11 +218,21 @@ class Run(models.Model):
         )
 
     def cancel(self) -> bool:
-        """A queued run is cancelled at once; a running one stops at its next step boundary."""
+        """A queued run is cancelled at once; a running one stops at its next step boundary.
+        Either way its rollout jobs that have not finished are cancelled."""
         now = timezone.now()
-        if self._update(Q(status=Run.QUEUED), status=Run.CANCELLED, cancel_requested=now, finished=now):
-            return True
-        return self._update(Q(status=Run.RUNNING, cancel_requested=None), cancel_requested=now)
+        with transaction.atomic():
+            done = self._update(
+                Q(status=Run.QUEUED), status=Run.CANCELLED, cancel_requested=now, finished=now
+            ) or self._update(Q(status=Run.RUNNING, cancel_requested=None), cancel_requested=now)
+            if done:
+                RolloutJob.cancel_for(self)
+        return done
+
+    @property
+    def buffer_dir(self) -> Path:
+        """Published weights and generated batches of distributed and async execution."""
+        return settings.LAB_RUNS_DIR / str(self.key) / "buffer"
 
     def retry(self) -> bool:
         """failed / cancelled / lost → queued as a new attempt, resuming from its last checkpoint.
@@ -263,6 +273,181 @@ class Run(models.Model):
                 run.retry()
             reaped.append(run)
         return reaped
+
+
+class RolloutJob(models.Model):
+    """Generate part `part` of trainer step `step`'s batch (prompt groups [groups_start,
+    groups_stop)) with policy version `version`, on a rollout worker.
+
+    The same lease idiom as `Run`: a conditional UPDATE claims an attempt, the worker beats a
+    heartbeat while it generates, the reaper re-queues a job whose worker vanished, and a late
+    message or a late finish of an older attempt changes nothing. In async execution `version`
+    is chosen when the job is claimed: the newest published one.
+    """
+
+    QUEUED, RUNNING, DONE, FAILED, CANCELLED, LOST = (
+        "queued",
+        "running",
+        "done",
+        "failed",
+        "cancelled",
+        "lost",
+    )
+    STATUSES = [(s, s) for s in (QUEUED, RUNNING, DONE, FAILED, CANCELLED, LOST)]
+    UNFINISHED = (QUEUED, RUNNING)
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rollout_jobs")
+    step = models.IntegerField()
+    part = models.IntegerField(default=0)
+    groups_start = models.IntegerField()
+    groups_stop = models.IntegerField()
+    version = models.IntegerField(null=True, blank=True, help_text="policy version; async: set at claim")
+    queue = models.CharField(max_length=20, default="rollout")
+    status = models.CharField(max_length=20, choices=STATUSES, default=QUEUED, db_index=True)
+    attempt = models.PositiveIntegerField(default=1)
+    worker = models.CharField(max_length=200, blank=True)
+    heartbeat = models.DateTimeField(null=True, blank=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    path = models.CharField(max_length=500, blank=True, help_text="the batch file, once done")
+    sha256 = models.CharField(max_length=64, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "step", "part"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step", "part"], name="one_job_per_run_step_part")
+        ]
+
+    def __str__(self) -> str:
+        return f"rollout job {self.pk} (run {self.run_id}, step {self.step}, part {self.part})"
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started is None or self.finished is None:
+            return None
+        return (self.finished - self.started).total_seconds()
+
+    def _update(self, condition: Q, **changes) -> bool:
+        done = RolloutJob.objects.filter(condition, pk=self.pk).update(**changes) == 1
+        self.refresh_from_db()
+        return done
+
+    def enqueue(self) -> None:
+        """Send "generate this attempt" to the job's queue once the current transaction commits."""
+        from lab.celery import app
+
+        job_id, attempt, queue = self.pk, self.attempt, self.queue
+        transaction.on_commit(
+            lambda: app.send_task("workers.tasks.generate_batch", args=[job_id, attempt], queue=queue)
+        )
+
+    def claim(self, worker: str, attempt: int) -> bool:
+        now = timezone.now()
+        return self._update(
+            Q(status=RolloutJob.QUEUED, attempt=attempt),
+            status=RolloutJob.RUNNING,
+            worker=worker,
+            heartbeat=now,
+            started=now,
+            finished=None,
+            error="",
+        )
+
+    def beat(self, worker: str, attempt: int) -> bool:
+        return (
+            RolloutJob.objects.filter(
+                pk=self.pk, status=RolloutJob.RUNNING, worker=worker, attempt=attempt
+            ).update(heartbeat=timezone.now())
+            == 1
+        )
+
+    def finish(self, worker: str, attempt: int, version: int, path: str, sha256: str) -> bool:
+        return self._update(
+            Q(status=RolloutJob.RUNNING, worker=worker, attempt=attempt),
+            status=RolloutJob.DONE,
+            version=version,
+            path=path,
+            sha256=sha256,
+            finished=timezone.now(),
+        )
+
+    def fail(self, worker: str, attempt: int, error: str) -> bool:
+        """running → queued as a new attempt while attempts are left, else → failed."""
+        with transaction.atomic():
+            if self.attempt < settings.LAB_MAX_ATTEMPTS and self._update(
+                Q(status=RolloutJob.RUNNING, worker=worker, attempt=attempt),
+                status=RolloutJob.QUEUED,
+                attempt=F("attempt") + 1,
+                worker="",
+                error=error,
+            ):
+                self.enqueue()
+                return True
+            return self._update(
+                Q(status=RolloutJob.RUNNING, worker=worker, attempt=attempt),
+                status=RolloutJob.FAILED,
+                finished=timezone.now(),
+                error=error,
+            )
+
+    def requeue(self, condition: Q, error: str = "") -> bool:
+        """→ queued as a new attempt if the row still matches `condition`."""
+        with transaction.atomic():
+            done = self._update(
+                condition,
+                status=RolloutJob.QUEUED,
+                attempt=F("attempt") + 1,
+                worker="",
+                finished=None,
+                path="",
+                sha256="",
+                error=error,
+            )
+            if done:
+                self.enqueue()
+        return done
+
+    @classmethod
+    def cancel_for(cls, run: Run) -> int:
+        return cls.objects.filter(run=run, status__in=cls.UNFINISHED).update(
+            status=cls.CANCELLED, finished=timezone.now()
+        )
+
+    @classmethod
+    def reap(cls) -> list[RolloutJob]:
+        """Re-queue jobs whose worker stopped heartbeating (or fail them after the last attempt)."""
+        stale_before = timezone.now() - timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S)
+        reaped = []
+        for job in cls.objects.filter(status=cls.RUNNING, heartbeat__lt=stale_before):
+            stale = Q(status=cls.RUNNING, heartbeat__lt=stale_before, attempt=job.attempt)
+            error = f"worker {job.worker} stopped sending heartbeats"
+            if job.attempt < settings.LAB_MAX_ATTEMPTS:
+                changed = job.requeue(stale, error)
+            else:
+                changed = job._update(stale, status=cls.LOST, finished=timezone.now(), error=error)
+            if changed:
+                reaped.append(job)
+        return reaped
+
+
+class PolicyVersion(models.Model):
+    """Policy weights a trainer published for rollout workers (a file in the run's buffer)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="policy_versions")
+    version = models.IntegerField()
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+    publish_s = models.FloatField(help_text="seconds to serialise and write the file")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "version"]
+        constraints = [models.UniqueConstraint(fields=["run", "version"], name="one_row_per_run_version")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} version {self.version}"
 
 
 class MetricPoint(models.Model):

@@ -1,6 +1,7 @@
 """The Celery app that carries runs to workers, configured from Django settings.
 
-The web tier sends "execute run N, attempt A" through it by task name (`Run.enqueue`); the
+The web tier sends "execute run N, attempt A" through it by task name (`Run.enqueue`), and a
+training job "generate rollout job J, attempt A" (`RolloutJob.enqueue`); the
 tasks themselves live in `workers/` and register on this app when a worker imports them
 (`include`). Workers start as `celery -A workers worker -Q cpu` (or `-Q gpu`): `workers`
 puts `platform/` on `sys.path` and re-exports this app, since a bare `python -m celery`
@@ -19,7 +20,8 @@ from celery import Celery  # noqa: E402
 from django.conf import settings  # noqa: E402
 from kombu import Queue  # noqa: E402
 
-QUEUES = ("cpu", "gpu")
+# Training jobs go to cpu/gpu; the rollout jobs of distributed and async runs to rollout/rollout-gpu.
+QUEUES = ("cpu", "gpu", "rollout", "rollout-gpu")
 
 app = Celery("lab", include=["workers.tasks"])
 

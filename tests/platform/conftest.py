@@ -113,15 +113,15 @@ def purge_queue(queue: str = "cpu") -> None:
 
 
 class WorkerProcess:
-    """`celery -A workers worker -Q cpu` in its own process group, logging to a file."""
+    """`celery -A workers worker -Q cpu` (or another queue) in its own process group, logging to a file."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, name: str):
+    def __init__(self, env: dict[str, str], log_path: Path, name: str, queue: str = "cpu"):
         from lab.celery import worker_command
 
         self.log_path = log_path
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
-            ["timeout", "-s", "KILL", str(WORKER_LIMIT_S), *worker_command("cpu", f"{name}@%h")],
+            ["timeout", "-s", "KILL", str(WORKER_LIMIT_S), *worker_command(queue, f"{name}@%h")],
             cwd=REPO,
             env=env,
             stdout=self._log,
@@ -181,13 +181,14 @@ def start_worker(worker_env, tmp_path) -> Iterator[Callable[..., WorkerProcess]]
     """Start workers on demand, optionally with changes to `worker_env`; all are stopped at teardown."""
     started: list[WorkerProcess] = []
 
-    def start(env: dict[str, str] | None = None) -> WorkerProcess:
+    def start(env: dict[str, str] | None = None, queue: str = "cpu") -> WorkerProcess:
         n = len(started)
-        worker = WorkerProcess({**worker_env, **(env or {})}, tmp_path / f"worker-{n}.log", f"test{n}")
+        worker = WorkerProcess({**worker_env, **(env or {})}, tmp_path / f"worker-{n}.log", f"test{n}", queue)
         started.append(worker)
         return worker
 
-    purge_queue()
+    for queue in ("cpu", "rollout"):
+        purge_queue(queue)
     yield start
     for worker in started:
         worker.stop()

@@ -90,7 +90,7 @@ def test_cancel_of_a_running_run_is_a_request_the_worker_honours(run):
 @pytest.mark.django_db(transaction=True)
 def test_the_sink_upserts_points_and_drops_them_once_the_run_is_not_its_own(run):
     run.claim("w1:1", attempt=1)
-    sink = DatabaseSink(run, "w1:1", checkpoint_every=0)
+    sink = DatabaseSink(run, "w1:1")
     sink.log(1, {"loss": 0.5, "grad_norm": float("nan")})
     sink.sample(1, [Sample("12+34=", "46", 1.0)])
     sink.flush()
@@ -103,7 +103,7 @@ def test_the_sink_upserts_points_and_drops_them_once_the_run_is_not_its_own(run)
     ]
     assert list(Completion.objects.filter(run=run).values_list("completion", flat=True)) == ["47"]
 
-    stranger = DatabaseSink(run, "w2:2", checkpoint_every=0)
+    stranger = DatabaseSink(run, "w2:2")
     stranger.log(2, {"loss": 0.125})
     stranger.close()
     assert not MetricPoint.objects.filter(run=run, step=2).exists()

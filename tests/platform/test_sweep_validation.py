@@ -53,6 +53,21 @@ INVALID_FORMS = {
     "bad seed list": ({"seeds": "0, x"}, "seeds", "whole numbers separated by commas"),
     "empty grid": ({"on_policy": ""}, "on_policy", "choose at least one value for staleness"),
     "sync interval 0": ({"sync_intervals": "0"}, "sync_intervals", "greater than or equal to 1"),
+    "max_staleness without async": (
+        {"execution.mode": "distributed", "execution.max_staleness": "2"},
+        "execution.max_staleness",
+        "only (mode is",
+    ),
+    "too many rollout workers": (
+        {"execution.mode": "distributed", "execution.rollout_workers": "17"},
+        "execution.rollout_workers",
+        "less than or equal to 16",
+    ),
+    "rollout-gpu on a cpu device": (
+        {"execution.mode": "distributed", "rollout.engine": "vllm", "device": "cpu"},
+        "device",
+        "the rollout-gpu queue",
+    ),
 }
 
 
@@ -152,6 +167,23 @@ INVALID_BODIES = {
         sweep_body(staleness=[{"sync_offset": -1}]),
         "staleness.sync_offset",
         "greater than or equal to 0",
+    ),
+    "max_staleness without async": (
+        with_config("execution", {"mode": "distributed", "max_staleness": 2}),
+        "config.execution.max_staleness",
+        "only (mode is",
+    ),
+    "too many rollout workers": (
+        with_config("execution", {"mode": "async", "rollout_workers": 17}),
+        "config.execution.rollout_workers",
+        "less than or equal to 16",
+    ),
+    "rollout-gpu on a cpu device": (
+        sweep_body(
+            config={"execution": {"mode": "distributed"}, "rollout": {"engine": "vllm"}, "device": "cpu"}
+        ),
+        "config.device",
+        "the rollout-gpu queue",
     ),
     "team of someone else": (sweep_body(team="team-b"), "team", "not a member"),
     "name too long": (sweep_body(name="x" * 201), "name", "at most 200 characters"),

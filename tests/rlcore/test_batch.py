@@ -30,7 +30,8 @@ def test_a_step_made_in_parts_equals_the_step_made_whole(producer):
     parts = [producer.batch(3, 2, range(0, 1)), producer.batch(3, 2, range(1, 4))]
     assert [len(p.problems) for p in parts] == [4, 12]
     # Float sums over other batch shapes may differ in the last bits; tokens may not.
-    assert_same_batch(Batch.concat(parts, producer.lm.pad_id), whole, logp_atol=1e-5)
+    assert_same_batch(Batch.concat(parts), whole, logp_atol=1e-5)
+    assert Batch.concat(parts).versions().tolist() == [2] * 16
     assert producer.batch(step=4, version=2).completions != whole.completions
 
 
@@ -47,4 +48,4 @@ def test_a_batch_file_round_trips_exactly_and_checks_its_hash(producer, tmp_path
 
 def test_parts_of_different_steps_do_not_concatenate(producer):
     with pytest.raises(ValueError, match="share one step"):
-        Batch.concat([producer.batch(1, 0, range(0, 1)), producer.batch(2, 0, range(1, 2))], 0)
+        Batch.concat([producer.batch(1, 0, range(0, 1)), producer.batch(2, 0, range(1, 2))])

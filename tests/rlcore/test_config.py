@@ -37,8 +37,43 @@ def errors_of(data, **context):
         ({"model": {"source": "local"}}, "model", "path is required"),
         ({"model": {"tiny": {"hidden_size": 30, "num_heads": 4}}}, "model.tiny", "divisible by num_heads"),
         ({"eval_size": 500}, "config", "eval_size (500) must be <= task.held_out (200)"),
-        ({"rollout": {"engine": "vllm"}, "device": "cpu"}, "config", "needs device 'cuda'"),
+        ({"rollout": {"engine": "vllm"}, "device": "cpu"}, "device", "cannot run rollout.engine 'vllm'"),
         ({"bogus": 1}, "bogus", "Extra inputs are not permitted"),
+        (
+            {"execution": {"mode": "distributed", "max_staleness": 2}},
+            "execution.max_staleness",
+            "max_staleness applies to mode 'async' only",
+        ),
+        (
+            {"execution": {"rollout_workers": 2}},
+            "execution.rollout_workers",
+            "needs mode 'distributed' or 'async'",
+        ),
+        (
+            {"execution": {"mode": "distributed", "rollout_workers": 17}},
+            "execution.rollout_workers",
+            "less than or equal to 16",
+        ),
+        (
+            {"execution": {"mode": "distributed", "rollout_workers": 5}, "rollout": {"prompts_per_step": 4}},
+            "execution",
+            "execution.rollout_workers (5) must be <= rollout.prompts_per_step (4)",
+        ),
+        (
+            {"execution": {"mode": "async"}, "staleness": {"sync_offset": 2}},
+            "execution",
+            "staleness settings do not apply to mode 'async'",
+        ),
+        (
+            {"execution": {"mode": "distributed"}, "rollout": {"engine": "vllm"}, "device": "cpu"},
+            "device",
+            "the rollout-gpu queue",
+        ),
+        (
+            {"execution": {"mode": "async", "max_staleness": -1}},
+            "execution.max_staleness",
+            "greater than or equal to 0",
+        ),
     ],
 )
 def test_errors_name_the_field_and_the_rule(data, field, words):
@@ -110,3 +145,19 @@ def test_load_reports_the_file_and_every_bad_field(tmp_path):
     json_path = tmp_path / "run.json"
     json_path.write_text('{"steps": 3}')
     assert load(json_path).steps == 3
+
+
+def test_execution_modes_pick_their_queues_and_labels():
+    simulated = RunConfig()
+    assert (simulated.execution.mode, simulated.queue, simulated.rollout_queue) == ("simulated", "cpu", None)
+    distributed = RunConfig.model_validate(
+        {"execution": {"mode": "distributed"}, "staleness": {"sync_offset": 2}}
+    )
+    assert (distributed.rollout_queue, distributed.staleness_label) == ("rollout", "sync_offset=2")
+    async_run = RunConfig.model_validate({"execution": {"mode": "async"}})
+    assert async_run.execution.max_staleness == 1, "async defaults to one version behind at most"
+    assert async_run.staleness_label == "async,max_staleness=1"
+    gpu = RunConfig.model_validate({"execution": {"mode": "async"}, "rollout": {"engine": "vllm"}})
+    assert (gpu.queue, gpu.rollout_queue) == ("gpu", "rollout-gpu")
+    # Stored resolved: the stored form validates to the same config.
+    assert RunConfig.model_validate(async_run.model_dump(mode="json")) == async_run

@@ -1,0 +1,266 @@
+"""What a staleness budget buys in wall-clock: one 100-step run, simulated vs on workers.
+
+The same config (`examples/arithmetic.yaml`: tiny Llama, 8 prompts × 8 responses, 100 steps)
+is trained three ways on this machine, one after the other, from the same cached θ0:
+
+- **simulated** (the reference): `rlcore.trainer.train` in one process with 2 torch threads;
+  generation and the update take turns. Its staleness setting is `sync_offset: 1`, the
+  schedule the distributed run follows, so both train on the same kind of data.
+- **distributed**, `sync_offset: 1`: a training worker and a rollout worker (1 thread each,
+  real Celery processes, SQLite and the filesystem broker under a scratch folder); step t+1's
+  batch is generated while step t trains.
+- **async**, `max_staleness: 1`: the same two workers; the rollout worker generates with the
+  newest weights as soon as a job is admitted.
+
+Time is measured from step 1's metrics to step 100's (the initial evaluation, loading and
+the one-off warm start are outside it, the same for all three). The ratio simulated / mode is
+written to BENCHMARKS.md with where each mode's time goes (means per step of
+`time/rollout_s`, `time/update_s`, `time/wait_s`, and the weight publish time).
+
+    .venv/bin/python bench/async_speedup.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "platform")]
+
+from bench.report import write_section  # noqa: E402
+
+SCRATCH = REPO / "var" / "bench-async"
+CACHE = REPO / "var" / "cache"
+EXAMPLE = REPO / "examples" / "arithmetic.yaml"
+TARGET = 1.3
+MODES = {
+    "distributed": {"staleness": {"sync_offset": 1}, "execution": {"mode": "distributed"}},
+    "async": {"execution": {"mode": "async", "max_staleness": 1}},
+}
+
+
+def base_config(steps: int) -> dict:
+    import yaml
+
+    config = yaml.safe_load(EXAMPLE.read_text())
+    config.update(steps=steps, checkpoint_every=0, samples_per_step=0)
+    return config
+
+
+SIMULATED = """
+import json, sys, time, torch
+torch.set_num_threads(2)
+from rlcore import trainer
+from rlcore.config import RunConfig
+from rlcore.sinks import ListSink
+
+class Timed(ListSink):
+    def log(self, step, metrics):
+        super().log(step, metrics)
+        self.times = getattr(self, "times", {})
+        self.times[step] = time.perf_counter()
+
+config = RunConfig.model_validate(json.loads(sys.argv[1]))
+sink = Timed()
+trainer.train(config, sink, cache_dir=sys.argv[2])
+steps = config.steps
+parts = {k: sum(m.get(k, 0.0) for s, m in sink.points if s >= 1) / steps
+         for k in ("time/rollout_s", "time/update_s", "time/wait_s")}
+print(json.dumps({"seconds": sink.times[steps] - sink.times[1], "parts": parts}))
+"""
+
+
+def simulated(config: dict) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", SIMULATED, json.dumps(config), str(CACHE)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=900,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def scratch_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(
+        LAB_VAR_DIR=str(SCRATCH),
+        LAB_CACHE_DIR=str(CACHE),
+        LAB_TORCH_THREADS="1",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def start_workers(env: dict[str, str]) -> list[subprocess.Popen]:
+    from lab.celery import worker_command
+
+    procs = []
+    for queue in ("cpu", "rollout"):
+        log = (SCRATCH / f"worker-{queue}.log").open("w")
+        procs.append(
+            subprocess.Popen(
+                ["timeout", "-s", "KILL", "1800", *worker_command(queue, f"bench-{queue}@%h")],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    deadline = time.monotonic() + 120
+    for queue in ("cpu", "rollout"):
+        while "ready on" not in (SCRATCH / f"worker-{queue}.log").read_text():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {queue} worker did not start; see {SCRATCH}/worker-{queue}.log")
+            time.sleep(0.5)
+    return procs
+
+
+def stop_workers(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def on_workers(config: dict) -> dict:
+    """Submit one run, wait for it, and read its timing back from the database."""
+    from django.contrib.auth import get_user_model
+    from experiments.models import MetricPoint, Run, Team
+    from experiments.sweeps import create_experiment, expand
+
+    team, _ = Team.objects.get_or_create(name="bench")
+    owner, _ = get_user_model().objects.get_or_create(username="bench")
+    preset = config["algorithm"]["preset"]
+    staleness = config.pop("staleness", {})
+    experiment = create_experiment(
+        team, owner, "async speedup", "", expand(config, [preset], [staleness], [0])
+    )
+    run = experiment.runs.get()
+    deadline = time.monotonic() + 900
+    while Run.objects.get(pk=run.pk).status in Run.ACTIVE:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"run {run.pk} did not finish in 900 s")
+        time.sleep(0.5)
+    run.refresh_from_db()
+    if run.status != Run.SUCCEEDED:
+        raise RuntimeError(f"run {run.pk} ended {run.status}: {run.error}")
+    steps = config["steps"]
+    wall = dict(MetricPoint.objects.filter(run=run, name="loss").values_list("step", "wall_time"))
+    parts = {}
+    for name in ("time/rollout_s", "time/update_s", "time/wait_s"):
+        values = MetricPoint.objects.filter(run=run, name=name).values_list("value", flat=True)
+        parts[name] = sum(values) / steps
+    lags = MetricPoint.objects.filter(run=run, name="staleness/max").values_list("value", flat=True)
+    return {
+        "seconds": (wall[steps] - wall[1]).total_seconds(),
+        "parts": parts,
+        "summary": run.summary,
+        "max_staleness": max(lags),
+        "mean_staleness": sum(lags) / len(lags),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    args = parser.parse_args()
+
+    shutil.rmtree(SCRATCH, ignore_errors=True)
+    SCRATCH.mkdir(parents=True)
+    env = scratch_env()
+    os.environ.update({k: env[k] for k in ("LAB_VAR_DIR", "LAB_CACHE_DIR", "LAB_TORCH_THREADS")})
+    for key in ("DATABASE_URL", "REDIS_URL"):
+        os.environ.pop(key, None)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", interactive=False, verbosity=0)
+
+    reference_config = {**base_config(args.steps), "staleness": {"sync_offset": 1}}
+    print("simulated (1 process, 2 threads) ...", flush=True)
+    results = {"simulated": simulated(reference_config)}
+    procs = start_workers(env)
+    try:
+        for mode, changes in MODES.items():
+            print(f"{mode} (training worker + rollout worker, 1 thread each) ...", flush=True)
+            config = {**base_config(args.steps), **json.loads(json.dumps(changes))}
+            results[mode] = on_workers(config)
+    finally:
+        stop_workers(procs)
+
+    reference = results["simulated"]["seconds"]
+    rows = []
+    for mode, result in results.items():
+        parts = result["parts"]
+        summary = result.get("summary", {})
+        publish_ms = 1000 * summary.get("weights/publish_s_mean", 0.0)
+        rows.append(
+            f"| {mode} | {result['seconds']:.1f} | {reference / result['seconds']:.2f}× | "
+            f"{1000 * parts['time/rollout_s']:.0f} | {1000 * parts['time/update_s']:.0f} | "
+            f"{1000 * parts['time/wait_s']:.0f} | {publish_ms:.1f} | "
+            f"{summary.get('idle/trainer_frac', float('nan')):.2f} | "
+            f"{summary.get('idle/rollout_frac', float('nan')):.2f} | "
+            f"{result.get('max_staleness', 1):.0f} |"
+        )
+        print(rows[-1], flush=True)
+    speedup = reference / results["async"]["seconds"]
+    verdict = "PASS" if speedup >= TARGET else "FAIL"
+    import torch
+
+    section = "\n".join(
+        [
+            "## Asynchronous execution: wall-clock of one run (`bench/async_speedup.py`)",
+            "",
+            f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on nproc {os.cpu_count()}; Python "
+            f"{sys.version.split()[0]}, torch {torch.__version__}; SQLite and the filesystem broker.",
+            "",
+            f"`examples/arithmetic.yaml` ({args.steps} steps, 8 prompts × 8 responses, tiny Llama, CPU), "
+            "checkpoints off, from the same cached θ0. simulated: one process, 2 torch threads, "
+            "`sync_offset: 1`. distributed (`sync_offset: 1`) and async (`max_staleness: 1`): a training "
+            "worker and a rollout worker, real Celery processes, 1 torch thread each. Seconds from step 1's "
+            "metrics to the last step's. Per step (ms, means): rollout = generating the batch (wherever), "
+            "update = the trainer's step after it has the batch, wait = the trainer's time in "
+            "publish + take (simulated: generating inline). Publish = writing one weights version.",
+            "",
+            "| mode | seconds | speed-up vs simulated | rollout ms | update ms | wait ms | publish ms | "
+            "trainer idle | rollout idle | max staleness |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Speed-up of async at `max_staleness: 1`: **{speedup:.2f}×**; target ≥ {TARGET}×: **{verdict}**.",
+            "",
+        ]
+    )
+    print(section)
+    if not args.no_write:
+        write_section(section)
+
+
+if __name__ == "__main__":
+    main()

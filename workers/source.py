@@ -1,0 +1,236 @@
+"""`DatabaseSource`: the trainer's batches come from rollout jobs on other workers.
+
+`publish(version, policy)` writes the weights of `version` to the run's buffer folder (every
+worker reads it) and records them as a `PolicyVersion`, then creates the rollout jobs that
+version allows and sends them to the run's rollout queue:
+- distributed: the jobs of the steps whose scheduled behaviour version v(t) is `version`,
+  as many at once as the schedule allows (`sync_offset` runs ahead, `sync_interval` batches
+  ahead). Curves equal the simulated ones.
+- async: the jobs of every step up to `version + 1 + max_staleness`; a rollout worker
+  generates each with the newest weights published when it claims it. A job is never created
+  while its batch could end up more than `max_staleness` versions behind when trained
+  (AReaL's admission rule), so nothing is ever dropped.
+
+`take(step)` waits for the step's jobs to be done and reads their batch files. The buffer
+(weights and batch files) is durable: a trainer resumed after its worker died finds every
+batch already made, and a lost rollout job is simply made again.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from django.db import transaction
+from django.db.models import Max, Q
+from experiments.models import PolicyVersion, RolloutJob, Run
+
+from rlcore.batch import Batch
+from rlcore.config import RunConfig
+from rlcore.staleness import Stopped, behavior_version, steps_by_version
+from rlcore.weights import WeightStore
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.02
+MAX_POLL_S = 0.25
+STOP_CHECK_S = 0.5
+
+
+def group_slices(groups: int, parts: int) -> list[range]:
+    """`groups` prompt groups split into `parts` consecutive slices, sizes differing by at most one."""
+    bounds = [round(i * groups / parts) for i in range(parts + 1)]
+    return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+
+
+def weight_store(run: Run) -> WeightStore:
+    return WeightStore(run.buffer_dir / "weights")
+
+
+def batch_path(run: Run, step: int, part: int, attempt: int) -> Path:
+    """One file per attempt: a late attempt never overwrites the bytes another one recorded."""
+    return run.buffer_dir / "batches" / f"step-{step:06d}-part-{part:02d}-attempt-{attempt}.safetensors"
+
+
+def newest_version(run: Run) -> PolicyVersion | None:
+    return PolicyVersion.objects.filter(run=run).order_by("-version").first()
+
+
+def clear_buffer(run: Run) -> None:
+    """The run is over: its published weights and batch files go."""
+    shutil.rmtree(run.buffer_dir, ignore_errors=True)
+
+
+class DatabaseSource:
+    """A `BatchSource` whose batches are made by rollout jobs (rows in the database)."""
+
+    def __init__(self, run: Run, config: RunConfig, should_stop: Callable[[], bool]):
+        self.run = run
+        self.config = config
+        self.mode = config.execution.mode
+        self.should_stop = should_stop
+        self.store = weight_store(run)
+        self.slices = group_slices(config.rollout.prompts_per_step, config.execution.rollout_workers)
+        s = config.staleness
+        self._steps_of = steps_by_version(config.steps, s.sync_interval, s.sync_offset, s.offline)
+        self.last_taken = 0
+        self.checkpointed = 0  # the step of the last checkpoint whose state() we gave
+        self.started = time.perf_counter()
+        self.wait_s = 0.0
+        self.publish_s: list[float] = []
+        self.publish_bytes = 0
+        # A new trainer attempt gives every unfinished step's jobs a fresh chance.
+        for job in RolloutJob.objects.filter(
+            run=run, status__in=(RolloutJob.CANCELLED, RolloutJob.FAILED, RolloutJob.LOST)
+        ):
+            job.requeue(Q(status=job.status, attempt=job.attempt), "re-queued by a new trainer attempt")
+
+    # ----- BatchSource -----------------------------------------------------------------------
+
+    def publish(self, version: int, policy: torch.nn.Module) -> None:
+        started = time.perf_counter()
+        if self.mode == "async":
+            steps = range(
+                version + 1, min(self.config.steps, version + 1 + self.config.execution.max_staleness) + 1
+            )
+        else:
+            steps = [t for t in self._steps_of.get(version, ()) if t > version]
+        if not steps:
+            return
+        published = self.store.publish(version, policy.state_dict())
+        self.publish_s.append(published.seconds)
+        self.publish_bytes += published.size_bytes
+        with transaction.atomic():
+            row, created = PolicyVersion.objects.get_or_create(
+                run=self.run,
+                version=version,
+                defaults={
+                    "sha256": published.sha256,
+                    "size_bytes": published.size_bytes,
+                    "publish_s": published.seconds,
+                },
+            )
+            if not created and row.sha256 != published.sha256:
+                # A resumed trainer republished other bytes (e.g. on another machine): what the
+                # old bytes generated and nobody has trained yet is made again.
+                PolicyVersion.objects.filter(pk=row.pk).update(sha256=published.sha256)
+                if self.mode == "distributed":
+                    for job in RolloutJob.objects.filter(run=self.run, version=version, step__gt=version):
+                        job.requeue(Q(attempt=job.attempt), "weights republished with other bytes")
+            for step in steps:
+                self._create_jobs(step, version)
+        self.wait_s += time.perf_counter() - started
+
+    def take(self, step: int) -> Batch:
+        started = time.perf_counter()
+        pause, next_stop_check = POLL_S, started + STOP_CHECK_S
+        while True:
+            jobs = list(RolloutJob.objects.filter(run=self.run, step=step).order_by("part"))
+            if len(jobs) < len(self.slices):
+                self._ensure_jobs(step)
+                continue
+            given_up = [
+                j for j in jobs if j.status in (RolloutJob.FAILED, RolloutJob.LOST, RolloutJob.CANCELLED)
+            ]
+            if given_up:
+                if self.should_stop():
+                    raise Stopped(f"stopped while waiting for step {step}'s batch")
+                job = given_up[0]
+                raise RuntimeError(f"rollout job of step {step} (part {job.part}) {job.status}: {job.error}")
+            if all(j.status == RolloutJob.DONE for j in jobs):
+                break
+            now = time.perf_counter()
+            if now >= next_stop_check:
+                if self.should_stop():
+                    raise Stopped(f"stopped while waiting for step {step}'s batch")
+                next_stop_check = now + STOP_CHECK_S
+            time.sleep(pause)
+            pause = min(MAX_POLL_S, pause * 1.5)
+        parts = [Batch.load(Path(j.path), j.sha256) for j in jobs]
+        batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
+        self.last_taken = step
+        self.wait_s += time.perf_counter() - started
+        self._prune_weights()
+        return batch
+
+    def state(self) -> dict[str, Any]:
+        """Nothing but the step: the buffer itself is durable. Batch files of steps before the
+        previous checkpoint can go now (no resume goes back that far)."""
+        self._prune_batches(upto=self.checkpointed)
+        self.checkpointed = self.last_taken
+        return {"checkpoint_step": self.last_taken}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.checkpointed = self.last_taken = state["checkpoint_step"]
+
+    # ----- what the worker reports once the run is over ------------------------------------
+
+    def summary(self) -> dict[str, float]:
+        """Weight publish time and bytes, and how idle the trainer and the rollout workers were."""
+        wall = time.perf_counter() - self.started
+        jobs = RolloutJob.objects.filter(run=self.run, status=RolloutJob.DONE)
+        busy = sum((j.duration_s or 0.0) for j in jobs)
+        rollout_workers = max(1, jobs.values("worker").distinct().count())
+        return {
+            "weights/publish_s_mean": sum(self.publish_s) / len(self.publish_s) if self.publish_s else 0.0,
+            "weights/publish_bytes": float(self.publish_bytes),
+            "idle/trainer_frac": min(1.0, self.wait_s / wall) if wall > 0 else 0.0,
+            "idle/rollout_frac": max(0.0, 1.0 - busy / (rollout_workers * wall)) if wall > 0 else 0.0,
+        }
+
+    # ----- internals ----------------------------------------------------------------------------
+
+    def _create_jobs(self, step: int, version: int) -> None:
+        """The jobs of `step` (async: the version is chosen at claim), sent once created."""
+        for part, groups in enumerate(self.slices):
+            job, created = RolloutJob.objects.get_or_create(
+                run=self.run,
+                step=step,
+                part=part,
+                defaults={
+                    "groups_start": groups.start,
+                    "groups_stop": groups.stop,
+                    "version": version if self.mode == "distributed" else None,
+                    "queue": self.config.rollout_queue,
+                },
+            )
+            if created:
+                job.enqueue()
+
+    def _ensure_jobs(self, step: int) -> None:
+        """A step whose jobs were never created (a trainer that died between publishing and
+        creating them): create them from the weights already published."""
+        newest = newest_version(self.run)
+        if self.mode == "distributed":
+            s = self.config.staleness
+            needed = behavior_version(step, s.sync_interval, s.sync_offset, s.offline)
+            if not PolicyVersion.objects.filter(run=self.run, version=needed).exists():
+                raise RuntimeError(f"step {step} needs policy version {needed}, which was never published")
+            version = needed
+        else:
+            if newest is None:
+                raise RuntimeError(f"step {step}: no policy version was published yet")
+            version = newest.version
+        with transaction.atomic():
+            self._create_jobs(step, version)
+
+    def _prune_weights(self) -> None:
+        """Keep the newest version and every version an unfinished job still needs."""
+        needed = set(
+            RolloutJob.objects.filter(run=self.run, status__in=RolloutJob.UNFINISHED)
+            .exclude(version=None)
+            .values_list("version", flat=True)
+        )
+        newest = PolicyVersion.objects.filter(run=self.run).aggregate(v=Max("version"))["v"]
+        if newest is not None:
+            needed.add(newest)
+        self.store.prune(needed)
+
+    def _prune_batches(self, upto: int) -> None:
+        for job in RolloutJob.objects.filter(run=self.run, step__lte=upto).exclude(path=""):
+            Path(job.path).unlink(missing_ok=True)
