@@ -37,8 +37,9 @@ from rlcore.weights import WeightStore
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.02
-MAX_POLL_S = 0.25
+# How often a waiting trainer looks for its batch: a short wait here is a step's idle time.
+POLL_S = 0.005
+MAX_POLL_S = 0.02
 STOP_CHECK_S = 0.5
 
 

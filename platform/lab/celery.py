@@ -37,6 +37,9 @@ def _transport_options() -> dict:
         "processed_folder": str(settings.BROKER_DIR / "processed"),
         "store_processed": False,
         "control_folder": str(settings.BROKER_DIR / "control"),
+        # kombu polls the folder once a second by default; a trainer waiting for a rollout job
+        # would wait that long for every batch.
+        "polling_interval": 0.05,
     }
 
 

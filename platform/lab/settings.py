@@ -154,8 +154,9 @@ LAB_REAP_INTERVAL_S = float(os.environ.get("LAB_REAP_INTERVAL_S", 15))
 LAB_MAX_ATTEMPTS = int(os.environ.get("LAB_MAX_ATTEMPTS", 3))
 LAB_MAX_SWEEP_RUNS = int(os.environ.get("LAB_MAX_SWEEP_RUNS", 512))
 
-# The queues of the Celery workers `manage.py up` (`make up`) starts on this machine, one worker each.
-UP_WORKER_QUEUES = ("cpu",)
+# The queues of the Celery workers `manage.py up` (`make up`) starts on this machine, one worker
+# each: a training worker and a rollout worker, so simulated, distributed and async runs all run.
+UP_WORKER_QUEUES = ("cpu", "rollout")
 # Torch (and OpenMP/MKL) threads of each worker process; a share of the cores each, so that the
 # workers `make up` starts never run more busy threads than the machine has cores.
 LAB_TORCH_THREADS = int(

@@ -1,6 +1,6 @@
 """`make up` on a machine with no PostgreSQL and no Redis, started the way the README says:
-it prints a first user and a URL, serves the site, runs a submitted sweep to completion,
-and Ctrl-C stops every process it started."""
+it prints a first user and a URL, serves the site, runs a simulated and an async sweep to
+completion (a training worker and a rollout worker), and Ctrl-C stops every process it started."""
 
 from __future__ import annotations
 
@@ -89,16 +89,24 @@ def test_make_up_serves_the_site_and_runs_a_sweep_on_embedded_defaults(make_up):
         **{f"model.tiny.{k}": v for k, v in tiny.items()},
         **{f"rollout.{k}": v for k, v in TINY_CONFIG["rollout"].items()},
     }
-    submitted = browser.open(url + "experiments/new/", urlencode(fields).encode())
-    experiment_url = submitted.geturl()
-    assert re.fullmatch(re.escape(url) + r"experiments/\d+/", experiment_url), experiment_url
+    # The training worker runs the simulated sweep alone; the async one needs the rollout worker too.
+    experiment_urls = []
+    for mode in ("simulated", "async"):
+        submitted = browser.open(
+            url + "experiments/new/", urlencode({**fields, "execution.mode": mode}).encode()
+        )
+        experiment_urls.append(submitted.geturl())
+        assert re.fullmatch(re.escape(url) + r"experiments/\d+/", experiment_urls[-1]), experiment_urls[-1]
 
     def finished() -> bool:
-        html = browser.open(experiment_url + "live/").read().decode()
-        assert "status-failed" not in html and "status-lost" not in html, html
-        return 'class="status-succeeded">succeeded<' in html
+        for experiment_url in experiment_urls:
+            html = browser.open(experiment_url + "live/").read().decode()
+            assert "status-failed" not in html and "status-lost" not in html, html
+            if 'class="status-succeeded">succeeded<' not in html:
+                return False
+        return True
 
-    wait_for(finished, 180, "the sweep to run to completion", interval_s=1)
+    wait_for(finished, 240, "both sweeps to run to completion", interval_s=1)
     health = json.loads(browser.open(url + "health").read())
     assert health["system"] == platform.system()
     # One worker per queue it is meant to start, each with its share of the cores, never more.

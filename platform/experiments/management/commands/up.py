@@ -1,7 +1,8 @@
 """`python manage.py up` (what `make up` runs): migrate, make a first user, serve, work.
 
 Starts gunicorn (the site, static files through whitenoise) and one Celery worker per queue
-in `settings.UP_WORKER_QUEUES` (today one, on `cpu`) as child processes, each told to use
+in `settings.UP_WORKER_QUEUES` (a training worker on `cpu`, a rollout worker on `rollout`) as
+child processes, each told to use
 `LAB_TORCH_THREADS` threads, prints the URL, and stops them all on Ctrl-C or when any
 exits. On a first start with no users it creates an admin and a team and prints the
 credentials once.
