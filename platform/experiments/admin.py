@@ -1,8 +1,8 @@
-"""The admin: teams with their members inline, experiments, runs and API tokens."""
+"""The admin: teams with their members inline, experiments, runs, rollout jobs and API tokens."""
 
 from django.contrib import admin
 
-from experiments.models import ApiToken, Experiment, Membership, Run, Team
+from experiments.models import ApiToken, Experiment, Membership, RolloutJob, Run, Team
 
 
 class MembershipInline(admin.TabularInline):
@@ -50,6 +50,13 @@ class RunAdmin(admin.ModelAdmin):
     ]
     list_filter = ["status", "queue", "preset"]
     readonly_fields = ["key", "heartbeat", "started", "finished", "worker"]
+
+
+@admin.register(RolloutJob)
+class RolloutJobAdmin(admin.ModelAdmin):
+    list_display = ["id", "run", "step", "part", "version", "status", "attempt", "worker", "finished"]
+    list_filter = ["status", "queue"]
+    readonly_fields = ["heartbeat", "started", "finished", "worker", "path", "sha256"]
 
 
 @admin.register(ApiToken)

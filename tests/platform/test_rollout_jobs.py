@@ -1,0 +1,90 @@
+"""`RolloutJob` transitions: the lease idiom of runs (claimed once per attempt, a late message or a
+late finish of an older attempt changes nothing, the reaper re-queues a lost job up to the attempt
+limit), and cancelling a run cancels its unfinished jobs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from conftest import TINY_CONFIG, purge_queue, queued_messages
+from django.test import override_settings
+from django.utils import timezone
+from experiments.models import RolloutJob, Run
+from experiments.sweeps import create_experiment, expand
+
+from workers.rollout import generate
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def run(team, alice) -> Run:
+    config = {**TINY_CONFIG, "execution": {"mode": "distributed"}}
+    experiment = create_experiment(team, alice, "jobs", "", expand(config, ["grpo"], [{}], [0]))
+    return experiment.runs.get()
+
+
+@pytest.fixture
+def job(run) -> RolloutJob:
+    purge_queue("rollout")
+    return RolloutJob.objects.create(run=run, step=1, groups_start=0, groups_stop=4, version=0)
+
+
+def stale(job: RolloutJob) -> None:
+    RolloutJob.objects.filter(pk=job.pk).update(heartbeat=timezone.now() - timedelta(hours=1))
+
+
+def test_a_job_is_claimed_once_per_attempt(job):
+    assert job.claim("r1:1", attempt=1)
+    assert not RolloutJob.objects.get(pk=job.pk).claim("r2:2", attempt=1)
+    assert generate(job.pk, 1, "r3:3").endswith("not queued any more, nothing to do")
+    assert generate(job.pk + 1000, 1, "r3:3").endswith("nothing to do")
+    job.refresh_from_db()
+    assert (job.status, job.worker) == (RolloutJob.RUNNING, "r1:1")
+
+
+def test_a_reaped_job_is_requeued_and_the_old_attempt_cannot_finish_it(job):
+    job.claim("r1:1", attempt=1)
+    stale(job)
+    assert [j.pk for j in RolloutJob.reap()] == [job.pk]
+    job.refresh_from_db()
+    assert (job.status, job.attempt, job.worker) == (RolloutJob.QUEUED, 2, "")
+    assert job.error == "worker r1:1 stopped sending heartbeats"
+    assert queued_messages("rollout") == 1, "the new attempt is sent again"
+    assert not job.beat("r1:1", 1)
+    assert not job.finish("r1:1", 1, 0, "/nowhere", "0" * 64)
+    assert generate(job.pk, 1, "r1:1").endswith("nothing to do"), "a late message for attempt 1"
+    job.refresh_from_db()
+    assert (job.status, job.path) == (RolloutJob.QUEUED, "")
+
+
+@override_settings(LAB_MAX_ATTEMPTS=2)
+def test_failures_retry_until_the_attempts_run_out(job):
+    job.claim("r1:1", attempt=1)
+    assert job.fail("r1:1", 1, "RuntimeError: boom")
+    job.refresh_from_db()
+    assert (job.status, job.attempt, job.error) == (RolloutJob.QUEUED, 2, "RuntimeError: boom")
+    job.claim("r2:2", attempt=2)
+    job.fail("r2:2", 2, "RuntimeError: boom again")
+    job.refresh_from_db()
+    assert (job.status, job.attempt) == (RolloutJob.FAILED, 2)
+    job2 = RolloutJob.objects.create(run=job.run, step=2, groups_start=0, groups_stop=4, version=1, attempt=2)
+    job2.claim("r1:1", attempt=2)
+    stale(job2)
+    RolloutJob.reap()
+    job2.refresh_from_db()
+    assert job2.status == RolloutJob.LOST, "no attempts left: lost, not re-queued"
+
+
+def test_cancelling_a_run_cancels_its_unfinished_jobs(run, job):
+    running = RolloutJob.objects.create(run=run, step=2, groups_start=0, groups_stop=4, version=1)
+    running.claim("r1:1", attempt=1)
+    done = RolloutJob.objects.create(run=run, step=3, groups_start=0, groups_stop=4, version=2)
+    done.claim("r1:1", attempt=1)
+    done.finish("r1:1", 1, 2, "/somewhere", "f" * 64)
+    assert run.cancel()
+    statuses = dict(RolloutJob.objects.filter(run=run).values_list("step", "status"))
+    assert statuses == {1: RolloutJob.CANCELLED, 2: RolloutJob.CANCELLED, 3: RolloutJob.DONE}
+    running.refresh_from_db()
+    assert not running.finish("r1:1", 1, 1, "/late", "e" * 64), "a cancelled job's result is dropped"
