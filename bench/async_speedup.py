@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -36,10 +34,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "platform")]
 
+from bench.lab_workers import (  # noqa: E402
+    CACHE,
+    run_on_workers,
+    seconds_between_steps,
+    series,
+    setup_django,
+    start_workers,
+    stop_workers,
+)
 from bench.report import write_section  # noqa: E402
+from bench.rl_step import IDLE_WAIT_S, MAX_OTHERS, others_cores, snapshot  # noqa: E402
 
 SCRATCH = REPO / "var" / "bench-async"
-CACHE = REPO / "var" / "cache"
 EXAMPLE = REPO / "examples" / "arithmetic.yaml"
 TARGET = 1.3
 MODES = {
@@ -93,93 +100,30 @@ def simulated(config: dict) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def scratch_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(
-        LAB_VAR_DIR=str(SCRATCH),
-        LAB_CACHE_DIR=str(CACHE),
-        LAB_TORCH_THREADS="1",
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+def quiet() -> float:
+    """Wait (up to IDLE_WAIT_S) for an idle machine, since a competing process slows the modes by
+    different factors; return the cores other processes used in the last second before the phase."""
+    deadline = time.monotonic() + IDLE_WAIT_S
+    while True:
+        start = snapshot()
+        time.sleep(1.0)
+        others = others_cores(start, snapshot())
+        if others <= MAX_OTHERS or time.monotonic() > deadline:
+            return others
 
 
-def start_workers(env: dict[str, str]) -> list[subprocess.Popen]:
-    from lab.celery import worker_command
-
-    procs = []
-    for queue in ("cpu", "rollout"):
-        log = (SCRATCH / f"worker-{queue}.log").open("w")
-        procs.append(
-            subprocess.Popen(
-                ["timeout", "-s", "KILL", "1800", *worker_command(queue, f"bench-{queue}@%h")],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-    deadline = time.monotonic() + 120
-    for queue in ("cpu", "rollout"):
-        while "ready on" not in (SCRATCH / f"worker-{queue}.log").read_text():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the {queue} worker did not start; see {SCRATCH}/worker-{queue}.log")
-            time.sleep(0.5)
-    return procs
-
-
-def stop_workers(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
-    for proc in procs:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def on_workers(config: dict) -> dict:
-    """Submit one run, wait for it, and read its timing back from the database."""
-    from django.contrib.auth import get_user_model
-    from experiments.models import MetricPoint, Run, Team
-    from experiments.sweeps import create_experiment, expand
-
-    team, _ = Team.objects.get_or_create(name="bench")
-    owner, _ = get_user_model().objects.get_or_create(username="bench")
-    preset = config["algorithm"]["preset"]
-    staleness = config.pop("staleness", {})
-    experiment = create_experiment(
-        team, owner, "async speedup", "", expand(config, [preset], [staleness], [0])
-    )
-    run = experiment.runs.get()
-    deadline = time.monotonic() + 900
-    while Run.objects.get(pk=run.pk).status in Run.ACTIVE:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"run {run.pk} did not finish in 900 s")
-        time.sleep(0.5)
-    run.refresh_from_db()
-    if run.status != Run.SUCCEEDED:
-        raise RuntimeError(f"run {run.pk} ended {run.status}: {run.error}")
+def on_workers(config: dict, name: str) -> dict:
+    run = run_on_workers(config, name)
     steps = config["steps"]
-    wall = dict(MetricPoint.objects.filter(run=run, name="loss").values_list("step", "wall_time"))
-    parts = {}
-    for name in ("time/rollout_s", "time/update_s", "time/wait_s"):
-        values = MetricPoint.objects.filter(run=run, name=name).values_list("value", flat=True)
-        parts[name] = sum(values) / steps
-    lags = MetricPoint.objects.filter(run=run, name="staleness/max").values_list("value", flat=True)
+    parts = {
+        key: sum(series(run, key).values()) / steps
+        for key in ("time/rollout_s", "time/update_s", "time/wait_s")
+    }
     return {
-        "seconds": (wall[steps] - wall[1]).total_seconds(),
+        "seconds": seconds_between_steps(run, 1, steps),
         "parts": parts,
         "summary": run.summary,
-        "max_staleness": max(lags),
-        "mean_staleness": sum(lags) / len(lags),
+        "max_staleness": max(series(run, "staleness/max").values()),
     }
 
 
@@ -189,28 +133,18 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = parser.parse_args()
 
-    shutil.rmtree(SCRATCH, ignore_errors=True)
-    SCRATCH.mkdir(parents=True)
-    env = scratch_env()
-    os.environ.update({k: env[k] for k in ("LAB_VAR_DIR", "LAB_CACHE_DIR", "LAB_TORCH_THREADS")})
-    for key in ("DATABASE_URL", "REDIS_URL"):
-        os.environ.pop(key, None)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", interactive=False, verbosity=0)
-
+    env = setup_django(SCRATCH)
     reference_config = {**base_config(args.steps), "staleness": {"sync_offset": 1}}
     print("simulated (1 process, 2 threads) ...", flush=True)
+    busy_before = {"simulated": quiet()}
     results = {"simulated": simulated(reference_config)}
-    procs = start_workers(env)
+    procs = start_workers(env, SCRATCH, ("cpu", "rollout"))
     try:
         for mode, changes in MODES.items():
             print(f"{mode} (training worker + rollout worker, 1 thread each) ...", flush=True)
             config = {**base_config(args.steps), **json.loads(json.dumps(changes))}
-            results[mode] = on_workers(config)
+            busy_before[mode] = quiet()
+            results[mode] = on_workers(config, f"async speedup: {mode}")
     finally:
         stop_workers(procs)
 
@@ -226,7 +160,8 @@ def main() -> None:
             f"{1000 * parts['time/wait_s']:.0f} | {publish_ms:.1f} | "
             f"{summary.get('idle/trainer_frac', float('nan')):.2f} | "
             f"{summary.get('idle/rollout_frac', float('nan')):.2f} | "
-            f"{result.get('max_staleness', 1):.0f} |"
+            f"{result.get('max_staleness', 1):.0f} | {busy_before[mode]:.2f}"
+            f"{' ✗' if busy_before[mode] > MAX_OTHERS else ''} |"
         )
         print(rows[-1], flush=True)
     speedup = reference / results["async"]["seconds"]
@@ -246,11 +181,12 @@ def main() -> None:
             "worker and a rollout worker, real Celery processes, 1 torch thread each. Seconds from step 1's "
             "metrics to the last step's. Per step (ms, means): rollout = generating the batch (wherever), "
             "update = the trainer's step after it has the batch, wait = the trainer's time in "
-            "publish + take (simulated: generating inline). Publish = writing one weights version.",
+            "publish + take (simulated: generating inline). Publish = writing one weights version. "
+            f"Each phase starts on an idle machine (others before: cores other processes used; ✗ above {MAX_OTHERS}).",
             "",
             "| mode | seconds | speed-up vs simulated | rollout ms | update ms | wait ms | publish ms | "
-            "trainer idle | rollout idle | max staleness |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "trainer idle | rollout idle | max staleness | others before |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
             f"Speed-up of async at `max_staleness: 1`: **{speedup:.2f}×**; target ≥ {TARGET}×: **{verdict}**.",

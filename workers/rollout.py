@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -69,6 +70,7 @@ def load_version(run: Run, loaded: Loaded, job: RolloutJob) -> int:
                 raise RuntimeError("no policy version has been published for this run")
         if (loaded.version, loaded.sha256) == (row.version, row.sha256):
             return row.version
+        started = time.perf_counter()
         try:
             weights = weight_store(run).load(row.version, row.sha256)
         except FileNotFoundError:
@@ -76,6 +78,9 @@ def load_version(run: Run, loaded: Loaded, job: RolloutJob) -> int:
             continue
         loaded.producer.engine.load_snapshot(weights)
         loaded.version, loaded.sha256 = row.version, row.sha256
+        log.info(
+            "run %s: loaded policy version %s in %.3f s", run.pk, row.version, time.perf_counter() - started
+        )
         return row.version
     raise RuntimeError(f"could not load policy weights of run {run.pk} after {LOAD_TRIES} tries")
 

@@ -1,0 +1,119 @@
+"""The GPU check: one short distributed run whose rollouts vLLM generates on a `rollout-gpu`
+worker, for a machine with an NVIDIA GPU and the `gpu` extra (`make install EXTRAS=gpu`).
+
+What it runs (a few minutes, SQLite and the filesystem broker under var/gpu-check/):
+1. a training worker on queue `gpu` and a rollout worker on `rollout-gpu` (real Celery
+   processes); a 10-step on-policy `distributed` run of the built-in tiny model with
+   `rollout.engine: vllm`, `device: cuda`.
+2. vLLM alone in this process on the same model, generating the run's step-1 prompts as the
+   rollout worker does (the reference for tokens/s).
+
+What it prints: whether the run succeeded; behaviour vs trainer log-prob agreement on-policy
+(max |kl/behavior| and max is_ratio/max over the steps: vLLM's log-probs against the
+trainer's); weight publish time and bytes per version and the rollout worker's weight load
+time (from its log); tokens/s of vLLM inside rollout jobs against vLLM alone.
+
+    .venv/bin/python bench/gpu_check.py
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "platform")]
+
+from bench.lab_workers import (  # noqa: E402
+    CACHE,
+    run_on_workers,
+    series,
+    setup_django,
+    start_workers,
+    stop_workers,
+)
+
+SCRATCH = REPO / "var" / "gpu-check"
+STEPS = 10
+CONFIG = {
+    "rollout": {"engine": "vllm", "prompts_per_step": 16, "group_size": 8, "max_new_tokens": 6},
+    "execution": {"mode": "distributed"},
+    "device": "cuda",
+    "steps": STEPS,
+    "eval_every": 5,
+    "checkpoint_every": 0,
+}
+
+
+def vllm_alone(config, prompts: list[list[int]]) -> float:
+    """Tokens/s of vLLM generating `prompts` (one group each) in this process, after a warm-up."""
+    from rlcore import models, tasks
+    from rlcore.batch import group_rngs
+    from rlcore.produce import make_engine
+    from rlcore.trainer import resolve_device
+
+    task = tasks.build(config.task)
+    lm = models.load(config, resolve_device(config.device), CACHE, task)
+    engine = make_engine(config, lm, CACHE, task)
+    cfg = config.rollout
+    rngs = group_rngs(config.seed, 1, "sampling", range(len(prompts)))
+    engine.generate(prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_p, rngs, cfg.group_size)
+    started = time.perf_counter()
+    rollout = engine.generate(prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_p, rngs, cfg.group_size)
+    return float(rollout.response_mask.sum()) / (time.perf_counter() - started)
+
+
+def main() -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: this check needs an NVIDIA GPU and `make install EXTRAS=gpu`")
+        return 2
+    env = setup_django(SCRATCH)
+    print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}", flush=True)
+    procs = start_workers(env, SCRATCH, ("gpu", "rollout-gpu"))
+    try:
+        started = time.perf_counter()
+        run = run_on_workers(CONFIG, "gpu check")
+        wall = time.perf_counter() - started
+    finally:
+        stop_workers(procs)
+    from experiments.models import RolloutJob
+
+    from rlcore import models, tasks
+    from rlcore.batch import seeded_rng
+
+    config = run.run_config()
+    kl = series(run, "kl/behavior")
+    ratio = series(run, "is_ratio/max")
+    print(f"run {run.pk}: {run.status}, {STEPS} steps in {wall:.1f} s (including loading)")
+    print(f"on-policy agreement: max |kl/behavior| {max(abs(v) for v in kl.values()):.2e},")
+    print(f"  max is_ratio/max {max(ratio.values()):.4f} (1 = vLLM's and the trainer's log-probs agree)")
+    versions = max(1, RolloutJob.objects.filter(run=run).values("version").distinct().count())
+    print(
+        f"weights: {run.summary['weights/publish_bytes'] / versions / 1e6:.2f} MB per version, "
+        f"publish {1000 * run.summary['weights/publish_s_mean']:.1f} ms"
+    )
+    log = (SCRATCH / "worker-rollout-gpu.log").read_text()
+    loads = [float(s) for s in re.findall(r"loaded policy version \d+ in ([0-9.]+) s", log)]
+    if loads:
+        print(
+            f"rollout worker weight load: mean {1000 * sum(loads) / len(loads):.1f} ms over {len(loads)} loads"
+        )
+    tokens = sum(series(run, "response_length/mean").values()) * config.batch_size
+    generate_s = sum(series(run, "time/rollout_s").values())
+    task = tasks.build(config.task)
+    problems = task.sample(config.rollout.prompts_per_step, seeded_rng(config.seed, 1, "prompts"))
+    tokenizer = models.load(config, torch.device("cpu"), CACHE, task)
+    alone = vllm_alone(config, tokenizer.encode([p.prompt for p in problems]))
+    print(
+        f"vLLM tokens/s: in rollout jobs (generation and scoring) {tokens / generate_s:,.0f}, "
+        f"vLLM alone {alone:,.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Real Celery workers for a benchmark: a scratch platform (SQLite and the filesystem broker
+under a folder of its own, the shared model cache), workers started on chosen queues, one
+run submitted and waited for, and its timing read back from the database."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / "var" / "cache"
+RUN_LIMIT_S = 900
+
+
+def scratch_env(scratch: Path, threads: int = 1) -> dict[str, str]:
+    """The environment of the benchmark's workers; `setup_django` gives this process the same."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(
+        LAB_VAR_DIR=str(scratch),
+        LAB_CACHE_DIR=str(CACHE),
+        LAB_TORCH_THREADS=str(threads),
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def setup_django(scratch: Path) -> dict[str, str]:
+    """A fresh scratch folder, this process pointed at it, the database migrated; the worker env."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    env = scratch_env(scratch)
+    for key in ("DATABASE_URL", "REDIS_URL"):
+        os.environ.pop(key, None)
+    os.environ.update({k: env[k] for k in ("LAB_VAR_DIR", "LAB_CACHE_DIR", "LAB_TORCH_THREADS")})
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
+    for path in (str(REPO), str(REPO / "platform")):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", interactive=False, verbosity=0)
+    return env
+
+
+def start_workers(env: dict[str, str], scratch: Path, queues: tuple[str, ...]) -> list[subprocess.Popen]:
+    """One worker per queue, each in its own process group; returns once all say they are ready."""
+    from lab.celery import worker_command
+
+    procs = []
+    for queue in queues:
+        log = (scratch / f"worker-{queue}.log").open("w")
+        procs.append(
+            subprocess.Popen(
+                ["timeout", "-s", "KILL", "3600", *worker_command(queue, f"bench-{queue}@%h")],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    deadline = time.monotonic() + 180
+    for queue in queues:
+        while "ready on" not in (scratch / f"worker-{queue}.log").read_text():
+            if time.monotonic() > deadline:
+                stop_workers(procs)
+                raise RuntimeError(f"the {queue} worker did not start; see {scratch}/worker-{queue}.log")
+            time.sleep(0.5)
+    return procs
+
+
+def stop_workers(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_on_workers(config: dict, name: str):
+    """Submit `config` as a one-run experiment, wait for it to succeed, return the run."""
+    from django.contrib.auth import get_user_model
+    from experiments.models import Run, Team
+    from experiments.sweeps import create_experiment, expand
+
+    team, _ = Team.objects.get_or_create(name="bench")
+    owner, _ = get_user_model().objects.get_or_create(username="bench")
+    config = dict(config)
+    preset = config.get("algorithm", {}).get("preset", "rec-oneside-nois")
+    staleness = config.pop("staleness", {})
+    experiment = create_experiment(team, owner, name, "", expand(config, [preset], [staleness], [0]))
+    run = experiment.runs.get()
+    deadline = time.monotonic() + RUN_LIMIT_S
+    while Run.objects.get(pk=run.pk).status in Run.ACTIVE:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"run {run.pk} did not finish in {RUN_LIMIT_S} s")
+        time.sleep(0.5)
+    run.refresh_from_db()
+    if run.status != Run.SUCCEEDED:
+        raise RuntimeError(f"run {run.pk} ended {run.status}: {run.error}")
+    return run
+
+
+def series(run, name: str) -> dict[int, float]:
+    from experiments.models import MetricPoint
+
+    return dict(MetricPoint.objects.filter(run=run, name=name).values_list("step", "value"))
+
+
+def seconds_between_steps(run, first: int, last: int) -> float:
+    """Wall time from step `first`'s metrics to step `last`'s."""
+    from experiments.models import MetricPoint
+
+    wall = dict(MetricPoint.objects.filter(run=run, name="loss").values_list("step", "wall_time"))
+    return (wall[last] - wall[first]).total_seconds()
