@@ -50,6 +50,7 @@ class Batch:
     rollout: Rollout
     pad_id: int = 0  # the token that left-pads prompts
     generate_s: float = 0.0  # seconds spent generating and scoring it, wherever that happened
+    ready_at: float = 0.0  # wall clock (time.time()) when it was complete
     row_versions: torch.Tensor | None = None  # [N] long; None: every row is `version`
 
     def versions(self) -> torch.Tensor:
@@ -73,6 +74,7 @@ class Batch:
             "completions": self.completions,
             "pad_id": self.pad_id,
             "generate_s": self.generate_s,
+            "ready_at": self.ready_at,
         }
         data = save(tensors, metadata={"batch": json.dumps(meta)})
         return write_atomically(Path(path), data)
@@ -98,6 +100,7 @@ class Batch:
             rollout=rollout,
             pad_id=meta["pad_id"],
             generate_s=meta["generate_s"],
+            ready_at=meta["ready_at"],
             row_versions=tensors["row_versions"],
         )
 
@@ -131,6 +134,7 @@ class Batch:
             rollout=rollout,
             pad_id=pad_id,
             generate_s=sum(p.generate_s for p in parts),
+            ready_at=max(p.ready_at for p in parts),
             row_versions=torch.cat([p.versions() for p in parts]),
         )
 

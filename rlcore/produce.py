@@ -61,6 +61,7 @@ class Producer:
             rollout=rollout,
             pad_id=self.lm.pad_id,
             generate_s=time.perf_counter() - started,
+            ready_at=time.time(),
         )
 
 

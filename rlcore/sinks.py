@@ -120,6 +120,7 @@ STEP_METRICS = (
     "time/rollout_s",
     "time/wait_s",
     "time/update_s",
+    "time/queue_s",
 )
 # Logged at step 0 and every `eval_every` steps, and after the last step.
 EVAL_METRICS = ("eval/accuracy", "eval/reward", "eval/kl_init")

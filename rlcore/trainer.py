@@ -129,6 +129,8 @@ def run_step(learner: Learner, source: staleness.BatchSource, step: int) -> tupl
     source.publish(step - 1, learner.policy)
     batch = source.take(step)
     taken = time.perf_counter()
+    # How long the batch sat ready before the trainer took it (rollouts running ahead).
+    queue_s = max(0.0, time.time() - batch.ready_at)
     metrics = train_step(learner, batch, step)
     learner.scheduler.step()
     done = time.perf_counter()
@@ -136,6 +138,7 @@ def run_step(learner: Learner, source: staleness.BatchSource, step: int) -> tupl
     metrics["time/rollout_s"] = batch.generate_s
     metrics["time/wait_s"] = taken - started
     metrics["time/update_s"] = done - taken
+    metrics["time/queue_s"] = queue_s
     metrics["tokens_per_s"] = float(batch.rollout.response_mask.sum()) / metrics["time/step_s"]
     return batch, metrics
 

@@ -6,7 +6,7 @@ import torch
 from rlcore import models, tasks, trainer
 from rlcore.sinks import EVAL_METRICS, STEP_METRICS, ListSink
 
-TIMING = {"time/step_s", "time/rollout_s", "time/wait_s", "time/update_s", "tokens_per_s"}
+TIMING = {"time/step_s", "time/rollout_s", "time/wait_s", "time/update_s", "time/queue_s", "tokens_per_s"}
 
 
 def without_timing(points):
