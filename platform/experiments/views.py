@@ -32,6 +32,7 @@ RECENT_COMPLETIONS = 20
 # The run page's side-by-side table: this many of the run's latest prompts, this many other runs each.
 SAME_PROMPTS = 5
 SAME_PROMPT_RUNS = 12
+ROLLOUT_JOBS_SHOWN = 50
 RUN_LIST_LIMIT = 500
 
 
@@ -317,8 +318,13 @@ def _run_context(run: Run) -> dict:
         table.setdefault(name, {})[step] = value
     steps = sorted(recent_steps)
     completions = list(run.completions.all()[:RECENT_COMPLETIONS])
+    job_counts = run.rollout_job_counts()
+    n_jobs = sum(job_counts.values())
     return {
         "run": run,
+        "job_counts": {status: n for status, n in job_counts.items() if n},
+        "n_jobs": n_jobs,
+        "rollout_jobs": run.latest_rollout_jobs(ROLLOUT_JOBS_SHOWN) if n_jobs else [],
         "steps": steps,
         "metric_rows": [(name, [table[name].get(s) for s in steps]) for name in sorted(table)],
         "completions": completions,
