@@ -128,7 +128,8 @@ def _comparison(request: HttpRequest, runs, table: str, name: str) -> HttpRespon
         return _bad_query(exc)
     payload = compare.compare(runs, query)
     if output == "json":
-        return JsonResponse(payload if table == "curves" else {"summary": payload["summary"]})
+        summary = {"summary": payload["summary"], "throughput": payload["throughput"]}
+        return JsonResponse(payload if table == "curves" else summary)
     text = compare.curves_csv(payload) if table == "curves" else compare.summary_csv(payload)
     response = HttpResponse(text, content_type="text/csv")
     metric = re.sub(r"[^A-Za-z0-9_.-]+", "-", query.metric).strip("-")
@@ -160,7 +161,8 @@ def experiment_compare_data(request: HttpRequest, experiment_id: int) -> HttpRes
 
 @login_required
 def experiment_compare_summary(request: HttpRequest, experiment_id: int) -> HttpResponse:
-    """The summary table (final value ± CI per preset × staleness) as JSON or, with `format=csv`, CSV."""
+    """The summary table (final value ± CI and throughput per preset × staleness) as JSON or, with
+    `format=csv`, CSV."""
     experiment = _experiment(request, experiment_id)
     return _comparison(request, experiment.runs.all(), "summary", f"experiment-{experiment.pk}")
 

@@ -50,11 +50,13 @@ def test_the_curves_json_has_every_metric_the_run_logged(alice_client, team, ali
     payload = curves(alice_client, run)
     assert payload["run"] == run.pk and payload["active"] is False
     metrics = payload["metrics"]
-    assert set(metrics) == {"reward/mean", "kl/init", "response_length/mean"}
+    assert set(metrics) == {"reward/mean", "kl/init", "response_length/mean", "time/step_s", "tokens_per_s"}
     assert metrics["kl/init"]["x"] == [0, 1, 2, 3, 4]
     assert metrics["kl/init"]["y"] == pytest.approx([0.0, 0.02, 0.04, 0.06, 0.08])
     assert metrics["reward/mean"]["y"] == pytest.approx([reward(s, 4, 1, 1, 0) for s in range(5)])
     assert metrics["response_length/mean"] == {"x": [0, 1, 2, 3, 4], "y": [10, 10, 10, 10, 10]}
+    assert metrics["time/step_s"]["x"] == [1, 2, 3, 4], "no step time at step 0"
+    assert metrics["time/step_s"]["y"] == pytest.approx([1.2, 1.8, 1.2, 1.8])
 
     Run.objects.filter(pk=run.pk).update(status=Run.RUNNING)
     assert curves(alice_client, run)["active"] is True
