@@ -89,6 +89,7 @@ class RunOut(Schema):
     status: str
     attempt: int
     queue: str
+    execution_mode: str
     worker: str
     progress: int
     steps: int
@@ -101,6 +102,9 @@ class RunOut(Schema):
 
 class RunDetailOut(RunOut):
     config: dict[str, Any]
+    rollout_jobs: dict[str, int] = Field(
+        description="how many of the run's rollout jobs are in each status (distributed and async runs)"
+    )
 
 
 def _run_out(run: Run) -> dict[str, Any]:
@@ -108,8 +112,11 @@ def _run_out(run: Run) -> dict[str, Any]:
         **{name: getattr(run, name) for name in RunOut.model_fields if name not in ("experiment", "steps")},
         "experiment": run.experiment_id,
         "steps": run.steps,
-        "config": run.config,
     }
+
+
+def _run_detail_out(run: Run) -> dict[str, Any]:
+    return {**_run_out(run), "config": run.config, "rollout_jobs": run.rollout_job_counts()}
 
 
 def _field_errors(errors: list[tuple[str, str]]) -> list[dict[str, Any]]:
@@ -177,7 +184,7 @@ def list_runs(request: HttpRequest, experiment_id: int):
 
 @api.get("/runs/{run_id}", response=RunDetailOut)
 def get_run(request: HttpRequest, run_id: int):
-    return _run_out(_visible_run(request, run_id))
+    return _run_detail_out(_visible_run(request, run_id))
 
 
 @api.get("/runs/{run_id}/metrics")
@@ -251,7 +258,7 @@ def cancel_run(request: HttpRequest, run_id: int):
     run = _visible_run(request, run_id)
     if not run.cancel():
         raise HttpError(409, f"run {run.pk} is {run.status}; only queued or running runs can be cancelled")
-    return _run_out(run)
+    return _run_detail_out(run)
 
 
 @api.post("/runs/{run_id}/retry", response=RunDetailOut)
@@ -262,4 +269,4 @@ def retry_run(request: HttpRequest, run_id: int):
         raise HttpError(
             409, f"run {run.pk} is {run.status}; only failed, cancelled or lost runs can be retried"
         )
-    return _run_out(run)
+    return _run_detail_out(run)

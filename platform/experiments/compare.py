@@ -6,8 +6,10 @@ parameter that is wrong. `compare` reads only the chosen metric's points of the 
 query (plus the mean response lengths when x is tokens; on PostgreSQL as one binary array per
 run, see `_points_by_run_postgresql`), turns each run into a `curves.Series` on the chosen x
 axis, and returns per group the downsampled mean curve with its band, and per group the final
-value across seeds (`summary`). A line is one preset of one experiment (seeds of different
-experiments are never averaged together). Groups come in a fixed order: experiments by id,
+value across seeds (`summary`) and the group's trainer throughput across seeds (`throughput`:
+steps per hour = 3600 / the run's mean logged `time/step_s`, and the run's mean logged
+`tokens_per_s`, both aggregated in the database as part of the runs query). A line is one preset
+of one experiment (seeds of different experiments are never averaged together). Groups come in a fixed order: experiments by id,
 presets in `rlcore.presets` order, staleness settings in the order the runs were created. Each
 preset has one colour everywhere, keyed by that order.
 """
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 import psycopg
 from django.db import connection
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Avg, OuterRef, QuerySet, Subquery
 from django.http import QueryDict
 
 from experiments import curves
@@ -36,6 +38,16 @@ from rlcore.sinks import EVAL_METRICS, STEP_METRICS
 METRICS = (*STEP_METRICS, *EVAL_METRICS)
 LENGTH_METRIC = "response_length/mean"
 SCATTER_METRICS = ("kl/init", "reward/mean")
+STEP_TIME_METRIC = "time/step_s"
+TOKEN_RATE_METRIC = "tokens_per_s"
+THROUGHPUT_COLUMNS = (
+    "steps_per_hour",
+    "steps_per_hour_ci_lo",
+    "steps_per_hour_ci_hi",
+    "tokens_per_s",
+    "tokens_per_s_ci_lo",
+    "tokens_per_s_ci_hi",
+)
 MAX_K = 100_000
 MAX_SELECTED_RUNS = 500
 POINT_DTYPE = np.dtype([("run", "i8"), ("step", "f8"), ("value", "f8")])
@@ -251,6 +263,46 @@ def _scalar(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _mean_of(name: str) -> Subquery:
+    """The mean of metric `name` over the outer run's steps (missing values left out; None if none)."""
+    return Subquery(
+        MetricPoint.objects.filter(run=OuterRef("pk"), name=name)
+        .order_by()
+        .values("run")
+        .annotate(mean=Avg("value"))
+        .values("mean")
+    )
+
+
+def _steps_per_hour(run: Run) -> float:
+    """3600 / the run's mean trainer step time (waiting for the batch plus the update); NaN if unknown."""
+    mean_step_s = run.mean_step_s
+    return 3600.0 / mean_step_s if mean_step_s is not None and mean_step_s > 0 else math.nan
+
+
+def _tokens_per_s(run: Run) -> float:
+    """The run's mean logged tokens per second; NaN if unknown."""
+    return math.nan if run.mean_tokens_per_s is None else run.mean_tokens_per_s
+
+
+def _throughput(runs: list[Run]) -> dict[str, Any]:
+    """Steps per hour and tokens per second of a group's runs, each summarised across seeds like the
+    final values: the mean with a 95% bootstrap CI; `n_seeds` counts the runs with step times."""
+    per_run = {
+        "steps_per_hour": [_steps_per_hour(run) for run in runs],
+        "tokens_per_s": [_tokens_per_s(run) for run in runs],
+    }
+    row: dict[str, Any] = {"n_seeds": sum(math.isfinite(v) for v in per_run["steps_per_hour"])}
+    for name, values in per_run.items():
+        result = curves.summarise(values)
+        row |= {
+            name: _scalar(result.mean),
+            f"{name}_ci_lo": _scalar(result.ci_lo),
+            f"{name}_ci_hi": _scalar(result.ci_hi),
+        }
+    return row
+
+
 def line_label(preset: str, experiment: Experiment, several: bool) -> str:
     """What a line is called: its preset, plus its experiment when runs of several are compared."""
     return f"{preset} · #{experiment.pk} {experiment.name}" if several else preset
@@ -273,7 +325,9 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                     .values("value")[:1]
                 )
                 for name in SCATTER_METRICS
-            }
+            },
+            mean_step_s=_mean_of(STEP_TIME_METRIC),
+            mean_tokens_per_s=_mean_of(TOKEN_RATE_METRIC),
         )
     )
     run_ids = [run.pk for run in runs]
@@ -294,7 +348,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
     for run in runs:
         members[(run.experiment_id, run.preset, run.staleness)].append(run)
 
-    groups, summary, run_rows = [], [], []
+    groups, summary, throughput, run_rows = [], [], [], []
     for line in lines:
         for setting in staleness:
             group_runs = members.get((line["experiment"], line["preset"], setting), [])
@@ -332,6 +386,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                     "std": _scalar(result.std),
                 }
             )
+            throughput.append({**key, **_throughput(group_runs)})
             run_rows += [
                 {
                     "id": run.pk,
@@ -341,6 +396,8 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                     "status": run.status,
                     "final": _scalar(finals.get(run.pk, math.nan)),
                     **{name: getattr(run, f"last_{name}") for name in SCATTER_METRICS},
+                    "steps_per_hour": _scalar(_steps_per_hour(run)),
+                    "tokens_per_s": _scalar(_tokens_per_s(run)),
                 }
                 for run in group_runs
             ]
@@ -358,6 +415,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         "colours": preset_colours(presets),
         "groups": groups,
         "summary": summary,
+        "throughput": throughput,
         "runs": run_rows,
     }
 
@@ -388,7 +446,8 @@ def curves_csv(payload: dict[str, Any]) -> str:
 
 
 def summary_csv(payload: dict[str, Any]) -> str:
-    """The summary table as CSV: one row per (preset, staleness)."""
+    """The summary table as CSV: one row per (preset, staleness), the final value and then the
+    group's throughput (`throughput_n_seeds`: the runs with logged step times)."""
     out = io.StringIO()
     writer = csv.writer(out)
     several = len(payload["experiments"]) > 1
@@ -396,7 +455,8 @@ def summary_csv(payload: dict[str, Any]) -> str:
         *(["experiment"] if several else []),
         *("preset", "staleness", "n_runs", "n_seeds", "value", "ci_lo", "ci_hi", "std"),
     ]
-    writer.writerow(columns)
-    for row in payload["summary"]:
-        writer.writerow(["" if row[c] is None else row[c] for c in columns])
+    writer.writerow([*columns, *THROUGHPUT_COLUMNS, "throughput_n_seeds"])
+    for row, speed in zip(payload["summary"], payload["throughput"], strict=True):
+        values = [row[c] for c in columns] + [speed[c] for c in (*THROUGHPUT_COLUMNS, "n_seeds")]
+        writer.writerow(["" if v is None else v for v in values])
     return out.getvalue()

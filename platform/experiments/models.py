@@ -17,7 +17,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from rlcore.config import RunConfig
@@ -158,6 +158,35 @@ class Run(models.Model):
     @property
     def final_reward(self) -> float | None:
         return self.summary.get("reward/mean")
+
+    @property
+    def execution_mode(self) -> str:
+        """simulated, distributed or async; runs stored before execution modes existed were simulated."""
+        return self.config.get("execution", {}).get("mode", "simulated")
+
+    @property
+    def execution_report(self) -> dict[str, float] | None:
+        """What a finished distributed or async run reported about its execution: mean seconds to
+        publish the weights, bytes published in all, and the fractions of wall time the trainer and
+        the rollout workers were idle. None for simulated runs and runs that have not finished."""
+        names = {
+            "publish_s_mean": "weights/publish_s_mean",
+            "publish_bytes": "weights/publish_bytes",
+            "trainer_idle_frac": "idle/trainer_frac",
+            "rollout_idle_frac": "idle/rollout_frac",
+        }
+        if self.execution_mode == "simulated" or not all(name in self.summary for name in names.values()):
+            return None
+        return {key: self.summary[name] for key, name in names.items()}
+
+    def rollout_job_counts(self) -> dict[str, int]:
+        """How many of the run's rollout jobs are in each status: every status, in lifecycle order."""
+        found = dict(self.rollout_jobs.order_by().values_list("status").annotate(n=Count("id")))
+        return {status: found.get(status, 0) for status, _ in RolloutJob.STATUSES}
+
+    def latest_rollout_jobs(self, limit: int) -> list[RolloutJob]:
+        """The run's last `limit` rollout jobs: newest step first, parts in order within a step."""
+        return list(self.rollout_jobs.order_by("-step", "part")[:limit])
 
     def _update(self, condition: Q, **changes) -> bool:
         """Apply `changes` iff the row still matches `condition`; either way, reload self."""

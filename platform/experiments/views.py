@@ -32,6 +32,7 @@ RECENT_COMPLETIONS = 20
 # The run page's side-by-side table: this many of the run's latest prompts, this many other runs each.
 SAME_PROMPTS = 5
 SAME_PROMPT_RUNS = 12
+ROLLOUT_JOBS_SHOWN = 50
 RUN_LIST_LIMIT = 500
 
 
@@ -127,7 +128,8 @@ def _comparison(request: HttpRequest, runs, table: str, name: str) -> HttpRespon
         return _bad_query(exc)
     payload = compare.compare(runs, query)
     if output == "json":
-        return JsonResponse(payload if table == "curves" else {"summary": payload["summary"]})
+        summary = {"summary": payload["summary"], "throughput": payload["throughput"]}
+        return JsonResponse(payload if table == "curves" else summary)
     text = compare.curves_csv(payload) if table == "curves" else compare.summary_csv(payload)
     response = HttpResponse(text, content_type="text/csv")
     metric = re.sub(r"[^A-Za-z0-9_.-]+", "-", query.metric).strip("-")
@@ -159,7 +161,8 @@ def experiment_compare_data(request: HttpRequest, experiment_id: int) -> HttpRes
 
 @login_required
 def experiment_compare_summary(request: HttpRequest, experiment_id: int) -> HttpResponse:
-    """The summary table (final value ± CI per preset × staleness) as JSON or, with `format=csv`, CSV."""
+    """The summary table (final value ± CI and throughput per preset × staleness) as JSON or, with
+    `format=csv`, CSV."""
     experiment = _experiment(request, experiment_id)
     return _comparison(request, experiment.runs.all(), "summary", f"experiment-{experiment.pk}")
 
@@ -317,8 +320,13 @@ def _run_context(run: Run) -> dict:
         table.setdefault(name, {})[step] = value
     steps = sorted(recent_steps)
     completions = list(run.completions.all()[:RECENT_COMPLETIONS])
+    job_counts = run.rollout_job_counts()
+    n_jobs = sum(job_counts.values())
     return {
         "run": run,
+        "job_counts": {status: n for status, n in job_counts.items() if n},
+        "n_jobs": n_jobs,
+        "rollout_jobs": run.latest_rollout_jobs(ROLLOUT_JOBS_SHOWN) if n_jobs else [],
         "steps": steps,
         "metric_rows": [(name, [table[name].get(s) for s in steps]) for name in sorted(table)],
         "completions": completions,

@@ -4,7 +4,8 @@ training, just runs and metric points whose values follow a formula the tests ca
 `make_finished_experiment` builds presets × staleness settings × seeds runs with steps
 0…`steps`, each logging `reward/mean = (step / steps) × (0.5 + 0.25 p − 0.1 s) + 0.05 seed`
 (p = preset index, s = staleness index), `kl/init = 0.01 × step × (1 + s)`,
-`response_length/mean = 10 + seed`, one step per second of wall time.
+`response_length/mean = 10 + seed`, one step per second of wall time; and from step 1 on, as
+the trainer does, `time/step_s` (`step_time`) and `tokens_per_s` (`tokens_per_s`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ START = datetime(2026, 11, 1, tzinfo=UTC)
 
 def reward(step: int, steps: int, preset_index: int, staleness_index: int, seed: int) -> float:
     return step / steps * (0.5 + 0.25 * preset_index - 0.1 * staleness_index) + 0.05 * seed
+
+
+def step_time(step: int, preset_index: int, staleness_index: int, seed: int) -> float:
+    """`time/step_s`: (1 + s) × (0.5 + 0.25 p) × (1 + 0.5 seed) seconds, 20% less on odd steps and 20%
+    more on even ones, so the mean over an even number of steps is exactly the first three factors."""
+    return (1 + staleness_index) * (0.5 + 0.25 * preset_index) * (1 + 0.5 * seed) * (0.8 if step % 2 else 1.2)
+
+
+def tokens_per_s(step: int, preset_index: int, staleness_index: int, seed: int) -> float:
+    """`tokens_per_s`: 16 responses (4 prompts × 4) of `10 + seed` tokens over `step_time`."""
+    return 16 * (10 + seed) / step_time(step, preset_index, staleness_index, seed)
 
 
 def make_finished_experiment(
@@ -45,6 +57,9 @@ def make_finished_experiment(
                 "kl/init": 0.01 * step * (1 + s),
                 "response_length/mean": 10.0 + config.seed,
             }
+            if step > 0:
+                values["time/step_s"] = step_time(step, p, s, config.seed)
+                values["tokens_per_s"] = tokens_per_s(step, p, s, config.seed)
             points += [
                 MetricPoint(run=run, name=metric, step=step, value=value, wall_time=wall_time)
                 for metric, value in values.items()

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from conftest import TINY_CONFIG
 from django.core.management import CommandError, call_command
-from experiments.models import MetricPoint, Run
+from experiments.models import MetricPoint, RolloutJob, Run
 from experiments.sweeps import create_experiment, expand
 
 pytestmark = pytest.mark.django_db
@@ -59,6 +59,7 @@ def test_reading_experiments_runs_and_metrics(client, token, run):
     ]
     detail = client.get(f"/api/runs/{run.pk}", **auth).json()
     assert detail["config"]["rollout"]["group_size"] == 4 and detail["steps"] == TINY_CONFIG["steps"]
+    assert detail["execution_mode"] == "simulated" and set(detail["rollout_jobs"].values()) == {0}
 
     metrics = client.get(f"/api/runs/{run.pk}/metrics", **auth).json()
     assert metrics == {
@@ -74,6 +75,31 @@ def test_reading_experiments_runs_and_metrics(client, token, run):
         ["loss", "2", "0.25"],
     ]
     assert client.get(f"/api/runs/{run.pk}/metrics?format=xml", **auth).status_code == 422
+
+
+def test_a_distributed_run_has_its_execution_mode_and_rollout_job_counts(client, token, team, alice):
+    config = {**TINY_CONFIG, "execution": {"mode": "distributed", "rollout_workers": 2}}
+    run = create_experiment(team, alice, "split", "", expand(config, ["grpo"], [{}], [0])).runs.get()
+    statuses = [RolloutJob.DONE, RolloutJob.DONE, RolloutJob.DONE, RolloutJob.RUNNING, RolloutJob.LOST]
+    RolloutJob.objects.bulk_create(
+        RolloutJob(run=run, step=1 + i // 2, part=i % 2, groups_start=0, groups_stop=2, status=status)
+        for i, status in enumerate(statuses)
+    )
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    detail = client.get(f"/api/runs/{run.pk}", **auth).json()
+    assert detail["execution_mode"] == "distributed"
+    assert detail["rollout_jobs"] == {
+        "queued": 0,
+        "running": 1,
+        "done": 3,
+        "failed": 0,
+        "cancelled": 0,
+        "lost": 1,
+    }
+    [listed] = client.get(f"/api/experiments/{run.experiment_id}/runs", **auth).json()
+    assert listed["execution_mode"] == "distributed" and "rollout_jobs" not in listed
+    cancelled = client.post(f"/api/runs/{run.pk}/cancel", **auth).json()
+    assert cancelled["status"] == Run.CANCELLED and cancelled["rollout_jobs"]["cancelled"] == 1
 
 
 def test_cancel_then_retry_through_the_api(client, token, run):

@@ -1,5 +1,5 @@
-"""The comparison endpoints of an experiment: aggregated curves and summary as JSON and CSV,
-team-scoped, with bad query parameters named in a 400, from one query for the metric's points."""
+"""The comparison endpoints of an experiment: aggregated curves, summary and throughput as JSON and
+CSV, team-scoped, with bad query parameters named in a 400, from one query for the metric's points."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from experiments.models import MetricPoint, Run
-from sample_experiments import make_finished_experiment, reward
+from sample_experiments import make_finished_experiment, reward, step_time, tokens_per_s
 
 pytestmark = pytest.mark.django_db
 
@@ -89,6 +89,61 @@ def test_summary_rules_and_per_run_final_values(alice_client, experiment):
     assert first["reward/mean"] == pytest.approx(0.7) and first["kl/init"] == pytest.approx(0.4)
 
 
+def test_throughput_is_3600_over_the_mean_step_time_and_the_mean_tokens_per_s_across_seeds(
+    alice_client, experiment
+):
+    payload = data(alice_client, experiment)
+    rows = {(r["preset"], r["staleness"]): r for r in payload["throughput"]}
+    assert list(rows) == [(r["preset"], r["staleness"]) for r in payload["summary"]]
+    # reinforce, on-policy: mean step times 0.5 s (seed 0) and 0.75 s (seed 1), so 7200 and 4800
+    # steps an hour; the mean of two seeds, with the bootstrap CI spanning both.
+    row = rows["reinforce", "on-policy"]
+    assert (row["n_runs"], row["n_seeds"]) == (2, 2)
+    assert (row["steps_per_hour"], row["steps_per_hour_ci_lo"], row["steps_per_hour_ci_hi"]) == (
+        pytest.approx(6000),
+        pytest.approx(4800),
+        pytest.approx(7200),
+    )
+    steps = range(1, 21)
+    for (preset, staleness), row in rows.items():
+        p, s = ("reinforce", "grpo").index(preset), ("on-policy", "sync_offset=2").index(staleness)
+        hourly = [3600 / (sum(step_time(t, p, s, seed) for t in steps) / 20) for seed in (0, 1)]
+        tokens = [sum(tokens_per_s(t, p, s, seed) for t in steps) / 20 for seed in (0, 1)]
+        assert row["steps_per_hour"] == pytest.approx(sum(hourly) / 2), (preset, staleness)
+        assert [row["steps_per_hour_ci_lo"], row["steps_per_hour_ci_hi"]] == pytest.approx(sorted(hourly))
+        assert row["tokens_per_s"] == pytest.approx(sum(tokens) / 2), (preset, staleness)
+        assert [row["tokens_per_s_ci_lo"], row["tokens_per_s_ci_hi"]] == pytest.approx(sorted(tokens))
+    # grpo, sync_offset=2, seed 1: 2 × 0.75 × 1.5 = 2.25 s a step, 1600 steps an hour; each step
+    # 176 tokens in 1.8 or 2.7 s.
+    run = next(
+        r for r in payload["runs"] if (r["preset"], r["staleness"], r["seed"]) == ("grpo", "sync_offset=2", 1)
+    )
+    assert run["steps_per_hour"] == pytest.approx(1600)
+    assert run["tokens_per_s"] == pytest.approx((176 / 1.8 + 176 / 2.7) / 2)
+    # Throughput does not depend on the metric shown, and the summary endpoint has it too.
+    assert (
+        data(alice_client, experiment, metric="kl/init", rule="best")["throughput"] == payload["throughput"]
+    )
+    summary = alice_client.get(reverse("experiment-compare-summary", args=[experiment.pk])).json()
+    assert summary["throughput"] == payload["throughput"]
+
+
+def test_a_run_without_step_times_is_left_out_of_its_groups_throughput(alice_client, experiment):
+    run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
+    MetricPoint.objects.filter(run=run, name__in=["time/step_s", "tokens_per_s"]).delete()
+    payload = data(alice_client, experiment)
+    row = next(r for r in payload["throughput"] if (r["preset"], r["staleness"]) == ("grpo", "on-policy"))
+    # Seed 0 alone: 0.75 s a step.
+    assert (row["n_runs"], row["n_seeds"]) == (2, 1)
+    assert (row["steps_per_hour"], row["steps_per_hour_ci_lo"], row["steps_per_hour_ci_hi"]) == (
+        pytest.approx(4800),
+        pytest.approx(4800),
+        pytest.approx(4800),
+    )
+    assert next(r for r in payload["runs"] if r["id"] == run.pk)["steps_per_hour"] is None
+    assert next(r for r in payload["runs"] if r["id"] == run.pk)["tokens_per_s"] is None
+
+
 def test_a_group_with_one_seed_with_points_says_so(alice_client, experiment):
     run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
     MetricPoint.objects.filter(run=run).delete()
@@ -136,6 +191,9 @@ def test_csv_downloads_of_curves_and_summary_parse(alice_client, experiment):
         ("reinforce", "sync_offset=2", "2"),
     ]
     assert float(rows[0]["value"]) == pytest.approx(0.525)
+    assert (float(rows[0]["steps_per_hour"]), rows[0]["throughput_n_seeds"]) == (pytest.approx(6000), "2")
+    assert float(rows[0]["steps_per_hour_ci_lo"]) == pytest.approx(4800)
+    assert float(rows[-1]["tokens_per_s"]) > 0 and rows[-1]["tokens_per_s_ci_hi"] != ""
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """The comparison dashboard in a real headless Chromium, on a finished 2 presets × 2 staleness
 settings × 2 seeds experiment written straight into the database: the grid draws one line and
 one band per preset in each staleness panel, the controls change the traces and the URL, the URL
-reproduces the view, the CSV links download parseable files, and a running experiment is polled.
+reproduces the view, the CSV links download parseable files, the throughput charts beside the
+degradation plot draw one line per preset, and a running experiment is polled.
 Screenshots land in var/test/screenshots/."""
 
 from __future__ import annotations
@@ -89,6 +90,19 @@ def test_the_grid_controls_permalink_and_csv_of_a_finished_experiment(page, live
     degradation = page.evaluate("() => document.getElementById('degradation').data.map(t => [t.name, t.y])")
     assert [name for name, _ in degradation] == ["reinforce", "grpo"]
     assert [y for _, y in degradation] == [pytest.approx([0.525, 0.425]), pytest.approx([0.775, 0.675])]
+    # Throughput next to the degradation plot: one trace per preset in each chart, from the step times.
+    throughput = page.evaluate(
+        """() => ['throughput-steps', 'throughput-tokens'].map(id => document.getElementById(id).data.map(
+            t => [t.meta.kind, t.name, t.y, t.error_y.array.length]))"""
+    )
+    assert throughput[0] == [
+        ["steps_per_hour", "reinforce", pytest.approx([6000, 3000]), 2],
+        ["steps_per_hour", "grpo", pytest.approx([4000, 2000]), 2],
+    ]
+    assert [(kind, name, len(y)) for kind, name, y, _ in throughput[1]] == [
+        ("tokens_per_s", "reinforce", 2),
+        ("tokens_per_s", "grpo", 2),
+    ]
     scatter = page.evaluate("() => document.getElementById('scatter').data.map(t => [t.name, t.x.length])")
     assert scatter == [["reinforce", 4], ["grpo", 4]]
 

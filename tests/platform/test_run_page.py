@@ -1,6 +1,8 @@
 """The run page: its curves as JSON (every metric it logged, downsampled on the server with spikes
-kept, null for missing values, team-scoped), and the completions other runs of the experiment gave
-to the same prompts, side by side and escaped, from a number of queries that does not grow with runs."""
+kept, null for missing values, team-scoped), the completions other runs of the experiment gave
+to the same prompts, side by side and escaped, from a number of queries that does not grow with runs,
+and for distributed and async runs the execution mode, the rollout jobs (latest first, bounded, with
+counts per status, escaped) and what the run reported about its execution, in units people read."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ import re
 from datetime import timedelta
 
 import pytest
+from conftest import TINY_CONFIG
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
-from experiments.models import Completion, Membership, MetricPoint, Run, Team
+from experiments.models import Completion, Membership, MetricPoint, RolloutJob, Run, Team
+from experiments.sweeps import create_experiment, expand
 from sample_experiments import START, make_finished_experiment, reward
 
 pytestmark = pytest.mark.django_db
@@ -46,11 +50,13 @@ def test_the_curves_json_has_every_metric_the_run_logged(alice_client, team, ali
     payload = curves(alice_client, run)
     assert payload["run"] == run.pk and payload["active"] is False
     metrics = payload["metrics"]
-    assert set(metrics) == {"reward/mean", "kl/init", "response_length/mean"}
+    assert set(metrics) == {"reward/mean", "kl/init", "response_length/mean", "time/step_s", "tokens_per_s"}
     assert metrics["kl/init"]["x"] == [0, 1, 2, 3, 4]
     assert metrics["kl/init"]["y"] == pytest.approx([0.0, 0.02, 0.04, 0.06, 0.08])
     assert metrics["reward/mean"]["y"] == pytest.approx([reward(s, 4, 1, 1, 0) for s in range(5)])
     assert metrics["response_length/mean"] == {"x": [0, 1, 2, 3, 4], "y": [10, 10, 10, 10, 10]}
+    assert metrics["time/step_s"]["x"] == [1, 2, 3, 4], "no step time at step 0"
+    assert metrics["time/step_s"]["y"] == pytest.approx([1.2, 1.8, 1.2, 1.8])
 
     Run.objects.filter(pk=run.pk).update(status=Run.RUNNING)
     assert curves(alice_client, run)["active"] is True
@@ -227,3 +233,132 @@ def test_the_run_page_queries_do_not_grow_with_the_number_of_runs(alice_client, 
         return len(captured)
 
     assert queries(1) == queries(3)
+
+
+def distributed_run(team, alice, mode: str = "distributed") -> Run:
+    config = {**TINY_CONFIG, "execution": {"mode": mode, "rollout_workers": 2}}
+    experiment = create_experiment(team, alice, mode, "", expand(config, ["grpo"], [{}], [0]))
+    return experiment.runs.get()
+
+
+def add_job(run, step: int, part: int, status: str, **fields) -> RolloutJob:
+    return RolloutJob.objects.create(
+        run=run,
+        step=step,
+        part=part,
+        groups_start=2 * part,
+        groups_stop=2 * part + 2,
+        status=status,
+        **fields,
+    )
+
+
+def rollout_jobs(page: str) -> list[list[str]]:
+    """The cell texts of every row of the rollout jobs table."""
+    table = page.split('<table id="rollout-jobs">', 1)[1].split("</table>", 1)[0]
+    return [
+        [
+            html.unescape(re.sub(r"<[^>]+>", "", c)).strip()
+            for c in re.findall(r"<td.*?>(.*?)</td>", row, re.S)
+        ]
+        for row in re.findall(r"<tr data-job.*?>(.*?)</tr>", table, re.S)
+    ]
+
+
+def text_of(page: str, element_id: str) -> str:
+    """The text of the element with id `element_id`, tags dropped and white space collapsed."""
+    tag, rest = re.search(rf'<(\w+) id="{element_id}">(.*)', page, re.S).groups()
+    inner = rest.split(f"</{tag}>", 1)[0]
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", inner)).split())
+
+
+def test_a_distributed_runs_page_shows_its_rollout_jobs_latest_first_and_escaped(alice_client, team, alice):
+    run = distributed_run(team, alice)
+    Run.objects.filter(pk=run.pk).update(status=Run.RUNNING, worker="trainer@a")
+    for step in (1, 2):
+        for part in (0, 1):
+            add_job(
+                run,
+                step,
+                part,
+                RolloutJob.DONE,
+                version=step - 1,
+                worker=f"rollout{part}@b",
+                started=START,
+                finished=START + timedelta(seconds=1.5 if part else 0.25),
+            )
+    add_job(run, 3, 0, RolloutJob.RUNNING, version=2, worker=SCRIPT, attempt=2, started=START)
+    add_job(run, 3, 1, RolloutJob.FAILED, version=2, worker="rollout1@b", attempt=3, error=SCRIPT)
+    add_job(run, 4, 0, RolloutJob.QUEUED)
+
+    page = alice_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    assert "execution distributed" in page
+    assert rollout_jobs(page) == [
+        ["4", "0", "queued", "–", "–", "1", "–"],
+        ["3", "0", "running", "2", SCRIPT, "2", "–"],
+        ["3", "1", "failed", "2", "rollout1@b", "3", "–"],
+        ["2", "0", "done", "1", "rollout0@b", "1", "250.0 ms"],
+        ["2", "1", "done", "1", "rollout1@b", "1", "1.50 s"],
+        ["1", "0", "done", "0", "rollout0@b", "1", "250.0 ms"],
+        ["1", "1", "done", "0", "rollout1@b", "1", "1.50 s"],
+    ]
+    assert text_of(page, "rollout-job-counts") == "7 jobs: 1 queued · 1 running · 4 done · 1 failed"
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and SCRIPT not in page
+    assert 'title="&lt;script&gt;alert(1)&lt;/script&gt;"' in page, "a failed job's error, escaped"
+    assert 'id="execution-report"' not in page, "nothing to report before the run finishes"
+
+    # The live fragment, re-fetched while the run is active, carries the table.
+    live = alice_client.get(reverse("run-live", args=[run.pk])).content.decode()
+    assert 'data-active="true"' in live and rollout_jobs(live) == rollout_jobs(page)
+
+
+def test_a_finished_async_runs_execution_report_is_in_units_people_read(alice_client, team, alice):
+    run = distributed_run(team, alice, mode="async")
+    assert run.staleness == "async,max_staleness=1"
+    summary = {
+        "reward/mean": 0.5,
+        "weights/publish_s_mean": 0.0123,
+        "weights/publish_bytes": 4.5 * 1024**2,
+        "idle/trainer_frac": 0.25,
+        "idle/rollout_frac": 0.4,
+    }
+    Run.objects.filter(pk=run.pk).update(status=Run.SUCCEEDED, summary=summary)
+    add_job(
+        run,
+        1,
+        0,
+        RolloutJob.DONE,
+        version=0,
+        worker="w",
+        started=START,
+        finished=START + timedelta(seconds=75),
+    )
+    page = alice_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    assert "execution async" in page
+    assert text_of(page, "execution-report") == (
+        "weights publish time, mean 12.3 ms weights published, in all 4.5 MB "
+        "trainer idle, waiting for batches 25.0% rollout workers idle 40.0%"
+    )
+    assert rollout_jobs(page) == [["1", "0", "done", "0", "w", "1", "1 min 15 s"]]
+    assert 'data-active="false"' in page
+
+
+def test_the_rollout_jobs_table_is_bounded_and_a_simulated_run_has_none(alice_client, team, alice):
+    run = distributed_run(team, alice)
+    RolloutJob.objects.bulk_create(
+        RolloutJob(run=run, step=step, part=part, groups_start=0, groups_stop=1, status=RolloutJob.DONE)
+        for step in range(1, 31)
+        for part in (0, 1)
+    )
+    page = alice_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    rows = rollout_jobs(page)
+    assert len(rows) == 50
+    assert [row[:2] for row in (rows[0], rows[1], rows[-1])] == [["30", "0"], ["30", "1"], ["6", "1"]]
+    assert text_of(page, "rollout-job-counts") == "60 jobs: 60 done · the latest 50 shown"
+
+    simulated = make_finished_experiment(team, alice, presets=("grpo",), staleness=({},), seeds=(0,))
+    page = alice_client.get(reverse("run-detail", args=[simulated.runs.get().pk])).content.decode()
+    assert "execution simulated" in page
+    assert (
+        'id="rollout-jobs"' not in page and "Rollout jobs" not in page and 'id="execution-report"' not in page
+    )

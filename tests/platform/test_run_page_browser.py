@@ -47,10 +47,18 @@ def test_a_finished_run_shows_its_curves_and_other_runs_completions_as_text(page
     rendered(page)
     page.screenshot(path=SCREENSHOTS / "run-page.png", full_page=True)
 
-    assert page.locator("#run-curves .js-plotly-plot").count() == 5
+    assert page.locator("#run-curves .js-plotly-plot").count() == 7
     assert page.evaluate(
         "() => [...document.querySelectorAll('#run-curves .curve')].map(el => el.dataset.metric)"
-    ) == ["reward/mean", "eval/accuracy", "kl/init", ODD_NAME, "response_length/mean"]
+    ) == [
+        "reward/mean",
+        "eval/accuracy",
+        "kl/init",
+        ODD_NAME,
+        "response_length/mean",
+        "time/step_s",
+        "tokens_per_s",
+    ]
     titles = page.evaluate(
         "() => [...document.querySelectorAll('#run-curves .curve')].map(el => el.querySelector('.gtitle').textContent)"
     )
@@ -61,7 +69,7 @@ def test_a_finished_run_shows_its_curves_and_other_runs_completions_as_text(page
         ODD_NAME,
     )
     assert curve == {"x": [0, 10, 20], "y": [1, None, 3]}
-    assert page.text_content("#run-curves-status") == "5 metrics"
+    assert page.text_content("#run-curves-status") == "7 metrics"
 
     table = page.locator("#same-prompts table")
     assert table.count() == 1
@@ -84,7 +92,7 @@ def test_a_running_runs_curves_are_polled_without_reloading(page, live_server, t
     page.goto(live_server.url + reverse("run-detail", args=[run.pk]))
     rendered(page)
     assert "refreshing" in page.text_content("#run-curves-status")
-    assert page.locator("#run-curves .js-plotly-plot").count() == 3
+    assert page.locator("#run-curves .js-plotly-plot").count() == 5
     page.evaluate("() => { window.notReloaded = true; }")
     MetricPoint.objects.bulk_create(
         [
@@ -104,14 +112,14 @@ def test_a_running_runs_curves_are_polled_without_reloading(page, live_server, t
     assert page.evaluate("() => window.notReloaded") is True
     assert page.evaluate(
         "() => [...document.querySelectorAll('#run-curves .curve')].map(el => el.dataset.metric)"
-    ) == ["reward/mean", "kl/init", "kl/behavior", "response_length/mean"]
+    ) == ["reward/mean", "kl/init", "kl/behavior", "response_length/mean", "time/step_s", "tokens_per_s"]
     assert (
         page.evaluate(
             "() => document.querySelector('#run-curves .curve[data-metric=\"reward/mean\"]').data[0].x.at(-1)"
         )
         == 5
     )
-    assert page.locator("#run-curves .js-plotly-plot").count() == 4
+    assert page.locator("#run-curves .js-plotly-plot").count() == 6
     draws = int(page.get_attribute("#run-curves", "data-rendered"))
     page.wait_for_timeout(3500)
     assert int(page.get_attribute("#run-curves", "data-rendered")) == draws, "polling stopped"

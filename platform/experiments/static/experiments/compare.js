@@ -2,6 +2,8 @@
 // A line is one preset of one experiment (`line` in the payload; just the preset for one experiment);
 // its colour is its preset's, and with runs of several experiments the dash tells experiments apart.
 // Changing metric, x axis, band or final-value rule fetches again; view and smoothing only redraw.
+// Below the curves, the trade-off: the final value and the trainer's throughput (steps per hour,
+// tokens/s), each against staleness.
 // While a run is queued or running the data is polled every few seconds, without reloading the page.
 // Names (presets, staleness labels, metrics) are user input: they only ever go through textContent
 // or Plotly's text fields, never innerHTML.
@@ -204,29 +206,51 @@
     }
   }
 
-  function drawDegradation() {
+  // One trace per line over the staleness settings (a category axis): `fields.value` of the line's
+  // rows (summary or throughput rows of the payload) with their CI as error bars.
+  function drawVersusStaleness(element, rows, fields, options) {
     const traces = payload.lines.map(({ line, preset, experiment }) => {
-      const rows = payload.staleness.map((s) => payload.summary.find((r) => r.line === line && r.staleness === s));
-      const value = (r, key) => (r ? r[key] : null);
+      const points = payload.staleness.map((s) => rows.find((r) => r.line === line && r.staleness === s));
+      const value = (r) => (r ? r[fields.value] : null);
+      const name = escapeText(line);
       return {
         x: payload.staleness.map(escapeText),
-        y: rows.map((r) => value(r, "value")),
+        y: points.map(value),
+        customdata: points.map((r) => (r ? r.n_seeds : 0)),
         error_y: {
           type: "data",
           symmetric: false,
-          array: rows.map((r) => (r && r.ci_hi !== null ? r.ci_hi - r.value : null)),
-          arrayminus: rows.map((r) => (r && r.ci_lo !== null ? r.value - r.ci_lo : null)),
+          array: points.map((r) => (r && r[fields.hi] !== null ? r[fields.hi] - r[fields.value] : null)),
+          arrayminus: points.map((r) => (r && r[fields.lo] !== null ? r[fields.value] - r[fields.lo] : null)),
         },
         type: "scatter",
         mode: "lines+markers",
-        name: escapeText(line),
+        name,
         line: { color: payload.colours[preset], dash: experimentDash({ experiment }) },
-        meta: { kind: "degradation", preset, line },
+        hovertemplate: `%{y:.4g} at %{x} · %{customdata} seeds<extra>${name}</extra>`,
+        meta: { kind: options.kind, preset, line },
       };
     });
-    const layout = { ...axisLayout(`final ${payload.metric} (${payload.rule}) vs staleness`), height: 320 };
+    // Three of these share a row: room on the right for the last staleness label.
+    const layout = { ...axisLayout(options.title), height: 320, margin: { l: 50, r: 40, t: 30, b: 40 } };
     layout.xaxis = { title: { text: "staleness" }, type: "category" };
-    Plotly.newPlot("degradation", traces, layout, plotConfig("degradation"));
+    layout.yaxis = { title: { text: escapeText(options.yTitle) }, rangemode: options.fromZero ? "tozero" : "normal" };
+    Plotly.newPlot(element, traces, layout, plotConfig(options.kind));
+  }
+
+  function drawTradeOff() {
+    drawVersusStaleness("degradation", payload.summary, { value: "value", lo: "ci_lo", hi: "ci_hi" }, {
+      kind: "degradation",
+      title: `final ${payload.metric} (${payload.rule}) vs staleness`,
+      yTitle: payload.metric,
+    });
+    for (const [element, name, title, yTitle] of [
+      ["throughput-steps", "steps_per_hour", "trainer steps per hour vs staleness", "steps per hour"],
+      ["throughput-tokens", "tokens_per_s", "trainer tokens/s vs staleness", "tokens/s"],
+    ]) {
+      const fields = { value: name, lo: `${name}_ci_lo`, hi: `${name}_ci_hi` };
+      drawVersusStaleness(element, payload.throughput, fields, { kind: name, title, yTitle, fromZero: true });
+    }
   }
 
   function drawScatter() {
@@ -253,7 +277,7 @@
     if (control("view").value === "overlay") drawOverlay();
     else drawGrid();
     drawSummary();
-    drawDegradation();
+    drawTradeOff();
     drawScatter();
     document.getElementById("smooth-value").textContent = control("smooth").value;
     const runs = payload.runs.length;
