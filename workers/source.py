@@ -81,7 +81,7 @@ class DatabaseSource:
         self._steps_of = steps_by_version(config.steps, s.sync_interval, s.sync_offset, s.offline)
         self.last_taken = 0
         self.checkpointed = 0  # the step of the last checkpoint whose state() we gave
-        self.started = time.perf_counter()
+        self.started: float | None = None  # the first publish: loading θ0 is not idle time
         self.wait_s = 0.0
         self.publish_s: list[float] = []
         self.publish_bytes = 0
@@ -95,6 +95,8 @@ class DatabaseSource:
 
     def publish(self, version: int, policy: torch.nn.Module) -> None:
         started = time.perf_counter()
+        if self.started is None:
+            self.started = started
         if self.mode == "async":
             steps = range(
                 version + 1, min(self.config.steps, version + 1 + self.config.execution.max_staleness) + 1
@@ -173,7 +175,7 @@ class DatabaseSource:
 
     def summary(self) -> dict[str, float]:
         """Weight publish time and bytes, and how idle the trainer and the rollout workers were."""
-        wall = time.perf_counter() - self.started
+        wall = time.perf_counter() - self.started if self.started is not None else 0.0
         jobs = RolloutJob.objects.filter(run=self.run, status=RolloutJob.DONE)
         busy = sum((j.duration_s or 0.0) for j in jobs)
         rollout_workers = max(1, jobs.values("worker").distinct().count())
