@@ -31,3 +31,4 @@ test: install lint
 bench: install
 	$(BIN)/python bench/rl_step.py
 	$(BIN)/python bench/dashboard.py
+	$(BIN)/python bench/worker_threads.py
