@@ -57,3 +57,4 @@ test: install lint chromium
 bench: install
 	$(BIN)/python bench/rl_step.py
 	$(BIN)/python bench/dashboard.py
+	$(BIN)/python bench/worker_threads.py
