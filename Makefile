@@ -58,3 +58,4 @@ bench: install
 	$(BIN)/python bench/rl_step.py
 	$(BIN)/python bench/dashboard.py
 	$(BIN)/python bench/worker_threads.py
+	$(BIN)/python bench/async_speedup.py

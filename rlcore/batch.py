@@ -77,7 +77,7 @@ class Batch:
             "ready_at": self.ready_at,
         }
         data = save(tensors, metadata={"batch": json.dumps(meta)})
-        return write_atomically(Path(path), data)
+        return _write_atomically(Path(path), data)
 
     @classmethod
     def load(cls, path: Path, sha256: str | None = None) -> Batch:
@@ -144,13 +144,11 @@ def _metadata(data: bytes) -> dict[str, str]:
     return json.loads(data[8 : 8 + header_len]).get("__metadata__", {})
 
 
-def write_atomically(path: Path, data: bytes) -> str:
-    """Write `data` to `path` through a temporary file and a rename; return its sha256."""
+def _write_atomically(path: Path, data: bytes) -> str:
+    """Write `data` to `path` through a temporary file and a rename (readers never see half a
+    file, even if this process dies); return its sha256, which readers check."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    tmp.write_bytes(data)
     tmp.replace(path)
     return hashlib.sha256(data).hexdigest()

@@ -2,21 +2,21 @@
 once, rollout workers load it by version.
 
 A version is one immutable safetensors file, written through a temporary file and a rename
-(a reader never sees half a file), with its sha256 returned to the publisher, who records
-it; a loader checks the bytes against it. Publishing a version again replaces its file
+(a reader never sees half a file, whatever happens to the writing process), with its sha256
+returned to the publisher, who records it; a loader checks the bytes against it, which also
+catches a file damaged any other way. Publishing a version again replaces its file
 atomically (a trainer resumed from a checkpoint republishes what it needs).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import Tensor
-
-from rlcore.batch import write_atomically
 
 
 @dataclass(frozen=True)
@@ -38,13 +38,19 @@ class WeightStore:
         return self.root / f"v{version:06d}.safetensors"
 
     def publish(self, version: int, weights: dict[str, Tensor]) -> Published:
-        from safetensors.torch import save
+        from safetensors.torch import save_file
 
         started = time.perf_counter()
+        target = self.path(version)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         # Copies: tied tensors (embeddings and head) must not share storage in the file.
-        data = save({name: t.detach().to("cpu", copy=True).contiguous() for name, t in weights.items()})
-        sha256 = write_atomically(self.path(version), data)
-        return Published(version, self.path(version), sha256, len(data), time.perf_counter() - started)
+        save_file({name: t.detach().to("cpu", copy=True).contiguous() for name, t in weights.items()}, tmp)
+        with tmp.open("rb") as f:
+            sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+        size = tmp.stat().st_size
+        tmp.replace(target)
+        return Published(version, target, sha256, size, time.perf_counter() - started)
 
     def load(self, version: int, sha256: str) -> dict[str, Tensor]:
         from safetensors.torch import load

@@ -39,7 +39,7 @@ def _transport_options() -> dict:
         "control_folder": str(settings.BROKER_DIR / "control"),
         # kombu polls the folder once a second by default; a trainer waiting for a rollout job
         # would wait that long for every batch.
-        "polling_interval": 0.05,
+        "polling_interval": 0.01,
     }
 
 
