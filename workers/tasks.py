@@ -2,14 +2,15 @@
 (a rollout job, `workers.rollout`), and the reaper that re-queues lost runs and jobs.
 
 `execute(run_id, attempt)` is the plain entry point (the task only calls it): claim the
-run for this attempt, train it with a `DatabaseSink` — and, in the distributed and async
-execution modes, with a `DatabaseSource` whose batches rollout workers make — and end it
-`succeeded`, `cancelled` or `failed` with the reason. A message for an attempt that is no longer queued (a duplicate,
-or one redelivered after the run was reaped and re-queued) does nothing. Every worker also
-runs the reaper in a background thread, so a run whose worker died is re-queued as soon as
-any worker is alive; `python manage.py reap` does the same once by hand. Before it takes any
-work, a worker limits torch to `LAB_TORCH_THREADS` threads (the solo pool trains in the
-worker's main process), so the workers on one machine never oversubscribe its cores.
+oldest queued run of that run's queue (first in, first out), train it with a `DatabaseSink`
+— and, in the distributed and async execution modes, with a `DatabaseSource` whose batches
+rollout workers make — and end it `succeeded`, `cancelled` or `failed` with the reason. A
+message that finds no queued run on its queue (a duplicate, or one redelivered after its run
+was executed) does nothing. Every worker also runs the reaper in a background thread, so a
+run whose worker died is re-queued as soon as any worker is alive; `python manage.py reap`
+does the same once by hand. Before it takes any work, a worker limits torch to
+`LAB_TORCH_THREADS` threads (the solo pool trains in the worker's main process), so the
+workers on one machine never oversubscribe its cores.
 """
 
 from __future__ import annotations
@@ -38,11 +39,15 @@ def worker_identity() -> str:
 
 
 def execute(run_id: int, attempt: int) -> str:
-    """Execute `attempt` of run `run_id` if it is still queued; return what happened."""
+    """Execute the oldest queued run of run `run_id`'s queue (usually that run itself: a message
+    says "a run of this queue is waiting", the database says which goes first); return what
+    happened. Nothing to do when that queue has no queued run any more."""
     worker = worker_identity()
-    run = Run.objects.filter(pk=run_id).first()
-    if run is None or not run.claim(worker, attempt):
+    hint = Run.objects.filter(pk=run_id).first()
+    run = Run.claim_next(hint.queue, worker) if hint is not None else None
+    if run is None:
         return f"run {run_id} attempt {attempt}: not queued any more, nothing to do"
+    run_id, attempt = run.pk, run.attempt
     log.info("run %s attempt %s: claimed by %s", run_id, attempt, worker)
     sink = DatabaseSink(run, worker)
     source = None

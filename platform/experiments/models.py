@@ -4,7 +4,8 @@ A `Run` carries its own lifecycle: `queued → running → succeeded | failed | 
 plus `lost` when its worker stopped heartbeating. Every transition is one conditional
 UPDATE on the row, so two workers can never both claim a run, and a late or duplicate
 message finds nothing to do. Postgres (or SQLite locally) is the source of truth; the
-broker only carries "execute run N, attempt A".
+broker only carries "execute run N, attempt A", and a worker that gets such a message executes
+the oldest queued run of that run's queue (`claim_next`), so runs start first in, first out.
 """
 
 from __future__ import annotations
@@ -202,6 +203,18 @@ class Run(models.Model):
         transaction.on_commit(
             lambda: app.send_task("workers.tasks.execute_run", args=[run_id, attempt], queue=queue)
         )
+
+    @classmethod
+    def claim_next(cls, queue: str, worker: str) -> Run | None:
+        """Claim the oldest queued run of `queue` for `worker`: first in, first out across
+        experiments, whatever order the broker delivers its messages in. None if none is queued."""
+        while True:
+            run = cls.objects.filter(status=cls.QUEUED, queue=queue).order_by("id").first()
+            if run is None:
+                return None
+            if run.claim(worker, run.attempt):
+                return run
+            # Another worker claimed it (or it was cancelled) in the meantime: the next one.
 
     def claim(self, worker: str, attempt: int) -> bool:
         """queued → running for this attempt; False if someone else has it or it is over."""

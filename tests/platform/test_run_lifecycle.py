@@ -42,13 +42,32 @@ def test_late_and_duplicate_messages_do_nothing(run):
     assert (run.status, run.worker, run.summary) == (Run.SUCCEEDED, "w1:1", {"reward/mean": 0.5})
 
 
-def test_a_message_for_an_old_attempt_does_not_claim_the_new_one(run):
+def test_a_message_for_an_old_attempt_never_executes_an_attempt_twice(run, team, alice):
     run.claim("w1:1", attempt=1)
     run.fail("w1:1", "RuntimeError: boom")
     run.retry()
+    # The run is queued again (attempt 2): any message of its queue may start it, once.
+    assert run.claim("w2:2", attempt=2)
     assert execute(run.pk, 1).endswith("nothing to do")
+    assert execute(run.pk, 2).endswith("nothing to do")
     run.refresh_from_db()
-    assert (run.status, run.attempt) == (Run.QUEUED, 2)
+    assert (run.status, run.attempt, run.worker) == (Run.RUNNING, 2, "w2:2")
+
+
+def test_runs_are_claimed_first_in_first_out_across_experiments(team, alice):
+    first = create_experiment(team, alice, "first", "", expand(TINY_CONFIG, ["grpo", "reinforce"], [{}], [0]))
+    later = create_experiment(team, alice, "later", "", expand(TINY_CONFIG, ["grpo"], [{}], [0]))
+    gpu = create_experiment(
+        team, alice, "gpu", "", expand({**TINY_CONFIG, "device": "cuda"}, ["grpo"], [{}], [0])
+    )
+    # Whatever order the broker delivers the messages in, the oldest queued run of the queue goes first.
+    order = [Run.claim_next("cpu", f"w{i}:1") for i in range(4)]
+    assert [r.pk if r else None for r in order] == [
+        *first.runs.values_list("pk", flat=True),
+        later.runs.get().pk,
+        None,
+    ]
+    assert Run.claim_next("gpu", "g:1") == gpu.runs.get(), "queues are separate"
 
 
 def test_a_worker_that_lost_its_run_cannot_finish_it(run):
