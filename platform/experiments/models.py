@@ -79,7 +79,35 @@ class Experiment(models.Model):
         return self.runs.filter(status__in=Run.ACTIVE).exists()
 
 
-class Run(models.Model):
+class Leased:
+    """The lease idiom of runs and rollout jobs: every transition is one conditional UPDATE of
+    the row (`status`, `attempt`, `worker`, `heartbeat`, `started`, `finished`, `error`), so one
+    attempt is claimed by one worker, and a late message or a late report of a worker that lost
+    the lease changes nothing."""
+
+    QUEUED, RUNNING = "queued", "running"
+
+    def _update(self, condition: Q, **changes) -> bool:
+        """Apply `changes` iff the row still matches `condition`; either way, reload self."""
+        done = type(self).objects.filter(condition, pk=self.pk).update(**changes) == 1
+        self.refresh_from_db()
+        return done
+
+    def claim(self, worker: str, attempt: int) -> bool:
+        """queued → running for this attempt; False if someone else has it or it is over."""
+        now = timezone.now()
+        return self._update(
+            Q(status=self.QUEUED, attempt=attempt),
+            status=self.RUNNING,
+            worker=worker,
+            heartbeat=now,
+            started=now,
+            finished=None,
+            error="",
+        )
+
+
+class Run(Leased, models.Model):
     QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST = (
         "queued",
         "running",
@@ -189,12 +217,6 @@ class Run(models.Model):
         """The run's last `limit` rollout jobs: newest step first, parts in order within a step."""
         return list(self.rollout_jobs.order_by("-step", "part")[:limit])
 
-    def _update(self, condition: Q, **changes) -> bool:
-        """Apply `changes` iff the row still matches `condition`; either way, reload self."""
-        done = Run.objects.filter(condition, pk=self.pk).update(**changes) == 1
-        self.refresh_from_db()
-        return done
-
     def enqueue(self) -> None:
         """Send "execute this attempt" to the run's queue once the current transaction commits."""
         from lab.celery import app
@@ -215,19 +237,6 @@ class Run(models.Model):
             if run.claim(worker, run.attempt):
                 return run
             # Another worker claimed it (or it was cancelled) in the meantime: the next one.
-
-    def claim(self, worker: str, attempt: int) -> bool:
-        """queued → running for this attempt; False if someone else has it or it is over."""
-        now = timezone.now()
-        return self._update(
-            Q(status=Run.QUEUED, attempt=attempt),
-            status=Run.RUNNING,
-            worker=worker,
-            heartbeat=now,
-            started=now,
-            finished=None,
-            error="",
-        )
 
     def beat(self, worker: str, progress: int) -> bool:
         """Heartbeat from the worker executing the run; False once it no longer owns the run."""
@@ -317,7 +326,7 @@ class Run(models.Model):
         return reaped
 
 
-class RolloutJob(models.Model):
+class RolloutJob(Leased, models.Model):
     """Generate part `part` of trainer step `step`'s batch (prompt groups [groups_start,
     groups_stop)) with policy version `version`, on a rollout worker.
 
@@ -371,11 +380,6 @@ class RolloutJob(models.Model):
             return None
         return (self.finished - self.started).total_seconds()
 
-    def _update(self, condition: Q, **changes) -> bool:
-        done = RolloutJob.objects.filter(condition, pk=self.pk).update(**changes) == 1
-        self.refresh_from_db()
-        return done
-
     def enqueue(self) -> None:
         """Send "generate this attempt" to the job's queue once the current transaction commits."""
         from lab.celery import app
@@ -383,18 +387,6 @@ class RolloutJob(models.Model):
         job_id, attempt, queue = self.pk, self.attempt, self.queue
         transaction.on_commit(
             lambda: app.send_task("workers.tasks.generate_batch", args=[job_id, attempt], queue=queue)
-        )
-
-    def claim(self, worker: str, attempt: int) -> bool:
-        now = timezone.now()
-        return self._update(
-            Q(status=RolloutJob.QUEUED, attempt=attempt),
-            status=RolloutJob.RUNNING,
-            worker=worker,
-            heartbeat=now,
-            started=now,
-            finished=None,
-            error="",
         )
 
     def beat(self, worker: str, attempt: int) -> bool:

@@ -76,16 +76,19 @@ def test_distributed_runs_log_the_simulated_curves_exactly(start_worker, team, a
     assert used <= {w.identity for w in rollout_workers}, "only rollout workers generate"
 
 
-def kill_mid_job(victim, timeout_s: float = 120) -> RolloutJob:
-    """SIGKILL `victim` the moment it is seen generating a rollout job; return that job."""
+def kill_mid_job(workers, timeout_s: float = 120):
+    """SIGKILL whichever of `workers` is first seen generating a rollout job (the broker decides
+    who gets jobs); return (that job, the killed worker, the others)."""
+    by_identity = {w.identity: w for w in workers}
     job = wait_for(
-        lambda: RolloutJob.objects.filter(worker=victim.identity, status=RolloutJob.RUNNING).first(),
+        lambda: RolloutJob.objects.filter(worker__in=by_identity, status=RolloutJob.RUNNING).first(),
         timeout_s,
-        f"{victim.identity} to start a rollout job",
+        "a rollout worker to start a rollout job",
         interval_s=0.005,
     )
+    victim = by_identity[job.worker]
     victim.kill()
-    return job
+    return job, victim, [w for w in workers if w is not victim]
 
 
 def assert_one_point_per_name_and_step(run: Run) -> None:
@@ -94,7 +97,10 @@ def assert_one_point_per_name_and_step(run: Run) -> None:
 
 
 def test_killed_rollout_and_training_workers_lose_nothing_and_change_no_value(start_worker, team, alice):
-    config = {**TINY_CONFIG, "steps": 24, "checkpoint_every": 4, "eval_every": 8}
+    # Every worker is up before the runs are queued: a tiny run is over in seconds.
+    rollout_workers = [start_worker(queue="rollout"), start_worker(queue="rollout")]
+    first_trainer = start_worker()
+    config = {**TINY_CONFIG, "steps": 60, "checkpoint_every": 4, "eval_every": 20}
     twin_experiment = create_experiment(
         team, alice, "reference", "", expand(config, ["grpo"], [{"sync_offset": 2}], [0])
     )
@@ -103,10 +109,7 @@ def test_killed_rollout_and_training_workers_lose_nothing_and_change_no_value(st
         team, alice, "crashes", "", expand(distributed, ["grpo"], [{"sync_offset": 2}], [0])
     )
     run, twin = experiment.runs.get(), twin_experiment.runs.get()
-    first_trainer = start_worker()
-    doomed, survivor = start_worker(queue="rollout"), start_worker(queue="rollout")
-
-    killed_job = kill_mid_job(doomed)
+    killed_job, doomed, [survivor] = kill_mid_job(rollout_workers)
     wait_for(
         lambda: MetricPoint.objects.filter(run=run, name="loss", step__gte=10).exists(),
         240,
@@ -141,10 +144,10 @@ def test_async_runs_stay_within_max_staleness_and_survive_a_killed_rollout_worke
         "eval_every": 8,
         "execution": {"mode": "async", "max_staleness": 2},
     }
-    experiment = create_experiment(team, alice, "async", "", expand(config, ["grpo", "reinforce"], [{}], [0]))
+    rollout_workers = [start_worker(queue="rollout"), start_worker(queue="rollout")]
     start_worker()
-    doomed, survivor = start_worker(queue="rollout"), start_worker(queue="rollout")
-    killed_job = kill_mid_job(doomed)
+    experiment = create_experiment(team, alice, "async", "", expand(config, ["grpo", "reinforce"], [{}], [0]))
+    killed_job, doomed, [survivor] = kill_mid_job(rollout_workers)
     runs = list(experiment.runs.all())
     assert {r.staleness for r in runs} == {"async,max_staleness=2"}
     wait_until_over(runs, 300)
