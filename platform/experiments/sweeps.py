@@ -175,6 +175,9 @@ def expand(
         )
     if problem := _unstorable(base):
         errors.append(("config", problem))
+    if errors:
+        raise SweepError(errors)
+    # Reported with the grid's own errors, so that one submission shows every problem.
     for name, axis in (("presets", presets), ("seeds", seeds)):
         if repeated := _duplicates(axis):
             shown = ", ".join(str(value) for value in repeated)
@@ -184,8 +187,7 @@ def expand(
     steps = base.get("steps", RunConfig.model_fields["steps"].default)
     errors += _staleness_errors(staleness, steps)
     errors += _knob_errors(base, presets)
-    if errors:
-        raise SweepError(errors)
+    knobs_reported = any(name.startswith("algorithm.params.") for name, _ in errors)
     configs = []
     context = validation_context()
     for preset, setting, seed in itertools.product(presets, staleness, seeds):
@@ -199,7 +201,7 @@ def expand(
         except ValidationError as exc:
             for dotted, message in error_list(exc):
                 error = (_submitted_name(dotted), message)
-                if error not in errors:
+                if error not in errors and not (knobs_reported and dotted == "algorithm.params"):
                     errors.append(error)
     if errors:
         raise SweepError(errors)
