@@ -86,7 +86,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(_: argparse.Namespace) -> int:
-    for name, spec in presets.PRESETS.items():
+    for name, preset in presets.PRESETS.items():
+        spec = preset.spec
         params = ", ".join(f"{k}={v}" for k, v in spec.params().items())
         print(f"{name:24} {spec.surrogate:5} clip={spec.clip:12} weight={spec.weight:10} {params}")
     return 0

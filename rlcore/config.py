@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -26,6 +27,7 @@ from pydantic import (
 from rlcore import presets
 
 MAX_STEPS = 100_000
+_TASK_KINDS = "arithmetic: synthetic `a+b=` sums; jsonl: question/answer pairs from a file"
 
 
 class _Strict(BaseModel):
@@ -47,12 +49,22 @@ def _check_under_roots(path: str, info: ValidationInfo, key: str, what: str) -> 
 class ArithmeticTask(_Strict):
     """Synthetic `a+b=` prompts; the reward is 1 iff the exact sum follows, then EOS."""
 
-    name: Literal["arithmetic"] = "arithmetic"
-    min_operand: int = Field(10, ge=0, le=10**6, description="smallest operand")
-    max_operand: int = Field(99, ge=1, le=10**6, description="largest operand")
-    operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="operators to sample")
-    split_seed: int = Field(0, ge=0, description="fixes the held-out prompts, shared by every run")
-    held_out: int = Field(200, ge=1, le=100_000, description="prompts kept out of training for eval")
+    name: Literal["arithmetic"] = Field("arithmetic", title="Task kind", description=_TASK_KINDS)
+    min_operand: int = Field(
+        10, ge=0, le=10**6, title="Smallest operand", description="a and b in `a+b=` are drawn from min..max"
+    )
+    max_operand: int = Field(
+        99, ge=1, le=10**6, title="Largest operand", description="a and b in `a+b=` are drawn from min..max"
+    )
+    operators: list[Literal["+", "-", "*"]] = Field(
+        ["+"], min_length=1, title="Operators", description="operators to sample"
+    )
+    split_seed: int = Field(
+        0, ge=0, title="Split seed", description="fixes the held-out prompts, shared by every run"
+    )
+    held_out: int = Field(
+        200, ge=1, le=100_000, title="Held-out prompts", description="prompts kept out of training for eval"
+    )
 
     @model_validator(mode="after")
     def _range(self) -> ArithmeticTask:
@@ -66,15 +78,40 @@ class ArithmeticTask(_Strict):
 class JsonlTask(_Strict):
     """Question/answer pairs from a JSONL file (GSM8k format: the answer ends in `#### N`)."""
 
-    name: Literal["jsonl"] = "jsonl"
-    path: str = Field(..., min_length=1, description="training JSONL file")
-    eval_path: str | None = Field(None, description="held-out JSONL file; default: hold out part of `path`")
-    question_field: str = Field("question", min_length=1)
-    answer_field: str = Field("answer", min_length=1)
-    prompt_template: str = Field("{question}\n", description="how a question becomes a prompt")
-    format_reward: bool = Field(False, description="add ±0.1 for a well-formed `#### N` answer")
-    split_seed: int = Field(0, ge=0)
-    held_out: int = Field(200, ge=1, le=100_000, description="lines held out for eval when no eval_path")
+    name: Literal["jsonl"] = Field("jsonl", title="Task kind", description=_TASK_KINDS)
+    path: str = Field(
+        ...,
+        min_length=1,
+        title="Training file",
+        description="JSONL file of question/answer pairs, under an allowed data root",
+    )
+    eval_path: str | None = Field(
+        None,
+        title="Evaluation file",
+        description="held-out JSONL file; default: hold out part of the training file",
+    )
+    question_field: str = Field(
+        "question", min_length=1, title="Question key", description="JSON key of the question"
+    )
+    answer_field: str = Field(
+        "answer", min_length=1, title="Answer key", description="JSON key of the answer (ending in `#### N`)"
+    )
+    prompt_template: str = Field(
+        "{question}\n",
+        title="Prompt template",
+        description="how a question becomes a prompt; must contain {question}",
+    )
+    format_reward: bool = Field(
+        False, title="Format reward", description="add ±0.1 for a well-formed `#### N` answer"
+    )
+    split_seed: int = Field(0, ge=0, title="Split seed", description="fixes which lines are held out")
+    held_out: int = Field(
+        200,
+        ge=1,
+        le=100_000,
+        title="Held-out lines",
+        description="lines held out for eval when there is no evaluation file",
+    )
 
     @field_validator("path", "eval_path")
     @classmethod
@@ -95,12 +132,28 @@ Task = Annotated[ArithmeticTask | JsonlTask, Field(discriminator="name")]
 class TinyModel(_Strict):
     """The built-in Llama-architecture model with a character tokenizer (ALGORITHMS.md §10)."""
 
-    hidden_size: int = Field(128, ge=16, le=2048)
-    num_layers: int = Field(4, ge=1, le=32)
-    num_heads: int = Field(4, ge=1, le=32)
-    intermediate_size: int = Field(512, ge=16, le=8192)
-    warmstart_accuracy: float = Field(0.25, ge=0, lt=1, description="supervised warm start stops here")
-    warmstart_max_steps: int = Field(3000, ge=0, le=100_000)
+    hidden_size: int = Field(
+        128, ge=16, le=2048, title="Hidden size", description="width of the residual stream"
+    )
+    num_layers: int = Field(4, ge=1, le=32, title="Layers", description="transformer blocks")
+    num_heads: int = Field(4, ge=1, le=32, title="Attention heads", description="must divide the hidden size")
+    intermediate_size: int = Field(
+        512, ge=16, le=8192, title="MLP size", description="width of the feed-forward layer"
+    )
+    warmstart_accuracy: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        title="Warm-start accuracy",
+        description="supervised warm start stops at this held-out accuracy",
+    )
+    warmstart_max_steps: int = Field(
+        3000,
+        ge=0,
+        le=100_000,
+        title="Warm-start step limit",
+        description="supervised steps at most (0: no warm start)",
+    )
 
     @model_validator(mode="after")
     def _heads(self) -> TinyModel:
@@ -112,10 +165,16 @@ class TinyModel(_Strict):
 
 
 class ModelConfig(_Strict):
-    source: Literal["tiny", "local"] = "tiny"
-    path: str | None = Field(None, description="local Hugging Face model directory (source: local)")
-    tiny: TinyModel = TinyModel()
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    source: Literal["tiny", "local"] = Field(
+        "tiny", title="Model source", description="tiny: the built-in model; local: a Hugging Face directory"
+    )
+    path: str | None = Field(
+        None, title="Model directory", description="local Hugging Face model directory (source: local)"
+    )
+    tiny: TinyModel = Field(TinyModel(), title="Built-in model")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", title="Weight precision", description="number format of the weights"
+    )
 
     @field_validator("path")
     @classmethod
@@ -129,10 +188,21 @@ class ModelConfig(_Strict):
         return self
 
 
+def _knob_properties() -> dict[str, Any]:
+    """The tunable knobs of `presets.AlgorithmSpec` as schema properties, without defaults:
+    a knob's value is the chosen preset's."""
+    spec = TypeAdapter(presets.AlgorithmSpec).json_schema()["properties"]
+    return {name: {k: v for k, v in spec[name].items() if k != "default"} for name in presets.TUNABLE}
+
+
 class AlgorithmConfig(_Strict):
     preset: str = Field("rec-oneside-nois", description="one of the presets of ALGORITHMS.md §4")
     params: dict[str, Any] = Field(
-        default_factory=dict, validate_default=True, description="overrides; stored fully resolved"
+        default_factory=dict,
+        validate_default=True,
+        title="Algorithm knobs",
+        description="overrides of the preset's knobs (blank: the preset's value); stored fully resolved",
+        json_schema_extra=lambda schema: schema.update(properties=_knob_properties()),
     )
 
     @field_validator("preset")
@@ -155,11 +225,31 @@ class AlgorithmConfig(_Strict):
 
 
 class StalenessConfig(_Strict):
-    """ALGORITHMS.md §6: step t trains on a batch from policy version v(t)."""
+    """ALGORITHMS.md §6: step t trains on a batch from policy version v(t) =
+    k·max(0, ⌊(t − d − 1)/k⌋); on-policy (k = 1, d = 0) is v(t) = t − 1."""
 
-    sync_interval: int = Field(1, ge=1, le=MAX_STEPS, description="k: behaviour weights sync every k steps")
-    sync_offset: int = Field(0, ge=0, le=MAX_STEPS, description="d: rollouts run d steps ahead")
-    offline: bool = Field(False, description="every batch from the initial policy")
+    sync_interval: int = Field(
+        1,
+        ge=1,
+        le=MAX_STEPS,
+        title="Sync interval",
+        description=(
+            "k: the behaviour weights sync every k steps, v(t) = k·⌊(t − 1)/k⌋: "
+            "a batch is 0 to k − 1 steps older than on-policy"
+        ),
+    )
+    sync_offset: int = Field(
+        0,
+        ge=0,
+        le=MAX_STEPS,
+        title="Sync offset",
+        description=(
+            "d: step t trains on a batch from the policy d steps older than on-policy, v(t) = max(0, t − 1 − d)"
+        ),
+    )
+    offline: bool = Field(
+        False, title="Offline", description="every batch from the initial policy θ₀: v(t) = 0 for every step"
+    )
 
     @property
     def label(self) -> str:
@@ -181,6 +271,7 @@ class ExecutionConfig(_Strict):
 
     mode: Literal["simulated", "distributed", "async"] = Field(
         "simulated",
+        title="Execution mode",
         description=(
             "simulated: one process, the exact staleness schedule; distributed: the same schedule, "
             "batches generated by rollout workers; async: rollout workers generate with the newest "
@@ -191,12 +282,14 @@ class ExecutionConfig(_Strict):
         1,
         ge=1,
         le=MAX_ROLLOUT_WORKERS,
+        title="Rollout workers",
         description="rollout jobs each step's batch is split into (distributed and async)",
     )
     max_staleness: int | None = Field(
         None,
         ge=0,
         le=MAX_STEPS,
+        title="Staleness bound",
         description="async only (default 1): no batch is trained more than this many versions behind",
     )
 
@@ -228,43 +321,84 @@ class ExecutionConfig(_Strict):
 
 class RolloutConfig(_Strict):
     group_size: int = Field(
-        8, ge=2, le=256, description="K responses per prompt (group-relative baselines need K >= 2)"
+        8,
+        ge=2,
+        le=256,
+        title="Group size",
+        description="K responses per prompt (group-relative baselines need K >= 2)",
     )
-    prompts_per_step: int = Field(16, ge=1, le=4096)
-    max_new_tokens: int = Field(6, ge=1, le=32_768)
-    temperature: float = Field(1.0, gt=0, le=10)
-    top_p: float = Field(1.0, gt=0, le=1)
-    engine: Literal["hf", "vllm"] = "hf"
+    prompts_per_step: int = Field(
+        16, ge=1, le=4096, title="Prompts per step", description="prompt groups in each batch"
+    )
+    max_new_tokens: int = Field(
+        6, ge=1, le=32_768, title="Response length limit", description="new tokens at most"
+    )
+    temperature: float = Field(
+        1.0, gt=0, le=10, title="Sampling temperature", description="1: sample the policy as it is"
+    )
+    top_p: float = Field(1.0, gt=0, le=1, title="Top-p", description="nucleus sampling mass (1: off)")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", title="Generation engine", description="hf: Hugging Face generate; vllm: needs a GPU"
+    )
 
 
 class OptimizerConfig(_Strict):
-    lr: float = Field(3e-5, gt=0, le=1)
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.999, ge=0, lt=1)
-    weight_decay: float = Field(0.01, ge=0, le=1)
-    grad_clip: float = Field(1.0, gt=0)
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
+    lr: float = Field(3e-5, gt=0, le=1, title="Learning rate", description="AdamW step size")
+    beta1: float = Field(0.9, ge=0, lt=1, title="Adam β1", description="decay of the gradient average")
+    beta2: float = Field(
+        0.999, ge=0, lt=1, title="Adam β2", description="decay of the squared-gradient average"
+    )
+    weight_decay: float = Field(0.01, ge=0, le=1, title="Weight decay", description="AdamW decoupled decay")
+    grad_clip: float = Field(1.0, gt=0, title="Gradient norm clip", description="largest gradient norm")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", title="Learning-rate schedule", description="after warm-up"
+    )
+    warmup_steps: int = Field(
+        0, ge=0, le=MAX_STEPS, title="Warm-up steps", description="linear ramp of the learning rate"
+    )
     micro_batch_size: int | None = Field(
-        None, ge=1, description="responses per forward/backward; None = the whole batch at once"
+        None,
+        ge=1,
+        title="Micro-batch size",
+        description="responses per forward/backward; blank: the whole batch at once",
     )
 
 
 class RunConfig(_Strict):
-    task: Task = ArithmeticTask()
-    model: ModelConfig = ModelConfig()
-    algorithm: AlgorithmConfig = AlgorithmConfig()
-    staleness: StalenessConfig = StalenessConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    optimizer: OptimizerConfig = OptimizerConfig()
-    execution: ExecutionConfig = ExecutionConfig()
-    steps: int = Field(150, ge=1, le=MAX_STEPS, description="trainer steps (one optimiser step each)")
-    eval_every: int = Field(25, ge=0, le=MAX_STEPS, description="0: evaluate only before and after")
-    eval_size: int = Field(200, ge=1, le=100_000, description="held-out prompts per evaluation")
-    checkpoint_every: int = Field(25, ge=0, le=MAX_STEPS, description="0: never checkpoint")
-    samples_per_step: int = Field(4, ge=0, le=64, description="example completions reported per step")
-    seed: int = Field(0, ge=0, lt=2**31)
-    device: Literal["cpu", "cuda", "auto"] = "auto"
+    task: Task = Field(ArithmeticTask(), title="Task")
+    model: ModelConfig = Field(ModelConfig(), title="Model")
+    algorithm: AlgorithmConfig = Field(AlgorithmConfig(), title="Algorithm")
+    staleness: StalenessConfig = Field(StalenessConfig(), title="Staleness")
+    rollout: RolloutConfig = Field(RolloutConfig(), title="Rollouts")
+    optimizer: OptimizerConfig = Field(OptimizerConfig(), title="Optimiser")
+    execution: ExecutionConfig = Field(ExecutionConfig(), title="Execution")
+    steps: int = Field(
+        150, ge=1, le=MAX_STEPS, title="Trainer steps", description="trainer steps (one optimiser step each)"
+    )
+    eval_every: int = Field(
+        25,
+        ge=0,
+        le=MAX_STEPS,
+        title="Evaluate every",
+        description="steps between evaluations; 0: evaluate only before and after",
+    )
+    eval_size: int = Field(
+        200, ge=1, le=100_000, title="Evaluation size", description="held-out prompts per evaluation"
+    )
+    checkpoint_every: int = Field(
+        25,
+        ge=0,
+        le=MAX_STEPS,
+        title="Checkpoint every",
+        description="steps between checkpoints; 0: never checkpoint",
+    )
+    samples_per_step: int = Field(
+        4, ge=0, le=64, title="Samples per step", description="example completions reported per step"
+    )
+    seed: int = Field(0, ge=0, lt=2**31, title="Seed", description="seeds sampling and initialisation")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        "auto", title="Device", description="auto: a GPU if the worker has one"
+    )
 
     @field_validator("execution")
     @classmethod

@@ -19,13 +19,22 @@ from django.contrib.auth import get_user_model
 
 from experiments import sweeps
 from experiments.models import Team
-from rlcore.config import RunConfig
-from rlcore.presets import preset_names
+from rlcore.config import RunConfig, StalenessConfig
+from rlcore.presets import PRESETS
 
 # Set per run by the grid, so not run-parameter fields of the form.
-GRID_AXES = ("algorithm", "staleness", "seed")
+GRID_AXES = ("algorithm.preset", "staleness", "seed")
 # Grid-axis errors from RunConfig, and the form field that shows them.
-AXIS_ERROR_FIELDS = {"staleness.sync_interval": "sync_intervals", "staleness.sync_offset": "sync_offsets"}
+AXIS_ERROR_FIELDS = {
+    "staleness": "on_policy",
+    "staleness.sync_interval": "sync_intervals",
+    "staleness.sync_offset": "sync_offsets",
+    "staleness.offline": "offline",
+}
+
+
+def _staleness_help(name: str) -> str:
+    return StalenessConfig.model_fields[name].description or ""
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,7 @@ class ParamField:
     path: str
     node: dict[str, Any]
     section: str
+    section_title: str
     variants: frozenset[str] | None = None
 
 
@@ -47,34 +57,47 @@ def _deref(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def _leaves(schema: dict[str, Any], node: dict[str, Any], prefix: str, section: str) -> list[ParamField]:
+def _leaves(
+    schema: dict[str, Any], node: dict[str, Any], prefix: str, section: str, section_title: str
+) -> list[ParamField]:
     out = []
     for name, prop in node["properties"].items():
         path = f"{prefix}{name}"
         if path in GRID_AXES:
             continue
         prop = _deref(schema, prop)
+        title = prop.get("title", path)
         if "discriminator" in prop:
             key = prop["discriminator"]["propertyName"]
-            out.append(ParamField(f"{path}.{key}", {"enum": list(prop["discriminator"]["mapping"])}, path))
+            mapping = prop["discriminator"]["mapping"]
+            first = _deref(schema, {"$ref": next(iter(mapping.values()))})["properties"][key]
+            kind_node = {
+                "enum": list(mapping),
+                "default": prop.get("default", {}).get(key, next(iter(mapping))),
+                "title": first.get("title"),
+                "description": first.get("description"),
+            }
+            out.append(ParamField(f"{path}.{key}", kind_node, path, title))
             by_path: dict[str, ParamField] = {}
-            for variant_name, ref in prop["discriminator"]["mapping"].items():
+            for variant_name, ref in mapping.items():
                 variant = _deref(schema, {"$ref": ref})
-                for leaf in _leaves(schema, variant, f"{path}.", path):
+                for leaf in _leaves(schema, variant, f"{path}.", path, title):
                     if leaf.path == f"{path}.{key}":
                         continue
                     seen = by_path.get(leaf.path)
                     kinds = (seen.variants if seen else frozenset()) | {variant_name}
-                    by_path[leaf.path] = ParamField(leaf.path, (seen or leaf).node, path, kinds)
-            every_kind = frozenset(prop["discriminator"]["mapping"])
+                    by_path[leaf.path] = ParamField(leaf.path, (seen or leaf).node, path, title, kinds)
+            every_kind = frozenset(mapping)
             out.extend(
-                ParamField(leaf.path, leaf.node, path, None if leaf.variants == every_kind else leaf.variants)
+                ParamField(
+                    leaf.path, leaf.node, path, title, None if leaf.variants == every_kind else leaf.variants
+                )
                 for leaf in by_path.values()
             )
         elif "properties" in prop:
-            out.extend(_leaves(schema, prop, f"{path}.", path))
+            out.extend(_leaves(schema, prop, f"{path}.", path, title))
         else:
-            out.append(ParamField(path, prop, section))
+            out.append(ParamField(path, prop, section, section_title))
     return out
 
 
@@ -87,22 +110,29 @@ _FIELD_CLASSES = {
 
 
 def _form_field(param: ParamField) -> forms.Field | None:
-    """A blank-allowed form field for one scalar leaf (None for lists and mappings)."""
+    """A blank-allowed form field for one scalar leaf (None for lists and mappings), labelled
+    with the schema's title and helped by its description. A leaf without a default (an
+    algorithm knob) offers blank as "the preset's value"."""
     options = [n for n in param.node.get("anyOf", [param.node]) if n.get("type") != "null"]
     if len(options) != 1:
         return None
     kind = options[0]
-    help_text = param.node.get("description", "")
-    if param.variants is not None:
-        help_text = f"{help_text} (only for {' / '.join(sorted(param.variants))})".strip()
-    common = {"required": False, "help_text": help_text}
+    has_default = "default" in param.node
+    label = param.node.get("title") or param.path
+    common = {"required": False, "label": label, "help_text": param.node.get("description", "")}
     if "enum" in kind:
-        initial = param.node.get("default", kind["enum"][0])
-        return forms.ChoiceField(choices=[(v, v) for v in kind["enum"]], initial=initial, **common)
+        choices = [(v, v) for v in kind["enum"]]
+        if not has_default:
+            choices = [("", "the preset's value"), *choices]
+        initial = param.node.get("default", choices[0][0])
+        return forms.ChoiceField(choices=choices, initial=initial, **common)
     field_class = _FIELD_CLASSES.get(kind.get("type"))
     if field_class is None:
         return None
     if field_class is forms.BooleanField:
+        if not has_default:
+            choices = [("", "the preset's value"), ("true", "yes"), ("false", "no")]
+            return forms.NullBooleanField(widget=forms.Select(choices=choices), **common)
         return field_class(initial=param.node.get("default"), **common)
     # A blank box means "RunConfig's default", which the placeholder shows.
     default = param.node.get("default")
@@ -114,7 +144,7 @@ def _form_field(param: ParamField) -> forms.Field | None:
 def run_parameter_fields() -> tuple[tuple[ParamField, forms.Field], ...]:
     """The scalar run parameters a person can set on the form, in schema order, with their fields."""
     schema = RunConfig.model_json_schema()
-    pairs = ((param, _form_field(param)) for param in _leaves(schema, schema, "", "run"))
+    pairs = ((param, _form_field(param)) for param in _leaves(schema, schema, "", "run", "Run"))
     return tuple((param, field) for param, field in pairs if field is not None)
 
 
@@ -135,15 +165,28 @@ class SweepForm(forms.Form):
     team = forms.ModelChoiceField(queryset=Team.objects.none(), empty_label=None)
     description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
     presets = forms.MultipleChoiceField(
-        choices=[(p, p) for p in preset_names()],
+        choices=[(p, p) for p in PRESETS],
         widget=forms.CheckboxSelectMultiple,
         initial=["rec-oneside-nois"],
     )
-    on_policy = forms.BooleanField(required=False, initial=True, label="on-policy")
-    sync_intervals = forms.CharField(required=False, help_text="e.g. 20, 48: one run setting per value")
-    sync_offsets = forms.CharField(required=False, help_text="e.g. 8, 32: one run setting per value")
-    offline = forms.BooleanField(required=False, help_text="every batch from the initial policy")
-    seeds = forms.CharField(initial="0", help_text="e.g. 0, 1, 2")
+    on_policy = forms.BooleanField(
+        required=False,
+        initial=True,
+        label="On-policy",
+        help_text="k = 1, d = 0: step t trains on a batch from the current policy, v(t) = t − 1",
+    )
+    sync_intervals = forms.CharField(
+        required=False,
+        label="Sync intervals",
+        help_text=f"{_staleness_help('sync_interval')}. E.g. 20, 48: one run setting per value",
+    )
+    sync_offsets = forms.CharField(
+        required=False,
+        label="Sync offsets",
+        help_text=f"{_staleness_help('sync_offset')}. E.g. 8, 32: one run setting per value",
+    )
+    offline = forms.BooleanField(required=False, label="Offline", help_text=_staleness_help("offline"))
+    seeds = forms.CharField(initial="0", label="Seeds", help_text="e.g. 0, 1, 2: one run per value")
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
@@ -159,12 +202,30 @@ class SweepForm(forms.Form):
     def staleness_fields(self) -> list[forms.BoundField]:
         return [self[name] for name in ("on_policy", "sync_intervals", "sync_offsets", "offline")]
 
-    def param_sections(self) -> list[tuple[str, list[forms.BoundField]]]:
-        """Run-parameter fields grouped by config section, for the template."""
-        sections: dict[str, list[forms.BoundField]] = {}
+    def preset_options(self) -> list[tuple[Any, str]]:
+        """Each preset's checkbox with the one line saying what the preset is."""
+        return [(option, PRESETS[option.data["value"]].description) for option in self["presets"]]
+
+    def task_kind(self) -> str:
+        return str(self["task.name"].value())
+
+    def param_sections(self) -> list[tuple[str, list[tuple[forms.BoundField, str, bool]]]]:
+        """Run-parameter fields grouped by config section, for the template: (field, the task
+        kinds it belongs to or "" for all, whether it is hidden for the chosen task kind)."""
+        sections: dict[str, list[tuple[forms.BoundField, str, bool]]] = {}
         for param in self.params:
-            sections.setdefault(param.section, []).append(self[param.path])
+            kinds = " ".join(sorted(param.variants or ()))
+            hidden = param.variants is not None and self.task_kind() not in param.variants
+            sections.setdefault(param.section_title, []).append((self[param.path], kinds, hidden))
         return list(sections.items())
+
+    def error_summary(self) -> list[tuple[str, str, str]]:
+        """(anchor id or "", label, message) for every error, in the order of the form."""
+        out = [("", "", message) for message in self.non_field_errors()]
+        for bound in self:
+            anchor = bound.id_for_label or bound.auto_id
+            out.extend((anchor, str(bound.label), message) for message in bound.errors)
+        return out
 
     def clean_sync_intervals(self) -> list[int]:
         return _int_list(self.cleaned_data["sync_intervals"], "sync intervals")
@@ -204,6 +265,9 @@ class SweepForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        for param in self.params:
+            if param.variants is not None and data.get("task.name") not in param.variants:
+                self.errors.pop(param.path, None)  # another task kind's field, hidden and ignored
         if self.errors:
             return data
         try:
@@ -213,8 +277,6 @@ class SweepForm(forms.Form):
         except sweeps.SweepError as exc:
             for field, message in exc.errors:
                 field = AXIS_ERROR_FIELDS.get(field, field)
-                if field == "staleness":
-                    field = "on_policy"
                 if field in self.fields:
                     self.add_error(field, message)
                 else:

@@ -21,7 +21,8 @@ from django.db import transaction
 from pydantic import ValidationError
 
 from experiments.models import Experiment, Run, Team, validation_context
-from rlcore.config import RunConfig, error_list
+from rlcore import presets as rl_presets
+from rlcore.config import RunConfig, StalenessConfig, error_list
 
 # Where a grid axis lands in RunConfig, and the name the submitter used for it.
 _AXIS_FIELDS = {"algorithm.preset": "presets", "seed": "seeds"}
@@ -73,6 +74,89 @@ def _unstorable(value: Any) -> str | None:
     return None
 
 
+def _duplicates(values: list[Any]) -> list[Any]:
+    seen: list[Any] = []
+    repeated: list[Any] = []
+    for value in values:
+        if value in seen and value not in repeated:
+            repeated.append(value)
+        seen.append(value)
+    return repeated
+
+
+def _described(setting: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in setting.items()) or "on-policy"
+
+
+def _staleness_field(setting: dict[str, Any]) -> str:
+    """The submitted field a staleness setting came from (the form shows each kind in its own box)."""
+    if setting.get("offline"):
+        return "staleness.offline"
+    for key in ("sync_offset", "sync_interval"):
+        if key in setting:
+            return f"staleness.{key}"
+    return "staleness"
+
+
+def _staleness_errors(staleness: list[dict[str, Any]], steps: Any) -> list[tuple[str, str]]:
+    """Settings that repeat another one, or that never leave θ₀ within `steps` (offline in disguise).
+
+    Settings RunConfig rejects are left to it."""
+    errors = []
+    seen: dict[StalenessConfig, dict[str, Any]] = {}
+    for setting in staleness:
+        try:
+            resolved = StalenessConfig.model_validate(setting)
+        except ValidationError:
+            continue
+        field = _staleness_field(setting)
+        if resolved in seen:
+            first = seen[resolved]
+            same = "is listed twice" if first == setting else f"is the same setting as {_described(first)}"
+            errors.append((field, f"{_described(setting)} {same} ({resolved.label}); list each setting once"))
+            continue
+        seen[resolved] = setting
+        k, d = resolved.sync_interval, resolved.sync_offset
+        if not resolved.offline and isinstance(steps, int) and (k, d) != (1, 0) and k + d >= steps:
+            what = f"sync_offset {d}" if d else f"sync_interval {k}"
+            errors.append(
+                (
+                    field,
+                    f"{what} with {steps} steps would make an offline run: v(t) = k·max(0, ⌊(t − d − 1)/k⌋) "
+                    f"is 0 for every step t ≤ {steps} when k + d ≥ steps (here k = {k}, d = {d}); use offline",
+                )
+            )
+    return errors
+
+
+def _knob_errors(base: dict[str, Any], presets: list[str]) -> list[tuple[str, str]]:
+    """Algorithm overrides that are invalid, or that a chosen preset's loss does not read."""
+    algorithm = base.get("algorithm")
+    overrides = algorithm.get("params") if isinstance(algorithm, dict) else None
+    if not isinstance(overrides, dict):
+        return []
+    known = [name for name in dict.fromkeys(presets) if name in rl_presets.PRESETS]
+    errors = []
+    checked = {}
+    for knob, value in overrides.items():
+        try:
+            checked[knob] = rl_presets.check_param(knob, value)
+        except ValueError as exc:
+            errors.append((f"algorithm.params.{knob}", str(exc)))
+    for knob in checked:
+        without = [name for name in known if knob not in rl_presets.resolve(name, checked).knobs()]
+        if without:
+            its = "its" if len(without) == 1 else "their"
+            errors.append(
+                (
+                    f"algorithm.params.{knob}",
+                    f"{knob} is not a knob of {', '.join(without)}: {its} loss does not read it; "
+                    "leave it blank or choose only presets that have it",
+                )
+            )
+    return errors
+
+
 def expand(
     base: dict[str, Any], presets: list[str], staleness: list[dict[str, Any]], seeds: list[int]
 ) -> Sweep:
@@ -93,6 +177,17 @@ def expand(
         errors.append(("config", problem))
     if errors:
         raise SweepError(errors)
+    # Reported with the grid's own errors, so that one submission shows every problem.
+    for name, axis in (("presets", presets), ("seeds", seeds)):
+        if repeated := _duplicates(axis):
+            shown = ", ".join(str(value) for value in repeated)
+            errors.append(
+                (name, f"{shown} {'is' if len(repeated) == 1 else 'are'} listed twice; list each once")
+            )
+    steps = base.get("steps", RunConfig.model_fields["steps"].default)
+    errors += _staleness_errors(staleness, steps)
+    errors += _knob_errors(base, presets)
+    knobs_reported = any(name.startswith("algorithm.params.") for name, _ in errors)
     configs = []
     context = validation_context()
     for preset, setting, seed in itertools.product(presets, staleness, seeds):
@@ -106,7 +201,7 @@ def expand(
         except ValidationError as exc:
             for dotted, message in error_list(exc):
                 error = (_submitted_name(dotted), message)
-                if error not in errors:
+                if error not in errors and not (knobs_reported and dotted == "algorithm.params"):
                     errors.append(error)
     if errors:
         raise SweepError(errors)

@@ -9,6 +9,8 @@ from django.urls import reverse
 from experiments.models import Run
 from experiments.sweeps import create_experiment, expand
 
+from rlcore.presets import PRESETS
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -30,3 +32,36 @@ def test_the_experiment_page_polls_until_no_run_is_active(page, live_server, tea
     page.wait_for_selector(".status-succeeded")
     assert "0.750" in page.text_content("#runs")
     assert page.locator("#runs [data-active=false]").count() == 1
+
+
+def test_the_form_explains_itself_and_links_each_error_to_its_field(page, live_server, team):
+    page.goto(live_server.url + reverse("submit-sweep"))
+    assert page.text_content("label[for='id_task.min_operand']") == "Smallest operand:"
+    assert page.text_content("label[for='id_rollout.group_size']") == "Group size:"
+    assert PRESETS["rec-oneside-nois-wide"].description in page.text_content("#id_presets")
+    assert "the wider clip learns faster" in page.text_content("#id_presets")
+    staleness = page.text_content("#staleness")
+    assert "v(t) = k·max(0, ⌊(t − d − 1)/k⌋)" in staleness
+    assert "step t trains on a batch from the policy d steps older than on-policy" in staleness
+
+    arithmetic, jsonl = "[id='id_task.min_operand']", "[id='id_task.path']"
+    assert page.is_visible(arithmetic) and page.is_hidden(jsonl)
+    page.select_option("select[name='task.name']", "jsonl")
+    assert page.is_hidden(arithmetic) and page.is_visible(jsonl)
+    page.select_option("select[name='task.name']", "arithmetic")
+    assert page.is_visible(arithmetic) and page.is_hidden(jsonl)
+
+    page.fill("input[name=name]", "explained")
+    page.fill("input[name='rollout.group_size']", "1")
+    page.fill("input[name=sync_offsets]", "8, 8")
+    page.click("button:text('Submit sweep')")
+    page.wait_for_selector("#error-summary")
+    first = page.evaluate("document.querySelector('#sweep-form > :not(input)').id")
+    assert first == "error-summary"
+    links = page.eval_on_selector_all("#error-summary a", "links => links.map(a => a.getAttribute('href'))")
+    assert links == ["#id_sync_offsets", "#id_rollout.group_size"]
+    for href in links:
+        page.click(f"#error-summary a[href='{href}']")
+        assert page.evaluate("location.hash") == href
+        assert page.evaluate("document.querySelector(':target').id") == href[1:]
+    assert Run.objects.count() == 0

@@ -68,6 +68,39 @@ INVALID_FORMS = {
         "device",
         "the rollout-gpu queue",
     ),
+    "repeated preset": ({"presets": ["grpo", "reinforce", "grpo"]}, "presets", "grpo is listed twice"),
+    "repeated seeds": ({"seeds": "0, 1, 0, 1"}, "seeds", "0, 1 are listed twice"),
+    "repeated sync interval": (
+        {"sync_intervals": "2, 2"},
+        "sync_intervals",
+        "sync_interval=2 is listed twice",
+    ),
+    "repeated sync offset": ({"sync_offsets": "2 3 2"}, "sync_offsets", "sync_offset=2 is listed twice"),
+    "sync offset 0 is on-policy again": (
+        {"sync_offsets": "0"},
+        "sync_offsets",
+        "sync_offset=0 is the same setting as on-policy",
+    ),
+    "sync offset as long as the run": (
+        {"sync_offsets": "6"},
+        "sync_offsets",
+        "sync_offset 6 with 6 steps would make an offline run",
+    ),
+    "sync interval as long as the run": (
+        {"sync_intervals": "6"},
+        "sync_intervals",
+        "sync_interval 6 with 6 steps would make an offline run",
+    ),
+    "knob the preset does not read": (
+        {"presets": ["grpo", "opmd"], "algorithm.params.eps_high": "0.4"},
+        "algorithm.params.eps_high",
+        "eps_high is not a knob of opmd: its loss does not read it",
+    ),
+    "knob out of range": (
+        {"algorithm.params.eps_low": "1.5"},
+        "algorithm.params.eps_low",
+        "eps_low must satisfy",
+    ),
 }
 
 
@@ -90,7 +123,7 @@ def test_invalid_form_shows_the_field_error_and_creates_nothing(alice_client, te
 
 
 def test_preview_counts_the_grid_and_creates_nothing(alice_client, team):
-    data = form_data(team, presets=["grpo", "reinforce"], sync_offsets="2, 8", seeds="0 1", preview="1")
+    data = form_data(team, presets=["grpo", "reinforce"], sync_offsets="2, 4", seeds="0 1", preview="1")
     response = alice_client.post(reverse("submit-sweep"), data)
     assert response.status_code == 200
     assert "This sweep makes 12 runs." in response.content.decode()
@@ -110,6 +143,48 @@ def test_valid_form_creates_and_enqueues_every_run(alice_client, team):
     )
     assert all(r.status == Run.QUEUED and r.config["rollout"]["group_size"] == 4 for r in runs)
     assert queued_messages() == 6
+
+
+def test_sync_offset_one_short_of_offline_is_accepted(alice_client, team):
+    # k + d = 1 + 4 < 6 steps: step 6 trains on version 1, so the run is not offline.
+    response = alice_client.post(reverse("submit-sweep"), form_data(team, on_policy="", sync_offsets="4"))
+    assert response.status_code == 302
+    assert Run.objects.get().staleness == "sync_offset=4"
+
+
+def test_a_knob_override_is_stored_resolved_in_every_run_that_reads_it(alice_client, team):
+    presets = ["rec-oneside-nois", "rec-oneside-nois-wide"]
+    for eps_high in ("0.28", "0.5"):
+        data = form_data(
+            team, presets=presets, name=f"eps_high {eps_high}", **{"algorithm.params.eps_high": eps_high}
+        )
+        assert alice_client.post(reverse("submit-sweep"), data).status_code == 302
+    params = {
+        (run.experiment.name, run.preset): run.config["algorithm"]["params"]
+        for run in Run.objects.select_related("experiment")
+    }
+    assert {key: (p["eps_low"], p["eps_high"]) for key, p in params.items()} == {
+        ("eps_high 0.28", "rec-oneside-nois"): (0.2, 0.28),
+        ("eps_high 0.28", "rec-oneside-nois-wide"): (0.6, 0.28),
+        ("eps_high 0.5", "rec-oneside-nois"): (0.2, 0.5),
+        ("eps_high 0.5", "rec-oneside-nois-wide"): (0.6, 0.5),
+    }
+    assert all(p["reg_coef"] == 0.0 and p["loss_agg"] == "token-mean" for p in params.values())
+    assert queued_messages() == 4
+
+
+def test_the_error_summary_lists_every_error_with_a_link_to_its_field(alice_client, team):
+    data = form_data(team, **{"rollout.group_size": "1", "sync_offsets": "2 2"})
+    response = alice_client.post(reverse("submit-sweep"), data)
+    html = response.content.decode()
+    summary = html[html.index('id="error-summary"') : html.index("</div>", html.index('id="error-summary"'))]
+    assert summary.count("<li>") == 2
+    assert (
+        '<a href="#id_rollout.group_size">Group size</a>: Input should be greater than or equal to 2'
+        in summary
+    )
+    assert '<a href="#id_sync_offsets">Sync offsets</a>: sync_offset=2 is listed twice' in summary
+    assert 'id="id_rollout.group_size"' in html and 'id="id_sync_offsets"' in html
 
 
 def test_blank_run_parameters_take_the_runconfig_defaults(alice_client, team):
@@ -190,6 +265,31 @@ INVALID_BODIES = {
     "blank name": (sweep_body(name="  "), "name", "at least 1 character"),
     "NUL in the description": (sweep_body(description="a\x00b"), "description", "should match pattern"),
     "NUL in the config": (with_config("task.prompt_template", "{question}\x00"), "config", "NUL characters"),
+    "repeated preset": (sweep_body(presets=["grpo", "grpo"]), "presets", "grpo is listed twice"),
+    "repeated seed": (sweep_body(seeds=[3, 3]), "seeds", "3 is listed twice"),
+    "repeated staleness setting": (
+        sweep_body(staleness=[{"sync_offset": 2}, {}, {"sync_offset": 2}]),
+        "staleness.sync_offset",
+        "sync_offset=2 is listed twice",
+    ),
+    "sync interval 1 is on-policy again": (
+        sweep_body(staleness=[{}, {"sync_interval": 1}]),
+        "staleness.sync_interval",
+        "sync_interval=1 is the same setting as on-policy",
+    ),
+    "sync offset beyond the run": (
+        sweep_body(staleness=[{"sync_offset": 10}]),
+        "staleness.sync_offset",
+        "would make an offline run",
+    ),
+    "knob the presets do not read": (
+        sweep_body(
+            presets=["grpo", "reinforce", "opmd"],
+            config={**TINY_CONFIG, "algorithm": {"params": {"temp": 2}}},
+        ),
+        "config.algorithm.params.temp",
+        "temp is not a knob of grpo, reinforce, opmd: their loss does not read it",
+    ),
 }
 
 
