@@ -14,13 +14,13 @@ from pathlib import Path
 
 from rlcore import config as run_config
 from rlcore import presets
-from rlcore.sinks import JsonlSink, Sample
+from rlcore.sinks import TRAINING, WARM_START, JsonlSink, Sample
 
 DEFAULT_CACHE = Path("var/cache")
 
 
 class ProgressSink:
-    """Shows a progress bar with the latest reward and eval accuracy; tees into a JSONL file."""
+    """Shows a progress bar with the phase, the latest reward and eval accuracy; tees into a JSONL file."""
 
     def __init__(self, total_steps: int, out: JsonlSink | None):
         from tqdm import tqdm
@@ -47,6 +47,17 @@ class ProgressSink:
     def flush(self) -> None:
         if self.out:
             self.out.flush()
+
+    def phase(self, name: str, **details: float) -> None:
+        if self.out:
+            self.out.phase(name, **details)
+        if name == WARM_START:
+            self.bar.set_description(
+                f"warm start {details['step']}/{details['max_steps']} (first run only), "
+                f"accuracy {details['accuracy']:.2f}"
+            )
+        else:
+            self.bar.set_description(name if name != TRAINING else "")
 
     def close(self) -> None:
         self.bar.close()

@@ -16,6 +16,7 @@ import json
 import shutil
 import string
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import torch
 
 from rlcore.config import RunConfig
 from rlcore.rollout import Rollout, decode
+from rlcore.sinks import WARM_START, ignore_phase
 from rlcore.tasks import Problem, Task
 
 RECIPE_VERSION = 1  # bump when the tiny model's recipe changes, to invalidate caches
@@ -84,14 +86,21 @@ def tiny_cache_key(config: RunConfig) -> str:
 
 
 def load(
-    config: RunConfig, device: torch.device, cache_dir: Path | None = None, task: Task | None = None
+    config: RunConfig,
+    device: torch.device,
+    cache_dir: Path | None = None,
+    task: Task | None = None,
+    phase: Callable[..., None] = ignore_phase,
 ) -> LoadedModel:
-    """θ0 for `config`: the cached (or freshly warm-started) tiny model, or a local model."""
+    """θ0 for `config`: the cached (or freshly warm-started) tiny model, or a local model.
+
+    A warm start reports its progress as `phase(WARM_START, step=, max_steps=, accuracy=)`.
+    """
     if config.model.source == "local":
         return load_pretrained(config.model.path, config.model.dtype, device)
     if task is None:
         raise ValueError("the tiny model needs its task to warm-start")
-    path = tiny_model_path(config, task, cache_dir)
+    path = tiny_model_path(config, task, cache_dir, phase)
     return load_pretrained(str(path), config.model.dtype, device)
 
 
@@ -117,7 +126,9 @@ def load_pretrained(path: str, dtype: str, device: torch.device) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tokenizer, eos_id=eos_id, pad_id=pad_id)
 
 
-def tiny_model_path(config: RunConfig, task: Task, cache_dir: Path | None) -> Path:
+def tiny_model_path(
+    config: RunConfig, task: Task, cache_dir: Path | None, phase: Callable[..., None] = ignore_phase
+) -> Path:
     """The warm-started tiny model's directory, built once per cache key (file-locked)."""
     cache_dir = Path(cache_dir or Path(tempfile.gettempdir()) / "rlcore-cache")
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -126,13 +137,13 @@ def tiny_model_path(config: RunConfig, task: Task, cache_dir: Path | None) -> Pa
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").exists():
             building = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=cache_dir))
-            build_tiny(config, task, building)
+            build_tiny(config, task, building, phase)
             shutil.rmtree(target, ignore_errors=True)
             building.rename(target)
     return target
 
 
-def build_tiny(config: RunConfig, task: Task, out: Path) -> None:
+def build_tiny(config: RunConfig, task: Task, out: Path, phase: Callable[..., None] = ignore_phase) -> None:
     """Create the tiny model and warm-start it on `task`; write it to `out`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -155,19 +166,30 @@ def build_tiny(config: RunConfig, task: Task, out: Path) -> None:
     torch.manual_seed(0)
     model = LlamaForCausalLM(llama)
     loaded = LoadedModel(model, tokenizer, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    warm_start(loaded, task, tiny.warmstart_accuracy, tiny.warmstart_max_steps, config.rollout.max_new_tokens)
+    warm_start(
+        loaded, task, tiny.warmstart_accuracy, tiny.warmstart_max_steps, config.rollout.max_new_tokens, phase
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 
 def warm_start(
-    lm: LoadedModel, task: Task, target_accuracy: float, max_steps: int, max_new_tokens: int
+    lm: LoadedModel,
+    task: Task,
+    target_accuracy: float,
+    max_steps: int,
+    max_new_tokens: int,
+    phase: Callable[..., None] = ignore_phase,
 ) -> float:
-    """Supervised steps on (prompt → solution EOS) until held-out greedy accuracy ≥ target."""
+    """Supervised steps on (prompt → solution EOS) until held-out greedy accuracy ≥ target.
+
+    Reports `phase(WARM_START, step=, max_steps=, accuracy=)` whenever it measures the accuracy.
+    """
     model = lm.model
     optimizer = torch.optim.AdamW(model.parameters(), lr=WARMSTART_LR)
     generator = torch.Generator().manual_seed(0)
     accuracy = evaluate(lm, task, task.held_out, max_new_tokens).accuracy
+    phase(WARM_START, step=0, max_steps=max_steps, accuracy=accuracy)
     for step in range(1, max_steps + 1):
         if accuracy >= target_accuracy:
             break
@@ -180,6 +202,7 @@ def warm_start(
         optimizer.step()
         if step % WARMSTART_CHECK_EVERY == 0:
             accuracy = evaluate(lm, task, task.held_out, max_new_tokens).accuracy
+            phase(WARM_START, step=step, max_steps=max_steps, accuracy=accuracy)
     model.eval()
     return accuracy
 

@@ -1,4 +1,4 @@
-"""Where a training run reports: metrics, example completions, and whether to stop.
+"""Where a training run reports: metrics, example completions, its phase, and whether to stop.
 
 The trainer only talks to a `Sink`. The worker's sink writes to Postgres, the CLI's
 writes JSONL, tests keep everything in lists; rlcore never knows which.
@@ -11,6 +11,14 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+# What a run is doing, as reported through `Sink.phase` (names are part of the API).
+PREPARING = "preparing"  # loading θ0 and building the optimiser
+WARM_START = "warm_start"  # the tiny model's supervised warm start: step, max_steps, accuracy
+TRAINING = "training"  # trainer step `step` of `steps`
+EVALUATING = "evaluating"  # held-out evaluation at `step`
+CHECKPOINTING = "checkpointing"  # writing the checkpoint of `step`
+PHASES = (PREPARING, WARM_START, TRAINING, EVALUATING, CHECKPOINTING)
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,13 @@ class Sink(Protocol):
     def flush(self) -> None:
         """Make everything reported so far durable; called right before a checkpoint is written."""
 
+    def phase(self, name: str, **details: float) -> None:
+        """The run entered phase `name` (one of `PHASES`), with numbers such as `step` and `steps`."""
+
+
+def ignore_phase(name: str, **details: float) -> None:
+    """A phase report nobody listens to: the default where reporting is optional."""
+
 
 @dataclass
 class ListSink:
@@ -42,6 +57,7 @@ class ListSink:
 
     points: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     samples: list[tuple[int, Sample]] = field(default_factory=list)
+    phases: list[tuple[str, dict[str, float]]] = field(default_factory=list)
     stop_after_step: int | None = None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -57,13 +73,16 @@ class ListSink:
     def flush(self) -> None:
         """Nothing to do: memory is all there is."""
 
+    def phase(self, name: str, **details: float) -> None:
+        self.phases.append((name, details))
+
     def series(self, name: str) -> list[tuple[int, float]]:
         """(step, value) of one metric, in logging order."""
         return [(step, m[name]) for step, m in self.points if name in m]
 
 
 class JsonlSink:
-    """Appends one JSON object per line: {"step", "metrics"} or {"step", "sample"}."""
+    """Appends one JSON object per line: {"step", "metrics"}, {"step", "sample"} or {"phase", ...details}."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -84,6 +103,10 @@ class JsonlSink:
         return False
 
     def flush(self) -> None:
+        self._file.flush()
+
+    def phase(self, name: str, **details: float) -> None:
+        self._file.write(json.dumps({"phase": name, **details}) + "\n")
         self._file.flush()
 
     def close(self) -> None:

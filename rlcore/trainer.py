@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from rlcore.batch import Batch, group_rngs, seeded_rng
 from rlcore.config import RunConfig
 from rlcore.produce import Producer, make_engine
 from rlcore.rollout import decode, score_responses, token_logprobs
-from rlcore.sinks import Sample, Sink
+from rlcore.sinks import CHECKPOINTING, EVALUATING, PREPARING, TRAINING, Sample, Sink, ignore_phase
 
 CHECKPOINT_GLOB = "step-*.pt"
 
@@ -85,11 +86,14 @@ class Learner:
         return evaluate(self.config, self.lm, self.initial, self.task, problems, step)
 
 
-def prepare(config: RunConfig, cache_dir: Path | None = None) -> Learner:
-    """Load θ0 and build the optimiser."""
+def prepare(
+    config: RunConfig, cache_dir: Path | None = None, phase: Callable[..., None] = ignore_phase
+) -> Learner:
+    """Load θ0 (warm-starting the tiny model if it is not cached: `phase` hears how far) and
+    build the optimiser."""
     device = resolve_device(config.device)
     task = tasks.build(config.task)
-    lm = models.load(config, device, cache_dir, task)
+    lm = models.load(config, device, cache_dir, task, phase)
     opt = config.optimizer
     optimizer = torch.optim.AdamW(
         lm.model.parameters(),
@@ -155,9 +159,12 @@ def train(
 
     Batches come from `source`, by default a `LocalSource` (the simulated schedule). Resumes
     from the latest checkpoint in `checkpoint_dir` if there is one; a resumed run logs the
-    same metrics as an uninterrupted one. Raises `Diverged` on NaN/inf.
+    same metrics as an uninterrupted one. Raises `Diverged` on NaN/inf. Reports each phase it
+    enters through `sink.phase`: preparing (with the warm start's own reports), then per step
+    training, evaluating, checkpointing.
     """
-    learner = prepare(config, cache_dir)
+    sink.phase(PREPARING)
+    learner = prepare(config, cache_dir, sink.phase)
     source = source if source is not None else local_source(learner, cache_dir)
     progress = Progress()
     start = 1
@@ -165,6 +172,7 @@ def train(
     if checkpoint is not None:
         start = restore(checkpoint, learner, source, progress) + 1
     else:
+        sink.phase(EVALUATING, step=0)
         progress.initial_eval = learner.evaluate(step=0)
         progress.last.update(progress.initial_eval)
         sink.log(0, progress.initial_eval)
@@ -173,11 +181,13 @@ def train(
     for step in range(start, config.steps + 1):
         if sink.should_stop():
             break
+        sink.phase(TRAINING, step=step, steps=config.steps)
         try:
             batch, metrics = run_step(learner, source, step)
         except staleness.Stopped:
             break
         if step == config.steps or (config.eval_every and step % config.eval_every == 0):
+            sink.phase(EVALUATING, step=step)
             metrics.update(learner.evaluate(step))
         sink.log(step, metrics)
         if config.samples_per_step:
@@ -192,6 +202,7 @@ def train(
         progress.last.update(metrics)
         steps_done = step
         if checkpoint_dir and config.checkpoint_every and step % config.checkpoint_every == 0:
+            sink.phase(CHECKPOINTING, step=step)
             sink.flush()  # a run resumed from this checkpoint must find every earlier point
             save_checkpoint(checkpoint_dir, step, learner, source, progress)
 

@@ -6,7 +6,9 @@ writes a checkpoint the trainer calls `flush()`, which writes synchronously: a r
 from that checkpoint must find every earlier point already in the database, even if the
 worker was killed a moment after the checkpoint. Points are
 upserts keyed `(run, name, step)` and completions of a step replace that step's earlier
-ones, so a step re-executed after a resume never duplicates anything. `should_stop` reads
+ones, so a step re-executed after a resume never duplicates anything. The phase the trainer
+reports (`phase`) rides along on the same heartbeat, with the wall times of the first and the
+latest training step of this attempt, from which the run computes s/step and an ETA. `should_stop` reads
 the run's row, so a cancel (or the run being reaped from this worker) is honoured at the
 next step boundary.
 """
@@ -16,13 +18,14 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from datetime import datetime
 
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 from experiments.models import Completion, MetricPoint, Run
 
-from rlcore.sinks import Sample
+from rlcore.sinks import TRAINING, Sample
 
 FLUSH_INTERVAL_S = 0.5
 
@@ -45,6 +48,10 @@ class DatabaseSink:
         self._points: dict[tuple[str, int], tuple[float | None, datetime]] = {}
         self._samples: dict[int, list[Sample]] = {}
         self._progress = run.progress
+        self._phase = ""
+        self._phase_detail: dict = {}
+        # {"from_step", "from", "to_step", "to"}: steps done and when (Unix time) in this attempt.
+        self._timing: dict[str, float] = {}
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._flush_loop, name=f"flush-run-{run.pk}", daemon=True)
         self._thread.start()
@@ -55,6 +62,21 @@ class DatabaseSink:
             for name, value in metrics.items():
                 self._points[(name, step)] = (finite_or_none(value), now)
             self._progress = step
+            if step > 0 and self._timing:
+                self._timing.update(to_step=step, to=time.time())
+
+    def phase(self, name: str, **details: float) -> None:
+        with self._lock:
+            if name == TRAINING and not self._timing:
+                # The first step of this attempt starts now: as if its previous step had just ended.
+                now = time.time()
+                self._timing = {
+                    "from_step": details["step"] - 1,
+                    "from": now,
+                    "to_step": details["step"] - 1,
+                    "to": now,
+                }
+            self._phase, self._phase_detail = name, details
 
     def sample(self, step: int, samples: list[Sample]) -> None:
         with self._lock:
@@ -74,11 +96,13 @@ class DatabaseSink:
             points, self._points = self._points, {}
             samples, self._samples = self._samples, {}
             progress = self._progress
+            phase = self._phase
+            detail = {**self._phase_detail, **({"timing": dict(self._timing)} if self._timing else {})}
         try:
             with transaction.atomic():
                 # The heartbeat's UPDATE locks the run's row until commit: once the run is no longer
                 # this worker's (reaped, re-queued), what it still reports is dropped, not mixed in.
-                if not self.run.beat(self.worker, progress):
+                if not self.run.beat(self.worker, progress, phase, detail):
                     return
                 MetricPoint.objects.bulk_create(
                     [

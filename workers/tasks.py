@@ -8,9 +8,11 @@ rollout workers make — and end it `succeeded`, `cancelled` or `failed` with th
 message that finds no queued run on its queue (a duplicate, or one redelivered after its run
 was executed) does nothing. Every worker also runs the reaper in a background thread, so a
 run whose worker died is re-queued as soon as any worker is alive; `python manage.py reap`
-does the same once by hand. Before it takes any work, a worker limits torch to
-`LAB_TORCH_THREADS` threads (the solo pool trains in the worker's main process), so the
-workers on one machine never oversubscribe its cores.
+does the same once by hand. The same thread records the worker's own heartbeat
+(`Worker.seen`, with the queues it listens on), so the platform can tell a queue no live
+worker listens on. Before it takes any work, a worker limits torch to `LAB_TORCH_THREADS`
+threads (the solo pool trains in the worker's main process), so the workers on one machine
+never oversubscribe its cores.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 from celery.signals import worker_init, worker_ready
 from django.conf import settings
 from django.db import close_old_connections
-from experiments.models import RolloutJob, Run
+from experiments.models import RolloutJob, Run, Worker
 from lab.celery import app
 
 from workers.sink import DatabaseSink, finite_or_none
@@ -88,8 +90,13 @@ def generate_batch(job_id: int, attempt: int) -> str:
     return rollout.generate(job_id, attempt, worker_identity())
 
 
-def reap_forever(interval_s: float) -> None:
+def reap_forever(interval_s: float, queues: list[str]) -> None:
+    identity = worker_identity()
     while True:
+        try:
+            Worker.seen(identity, queues)
+        except Exception:
+            log.exception("recording this worker's heartbeat failed; trying again in %.0f s", interval_s)
         time.sleep(interval_s)
         try:
             for run in Run.reap():
@@ -133,6 +140,7 @@ def _start_reaper(sender, **kwargs) -> None:
         torch.get_num_threads(),
         torch.get_num_interop_threads(),
     )
+    queues = sorted(app.amqp.queues.consume_from)  # what -Q selected
     threading.Thread(
-        target=reap_forever, args=(settings.LAB_REAP_INTERVAL_S,), name="reaper", daemon=True
+        target=reap_forever, args=(settings.LAB_REAP_INTERVAL_S, queues), name="reaper", daemon=True
     ).start()

@@ -100,11 +100,32 @@ class RunOut(Schema):
     summary: dict[str, float | None]
 
 
+class WarmStartOut(Schema):
+    step: int | None
+    max_steps: int | None
+    accuracy: float | None
+
+
+class ProgressOut(Schema):
+    phase: str = Field(
+        description="waiting, starting, preparing, warm_start, training, evaluating, checkpointing; "
+        "empty once the run is over"
+    )
+    text: str = Field(description="the phase in words, as the pages show it")
+    step: int
+    steps: int
+    s_per_step: float | None = Field(description="seconds per trainer step in this attempt so far")
+    eta_s: float | None = Field(description="seconds to the last step at that pace")
+    warm_start: WarmStartOut | None = Field(description="the tiny model's warm start (first run only)")
+    no_worker: str = Field(description="names a queue the run needs that no live worker listens on")
+
+
 class RunDetailOut(RunOut):
     config: dict[str, Any]
     rollout_jobs: dict[str, int] = Field(
         description="how many of the run's rollout jobs are in each status (distributed and async runs)"
     )
+    progress_report: ProgressOut
 
 
 def _run_out(run: Run) -> dict[str, Any]:
@@ -116,7 +137,12 @@ def _run_out(run: Run) -> dict[str, Any]:
 
 
 def _run_detail_out(run: Run) -> dict[str, Any]:
-    return {**_run_out(run), "config": run.config, "rollout_jobs": run.rollout_job_counts()}
+    return {
+        **_run_out(run),
+        "config": run.config,
+        "rollout_jobs": run.rollout_job_counts(),
+        "progress_report": run.progress_report(),
+    }
 
 
 def _field_errors(errors: list[tuple[str, str]]) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from django import forms
 from django.contrib.auth import get_user_model
 
 from experiments import sweeps
-from experiments.models import Team
+from experiments.models import Team, Worker
 from rlcore.config import RunConfig, StalenessConfig
 from rlcore.presets import PRESETS
 
@@ -195,6 +195,7 @@ class SweepForm(forms.Form):
         for param, field in run_parameter_fields():
             self.fields[param.path] = copy.deepcopy(field)
         self.sweep: sweeps.Sweep | None = None
+        self.queue_warnings: list[str] = []
 
     def experiment_fields(self) -> list[forms.BoundField]:
         return [self[name] for name in ("name", "team", "description")]
@@ -274,6 +275,8 @@ class SweepForm(forms.Form):
             self.sweep = sweeps.expand(
                 self.base_config(), data["presets"], self.staleness_settings(), data["seeds"]
             )
+            # Not an error: runs wait in their queue until a worker starts.
+            self.queue_warnings = Worker.missing_for(self.sweep.configs)
         except sweeps.SweepError as exc:
             for field, message in exc.errors:
                 field = AXIS_ERROR_FIELDS.get(field, field)

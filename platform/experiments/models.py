@@ -15,18 +15,67 @@ import secrets
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from experiments.templatetags.units import seconds
 from rlcore.config import RunConfig
 
 
 def validation_context() -> dict[str, list[str]]:
     """What `RunConfig` validation needs beyond the config: the folders runs may read from."""
     return {"data_roots": settings.LAB_DATA_ROOTS, "model_roots": settings.LAB_MODEL_ROOTS}
+
+
+def needed_queues(configs: list[RunConfig]) -> list[str]:
+    """The worker queues that runs of `configs` send jobs to (training and rollout), in order."""
+    found = {config.queue: None for config in configs}
+    found.update({config.rollout_queue: None for config in configs if config.rollout_queue})
+    return list(found)
+
+
+class Worker(models.Model):
+    """A worker process, as last seen by its own heartbeat (every `LAB_REAP_INTERVAL_S`): what
+    tells a queue nobody listens on from one whose worker is busy."""
+
+    identity = models.CharField(max_length=200, unique=True, help_text="host:pid")
+    queues = models.JSONField(default=list)
+    last_seen = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"worker {self.identity} on {', '.join(self.queues)}"
+
+    @classmethod
+    def seen(cls, identity: str, queues: list[str]) -> None:
+        """Record that worker `identity`, listening on `queues`, is alive; forget long-gone workers."""
+        now = timezone.now()
+        cls.objects.update_or_create(identity=identity, defaults={"queues": queues, "last_seen": now})
+        cls.objects.filter(last_seen__lt=now - timedelta(days=1)).delete()
+
+    @classmethod
+    def live_queues(cls) -> set[str]:
+        """Queues that a worker seen within `LAB_HEARTBEAT_TIMEOUT_S` listens on."""
+        since = timezone.now() - timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S)
+        return {
+            q
+            for queues in cls.objects.filter(last_seen__gte=since).values_list("queues", flat=True)
+            for q in queues
+        }
+
+    @classmethod
+    def missing_for(cls, configs: list[RunConfig]) -> list[str]:
+        """What to warn about before submitting runs of `configs`: one line per queue they need
+        that no live worker listens on."""
+        live = cls.live_queues()
+        return [
+            f"no worker is listening on queue {queue}: its runs will wait until one starts"
+            for queue in needed_queues(configs)
+            if queue not in live
+        ]
 
 
 class Team(models.Model):
@@ -78,6 +127,27 @@ class Experiment(models.Model):
     def is_active(self) -> bool:
         return self.runs.filter(status__in=Run.ACTIVE).exists()
 
+    def progress_report(self) -> dict[str, Any]:
+        """The sweep's progress: each run with its `Run.progress_report()`, runs and steps done,
+        and an ETA: the steps left at the mean s/step of the runs training now, shared among them."""
+        runs = list(self.runs.all())
+        live = Worker.live_queues()
+        rows = [(run, run.progress_report(live)) for run in runs]
+        rates = [report["s_per_step"] for _, report in rows if report["s_per_step"] is not None]
+        steps_left = sum(max(0, run.steps - run.progress) for run in runs if run.is_active)
+        running = sum(run.status == Run.RUNNING for run in runs)
+        eta_s = None
+        if rates and running:
+            eta_s = steps_left * (sum(rates) / len(rates)) / running
+        return {
+            "rows": rows,
+            "runs": len(runs),
+            "runs_done": sum(not run.is_active for run in runs),
+            "steps": sum(run.steps for run in runs),
+            "steps_done": sum(min(run.progress, run.steps) for run in runs),
+            "eta_s": eta_s if steps_left else None,
+        }
+
 
 class Leased:
     """The lease idiom of runs and rollout jobs: every transition is one conditional UPDATE of
@@ -104,7 +174,12 @@ class Leased:
             started=now,
             finished=None,
             error="",
+            **self.claim_resets(),
         )
+
+    def claim_resets(self) -> dict:
+        """More fields a claim resets (none by default)."""
+        return {}
 
 
 class Run(Leased, models.Model):
@@ -137,6 +212,12 @@ class Run(Leased, models.Model):
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
     progress = models.IntegerField(default=0, help_text="last trainer step reported")
+    phase = models.CharField(
+        max_length=20, blank=True, help_text="what the running attempt is doing (rlcore.sinks.PHASES)"
+    )
+    phase_detail = models.JSONField(
+        default=dict, blank=True, help_text="the phase's numbers, and when training steps were done"
+    )
     error = models.TextField(blank=True)
     summary = models.JSONField(default=dict, blank=True)
     created = models.DateTimeField(auto_now_add=True)
@@ -208,6 +289,67 @@ class Run(Leased, models.Model):
             return None
         return {key: self.summary[name] for key, name in names.items()}
 
+    @property
+    def needed_queues(self) -> list[str]:
+        """The queues this run's jobs go to: its training queue, and its rollout queue if it has one."""
+        return needed_queues([RunConfig.model_validate(self.config)])
+
+    def progress_report(self, live_queues: set[str] | None = None) -> dict[str, Any]:
+        """What the run is doing now, for its row, its page and the API.
+
+        `phase` is "waiting" (queued), "starting" (claimed, nothing reported yet), one of
+        `rlcore.sinks.PHASES`, or "" once the run is over. `text` says it in words; `no_worker`
+        names a queue the run needs that no live worker listens on. While training, `s_per_step`
+        is measured over the steps this attempt has done and `eta_s` extrapolates it to the last
+        step. `live_queues` (from `Worker.live_queues()`) saves a query per run in a table.
+        """
+        detail = self.phase_detail
+        report: dict[str, Any] = {
+            "phase": "",
+            "text": "",
+            "step": self.progress,
+            "steps": self.steps,
+            "s_per_step": None,
+            "eta_s": None,
+            "warm_start": None,
+            "no_worker": "",
+        }
+        if not self.is_active:
+            return report
+        if live_queues is None:
+            live_queues = Worker.live_queues()
+        dead = [queue for queue in self.needed_queues if queue not in live_queues]
+        if dead:
+            report["no_worker"] = f"no worker is listening on queue {' or '.join(dead)}"
+        if self.status == Run.QUEUED:
+            report.update(phase="waiting", text="waiting for a worker")
+            return report
+        report["phase"] = self.phase or "starting"
+        timing = detail.get("timing")
+        if timing and timing["to_step"] > timing["from_step"]:
+            s_per_step = (timing["to"] - timing["from"]) / (timing["to_step"] - timing["from_step"])
+            report["s_per_step"] = s_per_step
+            report["eta_s"] = s_per_step * max(0, self.steps - self.progress)
+        if self.phase == "preparing":
+            report["text"] = "preparing the model"
+        elif self.phase == "warm_start":
+            report["warm_start"] = {k: detail.get(k) for k in ("step", "max_steps", "accuracy")}
+            report["text"] = (
+                f"preparing the model (first run only): warm start step {detail.get('step')} of at most "
+                f"{detail.get('max_steps')}, held-out accuracy {detail.get('accuracy', 0):.2f} so far"
+            )
+        elif self.phase == "training":
+            report["text"] = f"training step {detail.get('step')} of {self.steps}"
+            if report["s_per_step"] is not None:
+                report["text"] += f" · {report['s_per_step']:.2f} s/step · ETA {seconds(report['eta_s'])}"
+        elif self.phase == "evaluating":
+            report["text"] = f"evaluating at step {detail.get('step')}"
+        elif self.phase == "checkpointing":
+            report["text"] = f"saving a checkpoint at step {detail.get('step')}"
+        else:
+            report["text"] = "starting"
+        return report
+
     def rollout_job_counts(self) -> dict[str, int]:
         """How many of the run's rollout jobs are in each status: every status, in lifecycle order."""
         found = dict(self.rollout_jobs.order_by().values_list("status").annotate(n=Count("id")))
@@ -238,11 +380,16 @@ class Run(Leased, models.Model):
                 return run
             # Another worker claimed it (or it was cancelled) in the meantime: the next one.
 
-    def beat(self, worker: str, progress: int) -> bool:
-        """Heartbeat from the worker executing the run; False once it no longer owns the run."""
+    def claim_resets(self) -> dict:
+        """A new attempt starts with no phase of its own yet."""
+        return {"phase": "", "phase_detail": {}}
+
+    def beat(self, worker: str, progress: int, phase: str = "", phase_detail: dict | None = None) -> bool:
+        """Heartbeat from the worker executing the run, with its progress and phase; False once it
+        no longer owns the run."""
         return (
             Run.objects.filter(pk=self.pk, status=Run.RUNNING, worker=worker).update(
-                heartbeat=timezone.now(), progress=progress
+                heartbeat=timezone.now(), progress=progress, phase=phase, phase_detail=phase_detail or {}
             )
             == 1
         )

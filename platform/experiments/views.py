@@ -70,6 +70,8 @@ def submit_sweep(request: HttpRequest) -> HttpResponse:
             data["team"], request.user, data["name"], data["description"], form.sweep
         )
         messages.success(request, f"Queued {experiment.runs.count()} runs.")
+        for warning in form.queue_warnings:
+            messages.warning(request, warning)
         return redirect("experiment-detail", experiment.pk)
     status = 422 if request.method == "POST" and form.errors else 200
     return render(request, "experiments/submit.html", {"form": form}, status=status)
@@ -85,7 +87,7 @@ def _experiment(request: HttpRequest, experiment_id: int) -> Experiment:
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = _experiment(request, experiment_id)
     return render(
-        request, "experiments/detail.html", {"experiment": experiment, "runs": experiment.runs.all()}
+        request, "experiments/detail.html", {"experiment": experiment, "sweep": experiment.progress_report()}
     )
 
 
@@ -93,7 +95,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
 def experiment_runs_live(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = _experiment(request, experiment_id)
     return render(
-        request, "experiments/_runs.html", {"experiment": experiment, "runs": experiment.runs.all()}
+        request, "experiments/_runs.html", {"experiment": experiment, "sweep": experiment.progress_report()}
     )
 
 
@@ -324,6 +326,7 @@ def _run_context(run: Run) -> dict:
     n_jobs = sum(job_counts.values())
     return {
         "run": run,
+        "report": run.progress_report(),
         "job_counts": {status: n for status, n in job_counts.items() if n},
         "n_jobs": n_jobs,
         "rollout_jobs": run.latest_rollout_jobs(ROLLOUT_JOBS_SHOWN) if n_jobs else [],

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rlcore import models, tasks
+from rlcore.sinks import ListSink
 
 
 def test_char_tokenizer_round_trips_every_character_and_adds_bos():
@@ -32,6 +33,22 @@ def test_tiny_model_is_warm_started_cached_and_loaded_like_a_local_model(small_c
     again = models.load(local, torch.device("cpu"), cache_dir, task)
     for a, b in zip(lm.model.parameters(), again.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_warm_start_reports_its_steps_and_accuracy_on_the_first_load_only(small_config, tmp_path):
+    # A unique, never-cached size; an unreachable target, so it runs to warmstart_max_steps.
+    tiny = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 40}
+    config = small_config(model={"tiny": {**tiny, "warmstart_max_steps": 100, "warmstart_accuracy": 0.99}})
+    task = tasks.build(config.task)
+    sink = ListSink()
+    models.load(config, torch.device("cpu"), tmp_path, task, sink.phase)
+    assert [name for name, _ in sink.phases] == ["warm_start"] * 3
+    assert [(d["step"], d["max_steps"]) for _, d in sink.phases] == [(0, 100), (50, 100), (100, 100)]
+    assert all(0.0 <= d["accuracy"] < 0.99 for _, d in sink.phases)
+
+    cached = ListSink()
+    models.load(config, torch.device("cpu"), tmp_path, task, cached.phase)
+    assert cached.phases == []
 
 
 def test_cache_key_follows_what_shapes_the_model(small_config):

@@ -94,6 +94,30 @@ def test_the_sink_is_flushed_right_before_each_checkpoint(small_config, cache_di
     assert sink.flushes == [(2, []), (4, ["step-000002.pt"]), (6, ["step-000004.pt"])]
 
 
+def test_the_trainer_reports_each_phase_it_enters(small_config, cache_dir, tmp_path):
+    config = small_config(steps=4)
+    models.tiny_model_path(config, tasks.build(config.task), cache_dir)  # cached: no warm start below
+    sink = ListSink()
+    trainer.train(config, sink, cache_dir=cache_dir, checkpoint_dir=tmp_path)
+    # eval_every 3 and the last step; checkpoint_every 2.
+    assert sink.phases == [
+        ("preparing", {}),
+        ("evaluating", {"step": 0}),
+        ("training", {"step": 1, "steps": 4}),
+        ("training", {"step": 2, "steps": 4}),
+        ("checkpointing", {"step": 2}),
+        ("training", {"step": 3, "steps": 4}),
+        ("evaluating", {"step": 3}),
+        ("training", {"step": 4, "steps": 4}),
+        ("evaluating", {"step": 4}),
+        ("checkpointing", {"step": 4}),
+    ]
+
+    resumed = ListSink()
+    trainer.train(config, resumed, cache_dir=cache_dir, checkpoint_dir=tmp_path)
+    assert resumed.phases == [("preparing", {})], "a finished run resumes straight past its last step"
+
+
 def test_a_checkpoint_of_another_config_is_refused(small_config, cache_dir, tmp_path):
     trainer.train(small_config(steps=2), ListSink(), cache_dir=cache_dir, checkpoint_dir=tmp_path)
     with pytest.raises(ValueError, match="different run config"):
