@@ -27,8 +27,8 @@ WARM_START_CONFIG = {
             "warmstart_accuracy": 0.99,
         }
     },
-    # Long enough that the page, polling every 2 s, sees it train.
-    "steps": 80,
+    # Long enough (several seconds even on an idle machine) that the page, polling every 2 s, sees it train.
+    "steps": 600,
     "eval_every": 0,
     "checkpoint_every": 0,
 }
@@ -53,7 +53,7 @@ def test_a_runs_row_shows_the_warm_start_then_training(page, live_server, start_
     page.screenshot(path=TEST_VAR / "screenshots" / "progress-warm-start.png")
     assert "of at most 300, held-out accuracy" in phase.inner_text()
     page.wait_for_function(
-        f"() => /training step \\d+ of 80/.test("
+        f"() => /training step \\d+ of 600/.test("
         f"document.querySelector(\"tr[data-run='{run.pk}'] td.phase\").textContent)",
         timeout=120_000,
     )
