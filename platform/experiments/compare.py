@@ -8,15 +8,17 @@ run, see `_points_by_run_postgresql`), turns each run into a `curves.Series` on 
 axis, and returns per group the downsampled mean curve with its band, and per group the final
 value across seeds (`summary`) and the group's trainer throughput across seeds (`throughput`:
 steps per hour = 3600 / the run's mean logged `time/step_s`, and the run's mean logged
-`tokens_per_s`, both aggregated in the database as part of the runs query). A line is one preset
-of one experiment (seeds of different experiments are never averaged together). Groups come in a fixed order: experiments by id,
-presets in `rlcore.presets` order, staleness settings in the order the runs were created. Each
+`tokens_per_s`, both aggregated in the database as part of the runs query). A line is one
+preset of one experiment (seeds of different experiments are never averaged together). Groups
+come in a fixed order: experiments by id, presets in `rlcore.presets` order, staleness settings
+from on-policy to the stalest (`staleness_rank`, so the degradation plot reads left to right). Each
 preset has one colour everywhere, keyed by that order.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import math
 import time
@@ -34,6 +36,7 @@ from experiments import curves
 from experiments.models import Experiment, MetricPoint, Run
 from rlcore.presets import preset_names
 from rlcore.sinks import EVAL_METRICS, STEP_METRICS
+from rlcore.staleness import staleness as staleness_lag
 
 METRICS = (*STEP_METRICS, *EVAL_METRICS)
 LENGTH_METRIC = "response_length/mean"
@@ -303,6 +306,26 @@ def _throughput(runs: list[Run]) -> dict[str, Any]:
     return row
 
 
+@functools.cache
+def _mean_lag(steps: int, sync_interval: int, sync_offset: int, offline: bool) -> float:
+    return sum(staleness_lag(t, sync_interval, sync_offset, offline) for t in range(1, steps + 1)) / steps
+
+
+def staleness_rank(config: dict[str, Any]) -> float:
+    """How stale a run's data is, to order staleness settings from on-policy to the stalest: the
+    mean lag its schedule gives over its steps (ALGORITHMS.md §6), or an async run's bound."""
+    execution = config.get("execution", {})
+    if execution.get("mode") == "async":
+        return float(execution.get("max_staleness") or 0)
+    s = config.get("staleness", {})
+    return _mean_lag(
+        int(config.get("steps", 1)),
+        int(s.get("sync_interval", 1)),
+        int(s.get("sync_offset", 0)),
+        bool(s.get("offline", False)),
+    )
+
+
 def line_label(preset: str, experiment: Experiment, several: bool) -> str:
     """What a line is called: its preset, plus its experiment when runs of several are compared."""
     return f"{preset} · #{experiment.pk} {experiment.name}" if several else preset
@@ -337,7 +360,10 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
     experiments = list({run.experiment_id: run.experiment for run in runs}.values())
     several = len(experiments) > 1
     presets = sorted({run.preset for run in runs}, key=preset_sort_key)
-    staleness = list(dict.fromkeys(run.staleness for run in runs))
+    first_of = {}
+    for run in runs:
+        first_of.setdefault(run.staleness, run)
+    staleness = sorted(first_of, key=lambda label: (staleness_rank(first_of[label].config), label))
     lines = [
         {"line": line_label(preset, experiment, several), "preset": preset, "experiment": experiment.pk}
         for experiment in experiments

@@ -263,3 +263,20 @@ def test_charts_download_as_png_and_svg_from_the_plotly_toolbar(page, live_serve
     ]
     assert downloads["kl-init-step-staleness-on-policy.png"].startswith(b"\x89PNG")
     assert downloads["kl-init-step-staleness-on-policy.svg"].lstrip().startswith(b"<svg")
+
+
+def test_compared_staleness_settings_read_from_on_policy_to_the_stalest(page, live_server, team, alice):
+    make_finished_experiment(
+        team, alice, name="odd order", staleness=({"sync_offset": 4}, {}, {"sync_offset": 2}), seeds=(0,)
+    )
+    page.goto(live_server.url + reverse("run-list"))
+    page.check("#select-all")
+    page.click("#compare-selected")
+    rendered(page, metric="reward/mean", view="grid")
+    expected = ["on-policy", "sync_offset=2", "sync_offset=4"]
+    panels = page.evaluate(
+        "() => [...document.querySelectorAll('#plots .panel')].map(p => p.dataset.staleness)"
+    )
+    assert panels == expected
+    degradation_x = page.evaluate("() => document.getElementById('degradation').data.map(t => t.x)")
+    assert degradation_x and all(x == expected for x in degradation_x)

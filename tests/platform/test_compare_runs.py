@@ -158,3 +158,21 @@ def test_bad_filters_on_the_runs_page_are_named_and_ignored(alice_client, experi
 def test_an_unknown_experiment_id_on_the_runs_page_shows_no_runs(alice_client, experiments):
     html = alice_client.get(reverse("run-list"), {"experiment": "9" * 18}).content.decode()
     assert "No runs match." in html
+
+
+def test_staleness_settings_are_ordered_by_how_stale_their_data_is(alice_client, team, alice):
+    from experiments.compare import staleness_rank
+
+    make_finished_experiment(
+        team,
+        alice,
+        name="odd",
+        staleness=({"sync_offset": 4}, {"offline": True}, {}, {"sync_interval": 3}),
+        seeds=(0,),
+    )
+    ids = ",".join(str(pk) for pk in Run.objects.values_list("pk", flat=True))
+    payload = alice_client.get(reverse("runs-compare-data"), {"runs": ids}).json()
+    # Mean lag over 6 steps: on-policy 0, sync_interval=3 1, sync_offset=4 14/6 (v = 0 until step 5), offline 2.5.
+    assert payload["staleness"] == ["on-policy", "sync_interval=3", "sync_offset=4", "offline"]
+    assert staleness_rank({"steps": 6, "staleness": {"sync_offset": 4}}) == pytest.approx(14 / 6)
+    assert staleness_rank({"steps": 6, "execution": {"mode": "async", "max_staleness": 2}}) == 2
