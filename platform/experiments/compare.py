@@ -380,7 +380,12 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             group_runs = members.get((line["experiment"], line["preset"], setting), [])
             if not group_runs:
                 continue
-            key = {**line, "staleness": setting, "n_runs": len(group_runs)}
+            key = {
+                **line,
+                "staleness": setting,
+                "n_runs": len(group_runs),
+                "active": any(run.is_active for run in group_runs),
+            }
             series = {
                 run.pk: _series(run, query, points[run.pk], lengths) for run in group_runs if run.pk in points
             }

@@ -69,7 +69,8 @@ def submit_sweep(request: HttpRequest) -> HttpResponse:
         experiment = sweeps.create_experiment(
             data["team"], request.user, data["name"], data["description"], form.sweep
         )
-        messages.success(request, f"Queued {experiment.runs.count()} runs.")
+        queued = experiment.runs.count()
+        messages.success(request, f"Queued {queued} run{'' if queued == 1 else 's'}.")
         for warning in form.queue_warnings:
             messages.warning(request, warning)
         return redirect("experiment-detail", experiment.pk)

@@ -2,6 +2,7 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 from experiments import views
@@ -10,6 +11,8 @@ from experiments.api import api
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="experiment-list"), name="home"),
     path("health", views.health, name="health"),
+    # Browsers ask for /favicon.ico on pages without our <link rel=icon> (the admin, the API docs).
+    path("favicon.ico", RedirectView.as_view(url=static("experiments/favicon.svg"), permanent=True)),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

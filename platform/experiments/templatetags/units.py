@@ -1,6 +1,10 @@
-"""Template filters that show numbers in units people read: durations and fractions."""
+"""Template filters that show numbers in units people read: durations, fractions, plain numbers
+at a precision that fits their size, and configs as JSON."""
 
 from __future__ import annotations
+
+import json
+import math
 
 from django import template
 
@@ -29,3 +33,25 @@ def percent(value: float | None) -> str:
     if value is None:
         return "–"
     return f"{float(value) * 100:.1f}%"
+
+
+@register.filter
+def number(value: float | None) -> str:
+    """A number at a precision that fits its size: whole numbers as such ("30", "12,000"), others
+    with 4 significant digits ("0.1752", "3e-05", "1,234"); "–" when unknown or not finite."""
+    if value is None or isinstance(value, bool):
+        return "–" if value is None else str(value)
+    value = float(value)
+    if not math.isfinite(value):
+        return "–"
+    if value.is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    if 1e-3 <= abs(value) < 1e4:
+        return f"{value:.4g}"
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.3g}"
+
+
+@register.filter
+def as_json(value) -> str:
+    """A config as JSON people can paste into the API (null, false, "…"), keys sorted."""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)

@@ -199,7 +199,7 @@
         td.dataset.staleness = setting;
         const row = cells.get(`${line}\u0000${setting}`);
         if (!row) continue;
-        if (row.n_seeds === 0) td.textContent = "no points yet";
+        if (row.n_seeds === 0) td.textContent = row.active ? "no points yet" : "no points (its runs ended without any)";
         else if (row.n_seeds === 1) td.textContent = `${formatValue(row.value)} · 1 seed, no CI`;
         else td.textContent = `${formatValue(row.value)} [${formatValue(row.ci_lo)}, ${formatValue(row.ci_hi)}] · ${row.n_seeds} seeds`;
       }
