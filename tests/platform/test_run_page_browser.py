@@ -123,3 +123,29 @@ def test_a_running_runs_curves_are_polled_without_reloading(page, live_server, t
     draws = int(page.get_attribute("#run-curves", "data-rendered"))
     page.wait_for_timeout(3500)
     assert int(page.get_attribute("#run-curves", "data-rendered")) == draws, "polling stopped"
+
+
+def test_a_constant_small_metric_and_a_one_point_metric_are_visible(page, live_server, team, alice):
+    run = make_finished_experiment(
+        team, alice, presets=("grpo",), staleness=({},), seeds=(0,), steps=3
+    ).runs.get()
+    MetricPoint.objects.bulk_create(
+        [
+            *(
+                MetricPoint(
+                    run=run, name="lr", step=step, value=3e-5, wall_time=START + timedelta(seconds=step)
+                )
+                for step in (1, 2, 3)
+            ),
+            MetricPoint(run=run, name="eval/accuracy", step=0, value=0.26, wall_time=START),
+        ]
+    )
+    page.goto(live_server.url + reverse("run-detail", args=[run.pk]))
+    rendered(page)
+    chart = "name => { const el = document.querySelector(`#run-curves .curve[data-metric='${name}']`); return {range: el.layout.yaxis.range, autorange: el._fullLayout.yaxis.range, mode: el.data[0].mode}; }"
+    lr = page.evaluate(chart, "lr")
+    lo, hi = lr["range"]
+    assert lo < 3e-5 < hi and lo > 0, "drawn around its value, not as a flat line at 0"
+    one = page.evaluate(chart, "eval/accuracy")
+    assert "markers" in one["mode"], "a single point is drawn as a marker"
+    assert one["autorange"][0] < 0.26 < one["autorange"][1]

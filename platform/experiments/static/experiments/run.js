@@ -32,6 +32,21 @@
     return panels.get(name);
   }
 
+  // A constant metric (lr without a schedule: 3e-05) gets a range around its value, not Plotly's
+  // default of ±1, which draws it as a flat line at 0; small values read as 3e-05, not 30µ.
+  function yAxis(y) {
+    const finite = y.filter((v) => v !== null && Number.isFinite(v));
+    const axis = { exponentformat: "e" };
+    if (finite.length === 0) return axis;
+    const lo = Math.min(...finite);
+    const hi = Math.max(...finite);
+    if (hi - lo <= 1e-9 * Math.max(Math.abs(hi), 1e-30)) {
+      const pad = Math.abs(hi) > 0 ? Math.abs(hi) * 0.5 : 1;
+      axis.range = [hi - pad, hi + pad];
+    }
+    return axis;
+  }
+
   function draw(payload) {
     const names = order(Object.keys(payload.metrics));
     // Every panel is in the grid before the first is drawn, so Plotly sizes each to its own column.
@@ -53,7 +68,8 @@
       };
       const layout = {
         height: 220,
-        margin: { l: 45, r: 10, t: 30, b: 30 },
+        margin: { l: 55, r: 10, t: 30, b: 30 },
+        yaxis: yAxis(y),
         // Left-aligned, so a long name shows its start and runs off on the right.
         title: { text: escapeText(name), font: { size: 13 }, x: 0, xref: "paper", xanchor: "left" },
         showlegend: false,
