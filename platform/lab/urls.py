@@ -17,6 +17,12 @@ urlpatterns = [
     path("experiments/", views.experiment_list, name="experiment-list"),
     path("experiments/new/", views.submit_sweep, name="submit-sweep"),
     path("experiments/<int:experiment_id>/", views.experiment_detail, name="experiment-detail"),
+    path("experiments/<int:experiment_id>/cancel/", views.experiment_cancel, name="experiment-cancel"),
+    path("experiments/<int:experiment_id>/archive/", views.experiment_archive, name="experiment-archive"),
+    path(
+        "experiments/<int:experiment_id>/unarchive/", views.experiment_unarchive, name="experiment-unarchive"
+    ),
+    path("experiments/<int:experiment_id>/delete/", views.experiment_delete, name="experiment-delete"),
     path("experiments/<int:experiment_id>/live/", views.experiment_runs_live, name="experiment-runs-live"),
     path("experiments/<int:experiment_id>/compare/", views.experiment_compare, name="experiment-compare"),
     path(
