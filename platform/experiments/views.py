@@ -1,5 +1,6 @@
 """Server-rendered pages: experiments of your teams, the sweep form, runs, teams, and the
-comparison dashboard (of an experiment, or of runs picked on the runs page) with its JSON / CSV data.
+comparison dashboard (of an experiment, or of runs picked on the runs page) with its JSON / CSV data,
+and the user's API tokens.
 
 Every query goes through `visible_to(user)` or the user's memberships, so another team's
 objects are 404s. Live parts (`…/live/` fragments) are re-fetched by the page while
@@ -27,6 +28,7 @@ from django.views.decorators.http import require_POST
 from experiments import compare, curves, sweeps
 from experiments.forms import AddMemberForm, SweepForm, TeamForm
 from experiments.models import (
+    ApiToken,
     Completion,
     Experiment,
     ExperimentActive,
@@ -536,3 +538,20 @@ def team_remove_member(request: HttpRequest, team_id: int, membership_id: int) -
         membership.delete()
         messages.success(request, f"Removed {membership.user} from {team}.")
     return redirect("team-detail", team.pk)
+
+
+@login_required
+def api_tokens(request: HttpRequest) -> HttpResponse:
+    """The user's API tokens; POST makes a new one, shown on this response only (only its digest is kept)."""
+    new_token = ApiToken.issue(request.user) if request.method == "POST" else None
+    tokens = request.user.api_tokens.order_by("-created")
+    return render(request, "experiments/tokens.html", {"tokens": tokens, "new_token": new_token})
+
+
+@login_required
+@require_POST
+def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = get_object_or_404(request.user.api_tokens, pk=token_id)
+    token.delete()
+    messages.success(request, f"Revoked token {token.digest[:8]}…; the API refuses it from now on.")
+    return redirect("api-tokens")

@@ -44,6 +44,8 @@ urlpatterns = [
     path("runs/<int:run_id>/curves", views.run_curves, name="run-curves"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),
     path("runs/<int:run_id>/retry/", views.run_retry, name="run-retry"),
+    path("account/tokens/", views.api_tokens, name="api-tokens"),
+    path("account/tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api-token-revoke"),
     path("teams/", views.team_list, name="team-list"),
     path("teams/<int:team_id>/", views.team_detail, name="team-detail"),
     path(
