@@ -29,8 +29,8 @@ class RunInline(admin.TabularInline):
 
 @admin.register(Experiment)
 class ExperimentAdmin(admin.ModelAdmin):
-    list_display = ["name", "team", "owner", "created"]
-    list_filter = ["team"]
+    list_display = ["name", "team", "owner", "created", "archived"]
+    list_filter = ["team", "archived"]
     search_fields = ["name", "description"]
     inlines = [RunInline]
 

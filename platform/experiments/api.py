@@ -23,7 +23,7 @@ from ninja.security import HttpBearer
 from pydantic import StringConstraints
 
 from experiments import compare, curves, sweeps
-from experiments.models import ApiToken, Experiment, MetricPoint, Run, Team
+from experiments.models import ApiToken, Experiment, ExperimentActive, MetricPoint, Run, Team
 
 
 class TokenAuth(HttpBearer):
@@ -76,8 +76,20 @@ class ExperimentOut(Schema):
     owner: str
     description: str
     created: datetime
+    archived: datetime | None
     runs: int
     active: int
+
+
+class CancelledOut(Schema):
+    cancelled: int = Field(description="runs cancelled: queued ones at once, running ones at their next step")
+
+
+class DeletedOut(Schema):
+    experiment: int
+    runs: int
+    points: int
+    completions: int
 
 
 class RunOut(Schema):
@@ -176,30 +188,84 @@ def submit_sweep(request: HttpRequest, sweep: SweepIn):
 
 
 @api.get("/experiments", response=list[ExperimentOut])
-def list_experiments(request: HttpRequest):
+def list_experiments(request: HttpRequest, archived: bool = False):
+    """Experiments of your teams, newest first; archived ones too with `archived=true`."""
     experiments = (
         Experiment.visible_to(request.user)
         .select_related("team", "owner")
         .annotate(n_runs=Count("runs", distinct=True))
+        .order_by("-created", "-id")  # Meta.ordering does not apply to a query with GROUP BY
     )
+    if not archived:
+        experiments = experiments.filter(archived=None)
     active = dict(
         Run.objects.filter(experiment__in=experiments, status__in=Run.ACTIVE)
         .values_list("experiment")
         .annotate(n=Count("id"))
     )
-    return [
-        {
-            "id": e.pk,
-            "name": e.name,
-            "team": e.team.name,
-            "owner": e.owner.get_username(),
-            "description": e.description,
-            "created": e.created,
-            "runs": e.n_runs,
-            "active": active.get(e.pk, 0),
-        }
-        for e in experiments
-    ]
+    return [_experiment_out(e, e.n_runs, active.get(e.pk, 0)) for e in experiments]
+
+
+def _experiment_out(experiment: Experiment, runs: int, active: int) -> dict[str, Any]:
+    return {
+        "id": experiment.pk,
+        "name": experiment.name,
+        "team": experiment.team.name,
+        "owner": experiment.owner.get_username(),
+        "description": experiment.description,
+        "created": experiment.created,
+        "archived": experiment.archived,
+        "runs": runs,
+        "active": active,
+    }
+
+
+def _visible_experiment(request: HttpRequest, experiment_id: int) -> Experiment:
+    return get_object_or_404(
+        Experiment.visible_to(request.user).select_related("team", "owner"), pk=experiment_id
+    )
+
+
+def _counted_experiment_out(experiment: Experiment) -> dict[str, Any]:
+    return _experiment_out(
+        experiment, experiment.runs.count(), experiment.runs.filter(status__in=Run.ACTIVE).count()
+    )
+
+
+@api.post("/experiments/{experiment_id}/cancel", response=CancelledOut)
+def cancel_experiment(request: HttpRequest, experiment_id: int):
+    """Cancel every queued or running run of the experiment (and their rollout jobs)."""
+    return {"cancelled": _visible_experiment(request, experiment_id).cancel()}
+
+
+@api.post("/experiments/{experiment_id}/archive", response=ExperimentOut)
+def archive_experiment(request: HttpRequest, experiment_id: int):
+    """Hide the experiment from the lists (`GET /experiments` shows it with `archived=true`)."""
+    experiment = _visible_experiment(request, experiment_id)
+    experiment.archive()
+    return _counted_experiment_out(experiment)
+
+
+@api.post("/experiments/{experiment_id}/unarchive", response=ExperimentOut)
+def unarchive_experiment(request: HttpRequest, experiment_id: int):
+    experiment = _visible_experiment(request, experiment_id)
+    experiment.unarchive()
+    return _counted_experiment_out(experiment)
+
+
+@api.delete("/experiments/{experiment_id}", response=DeletedOut)
+def delete_experiment(request: HttpRequest, experiment_id: int):
+    """Delete the experiment, its runs, everything they logged and their files. Team admins only;
+    409 while a run is queued or running (cancel it first)."""
+    experiment = _visible_experiment(request, experiment_id)
+    if not experiment.team.is_admin(request.user):
+        raise HttpError(403, f"only admins of team {experiment.team} can delete its experiments")
+    report = experiment.deletion_report()
+    try:
+        experiment.delete_with_files()
+    except ExperimentActive as exc:
+        raise HttpError(409, str(exc)) from exc
+    return {"experiment": experiment_id, **report}
 
 
 @api.get("/experiments/{experiment_id}/runs", response=list[RunOut])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import shutil
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -105,6 +106,15 @@ class Membership(models.Model):
         return f"{self.user} in {self.team}{' (admin)' if self.is_admin else ''}"
 
 
+def _remove_folders(folders: list[Path]) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class ExperimentActive(Exception):
+    """An experiment cannot be deleted while any of its runs is queued or running."""
+
+
 class Experiment(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="experiments")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="experiments")
@@ -112,6 +122,9 @@ class Experiment(models.Model):
     description = models.TextField(blank=True)
     spec = models.JSONField(help_text="the submitted sweep: base config, presets, staleness settings, seeds")
     created = models.DateTimeField(auto_now_add=True)
+    archived = models.DateTimeField(
+        null=True, blank=True, help_text="when it was hidden from the lists; empty while it is shown"
+    )
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -126,6 +139,46 @@ class Experiment(models.Model):
     @property
     def is_active(self) -> bool:
         return self.runs.filter(status__in=Run.ACTIVE).exists()
+
+    def cancel(self) -> int:
+        """Cancel every queued or running run (`Run.cancel`, rollout jobs included); how many were."""
+        return sum(run.cancel() for run in self.runs.filter(status__in=Run.ACTIVE))
+
+    def archive(self) -> None:
+        """Hide the experiment from the experiment and run lists; nothing is deleted."""
+        Experiment.objects.filter(pk=self.pk, archived=None).update(archived=timezone.now())
+        self.refresh_from_db(fields=["archived"])
+
+    def unarchive(self) -> None:
+        Experiment.objects.filter(pk=self.pk).update(archived=None)
+        self.refresh_from_db(fields=["archived"])
+
+    def deletion_report(self) -> dict[str, int]:
+        """What deleting the experiment deletes: its runs and the points and completions they logged."""
+        return {
+            "runs": self.runs.count(),
+            "points": MetricPoint.objects.filter(run__experiment=self).count(),
+            "completions": Completion.objects.filter(run__experiment=self).count(),
+        }
+
+    def delete_with_files(self) -> None:
+        """Delete the experiment, its runs and all they logged, then, once that has committed,
+        the runs' folders under `LAB_RUNS_DIR` (checkpoints, buffers).
+
+        Raises `ExperimentActive` while a run is queued or running: a worker would go on writing.
+        The runs stay locked until the delete commits, so none is retried in between.
+        """
+        with transaction.atomic():
+            runs = list(Run.objects.select_for_update().filter(experiment=self))
+            active = sum(run.is_active for run in runs)
+            if active:
+                raise ExperimentActive(
+                    f"{self.name} has {active} queued or running run{'s' if active != 1 else ''}; "
+                    "cancel it first, then delete it once they have stopped"
+                )
+            folders = [run.checkpoint_dir.parent for run in runs]
+            self.delete()
+            transaction.on_commit(lambda: _remove_folders(folders))
 
     def progress_report(self) -> dict[str, Any]:
         """The sweep's progress: each run with its `Run.progress_report()`, runs and steps done,

@@ -1,5 +1,6 @@
 """Server-rendered pages: experiments of your teams, the sweep form, runs, teams, and the
-comparison dashboard (of an experiment, or of runs picked on the runs page) with its JSON / CSV data.
+comparison dashboard (of an experiment, or of runs picked on the runs page) with its JSON / CSV data,
+and the user's API tokens.
 
 Every query goes through `visible_to(user)` or the user's memberships, so another team's
 objects are 404s. Live parts (`…/live/` fragments) are re-fetched by the page while
@@ -20,12 +21,22 @@ from django.db.models import Case, Count, F, Q, Value, When, Window
 from django.db.models.functions import RowNumber
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from experiments import compare, curves, sweeps
 from experiments.forms import AddMemberForm, SweepForm, TeamForm
-from experiments.models import Completion, Experiment, Membership, MetricPoint, Run, Team
+from experiments.models import (
+    ApiToken,
+    Completion,
+    Experiment,
+    ExperimentActive,
+    Membership,
+    MetricPoint,
+    Run,
+    Team,
+)
 
 RECENT_STEPS = 10
 RECENT_COMPLETIONS = 20
@@ -52,12 +63,18 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
             n_active=Count("runs", filter=Q(runs__status__in=Run.ACTIVE)),
             n_succeeded=Count("runs", filter=Q(runs__status=Run.SUCCEEDED)),
         )
+        .order_by("-created", "-id")  # Meta.ordering does not apply to a query with GROUP BY
     )
     team_id = request.GET.get("team", "")
     if team_id.isdigit():
         experiments = experiments.filter(team_id=int(team_id))
+    show_archived = request.GET.get("archived") == "1"
+    if not show_archived:
+        experiments = experiments.filter(archived=None)
     return render(
-        request, "experiments/list.html", {"experiments": experiments, "teams": teams, "team_id": team_id}
+        request,
+        "experiments/list.html",
+        {"experiments": experiments, "teams": teams, "team_id": team_id, "show_archived": show_archived},
     )
 
 
@@ -89,6 +106,68 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = _experiment(request, experiment_id)
     return render(
         request, "experiments/detail.html", {"experiment": experiment, "sweep": experiment.progress_report()}
+    )
+
+
+@login_required
+@require_POST
+def experiment_cancel(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    experiment = _experiment(request, experiment_id)
+    cancelled = experiment.cancel()
+    if cancelled:
+        messages.success(
+            request,
+            f"Cancelled {cancelled} run{pluralize(cancelled)}: queued ones at once, running ones "
+            "after their current step.",
+        )
+    else:
+        messages.error(request, "No run of this experiment is queued or running; nothing to cancel.")
+    return redirect("experiment-detail", experiment.pk)
+
+
+@login_required
+@require_POST
+def experiment_archive(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    experiment = _experiment(request, experiment_id)
+    experiment.archive()
+    messages.success(request, f"Archived {experiment}: hidden from the lists until it is unarchived.")
+    return redirect("experiment-detail", experiment.pk)
+
+
+@login_required
+@require_POST
+def experiment_unarchive(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    experiment = _experiment(request, experiment_id)
+    experiment.unarchive()
+    messages.success(request, f"Unarchived {experiment}: it is in the lists again.")
+    return redirect("experiment-detail", experiment.pk)
+
+
+@login_required
+def experiment_delete(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """GET: what deleting the experiment would delete; POST: delete it. Team admins only."""
+    experiment = _experiment(request, experiment_id)
+    if not experiment.team.is_admin(request.user):
+        messages.error(
+            request, f"Only admins of {experiment.team} can delete its experiments; ask one of them."
+        )
+        return redirect("experiment-detail", experiment.pk)
+    if request.method == "POST":
+        try:
+            experiment.delete_with_files()
+        except ExperimentActive as exc:
+            messages.error(request, f"Not deleted: {exc}.")
+            return redirect("experiment-delete", experiment.pk)
+        messages.success(request, f"Deleted {experiment} and its runs.")
+        return redirect("experiment-list")
+    return render(
+        request,
+        "experiments/delete.html",
+        {
+            "experiment": experiment,
+            "report": experiment.deletion_report(),
+            "active": experiment.runs.filter(status__in=Run.ACTIVE).count(),
+        },
     )
 
 
@@ -227,6 +306,11 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "staleness": "staleness",
         "status": "status",
     }
+    show_archived = request.GET.get("archived") == "1"
+    experiments = Experiment.visible_to(request.user).order_by("-pk")
+    if not show_archived:
+        runs = runs.filter(experiment__archived=None)
+        experiments = experiments.filter(archived=None)
     chosen = {name: request.GET.get(name, "").strip() for name in filters}
     for name, value in chosen.items():
         if not value:
@@ -251,7 +335,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
             "limit": RUN_LIST_LIMIT,
             "chosen": chosen,
             "teams": Team.objects.filter(members=request.user),
-            "experiments": Experiment.visible_to(request.user).order_by("-pk")[:200],
+            "experiments": experiments[:200],
+            "show_archived": show_archived,
             "presets": sorted(
                 visible.order_by().values_list("preset", flat=True).distinct(), key=compare.preset_sort_key
             ),
@@ -454,3 +539,20 @@ def team_remove_member(request: HttpRequest, team_id: int, membership_id: int) -
         membership.delete()
         messages.success(request, f"Removed {membership.user} from {team}.")
     return redirect("team-detail", team.pk)
+
+
+@login_required
+def api_tokens(request: HttpRequest) -> HttpResponse:
+    """The user's API tokens; POST makes a new one, shown on this response only (only its digest is kept)."""
+    new_token = ApiToken.issue(request.user) if request.method == "POST" else None
+    tokens = request.user.api_tokens.order_by("-created")
+    return render(request, "experiments/tokens.html", {"tokens": tokens, "new_token": new_token})
+
+
+@login_required
+@require_POST
+def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = get_object_or_404(request.user.api_tokens, pk=token_id)
+    token.delete()
+    messages.success(request, f"Revoked token {token.digest[:8]}…; the API refuses it from now on.")
+    return redirect("api-tokens")

@@ -61,6 +61,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Only for its templates and static files: /api/docs loads Swagger UI from our own static
+    # files, not from a CDN, so the API docs work offline.
+    "ninja",
     "experiments",
 ]
 

@@ -20,6 +20,12 @@ urlpatterns = [
     path("experiments/", views.experiment_list, name="experiment-list"),
     path("experiments/new/", views.submit_sweep, name="submit-sweep"),
     path("experiments/<int:experiment_id>/", views.experiment_detail, name="experiment-detail"),
+    path("experiments/<int:experiment_id>/cancel/", views.experiment_cancel, name="experiment-cancel"),
+    path("experiments/<int:experiment_id>/archive/", views.experiment_archive, name="experiment-archive"),
+    path(
+        "experiments/<int:experiment_id>/unarchive/", views.experiment_unarchive, name="experiment-unarchive"
+    ),
+    path("experiments/<int:experiment_id>/delete/", views.experiment_delete, name="experiment-delete"),
     path("experiments/<int:experiment_id>/live/", views.experiment_runs_live, name="experiment-runs-live"),
     path("experiments/<int:experiment_id>/compare/", views.experiment_compare, name="experiment-compare"),
     path(
@@ -41,6 +47,8 @@ urlpatterns = [
     path("runs/<int:run_id>/curves", views.run_curves, name="run-curves"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),
     path("runs/<int:run_id>/retry/", views.run_retry, name="run-retry"),
+    path("account/tokens/", views.api_tokens, name="api-tokens"),
+    path("account/tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api-token-revoke"),
     path("teams/", views.team_list, name="team-list"),
     path("teams/<int:team_id>/", views.team_detail, name="team-detail"),
     path(

@@ -31,6 +31,11 @@ def pages(run) -> list[tuple[str, str]]:
     return [
         ("get", reverse("experiment-detail", args=[e])),
         ("get", reverse("experiment-runs-live", args=[e])),
+        ("post", reverse("experiment-cancel", args=[e])),
+        ("post", reverse("experiment-archive", args=[e])),
+        ("post", reverse("experiment-unarchive", args=[e])),
+        ("get", reverse("experiment-delete", args=[e])),
+        ("post", reverse("experiment-delete", args=[e])),
         ("get", reverse("run-detail", args=[run.pk])),
         ("get", reverse("run-live", args=[run.pk])),
         ("post", reverse("run-cancel", args=[run.pk])),
@@ -42,6 +47,10 @@ def pages(run) -> list[tuple[str, str]]:
 def api_calls(run) -> list[tuple[str, str]]:
     return [
         ("get", f"/api/experiments/{run.experiment_id}/runs"),
+        ("post", f"/api/experiments/{run.experiment_id}/cancel"),
+        ("post", f"/api/experiments/{run.experiment_id}/archive"),
+        ("post", f"/api/experiments/{run.experiment_id}/unarchive"),
+        ("delete", f"/api/experiments/{run.experiment_id}"),
         ("get", f"/api/runs/{run.pk}"),
         ("get", f"/api/runs/{run.pk}/metrics?format=csv"),
         ("post", f"/api/runs/{run.pk}/cancel"),
@@ -60,7 +69,7 @@ def test_other_teams_objects_are_404_on_pages_and_in_the_api(client, run, bob):
         assert getattr(client, method)(url, HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 404, url
     assert client.get("/api/experiments", HTTP_AUTHORIZATION=f"Bearer {token}").json() == []
     run.refresh_from_db()
-    assert run.status == Run.QUEUED and run.attempt == 1
+    assert run.status == Run.QUEUED and run.attempt == 1 and run.experiment.archived is None
 
 
 def test_anonymous_users_are_sent_to_login_and_the_api_wants_a_token(client, run):
@@ -76,6 +85,8 @@ def test_posts_without_csrf_are_refused(alice, run):
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(alice)
     assert browser.post(reverse("run-cancel", args=[run.pk])).status_code == 403
+    assert browser.post(reverse("experiment-cancel", args=[run.experiment_id])).status_code == 403
+    assert browser.post(reverse("experiment-delete", args=[run.experiment_id])).status_code == 403
     assert browser.post(reverse("submit-sweep"), {"name": "x"}).status_code == 403
     assert browser.post(reverse("team-list"), {"name": "x"}).status_code == 403
     run.refresh_from_db()
