@@ -48,6 +48,10 @@ class ProgressSink:
         if self.out:
             self.out.flush()
 
+    def provenance(self, record: dict[str, object]) -> None:
+        if self.out:
+            self.out.provenance(record)
+
     def phase(self, name: str, **details: float) -> None:
         if self.out:
             self.out.phase(name, **details)
@@ -109,6 +113,34 @@ def cmd_schema(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_tiny(args: argparse.Namespace) -> int:
+    """Warm-start the default tiny model and write it where the package ships it (rlcore/tiny_models/)."""
+    import shutil
+
+    import torch
+
+    from rlcore import models, tasks
+
+    config = run_config.RunConfig()
+    task = tasks.build(config.task)
+    target = models.SHIPPED / f"tiny-{models.tiny_cache_key(config)}"
+    if target.exists() and not args.force:
+        print(f"error: {target} exists; --force rebuilds it", file=sys.stderr)
+        return 1
+    building = target.with_name(target.name + ".building")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    models.build_tiny(config, task, building)
+    shutil.rmtree(target, ignore_errors=True)
+    building.rename(target)
+    lm = models.load_pretrained(str(target), "float32", torch.device("cpu"))
+    accuracy = models.evaluate(lm, task, task.held_out, config.rollout.max_new_tokens).accuracy
+    digest = models.weights_sha256(lm.model)
+    (target / "theta0.sha256").write_text(digest + "\n")
+    print(f"{target}: held-out accuracy {accuracy:.3f}, theta0_sha256 {digest}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlcore", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(func=cmd_run)
     sub.add_parser("presets", help="list the algorithm presets").set_defaults(func=cmd_presets)
     sub.add_parser("schema", help="print the RunConfig JSON schema").set_defaults(func=cmd_schema)
+    build = sub.add_parser("build-tiny", help="warm-start the default tiny θ0 the package ships")
+    build.add_argument("--force", action="store_true", help="rebuild it even if it exists")
+    build.set_defaults(func=cmd_build_tiny)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -27,13 +27,17 @@ from rlcore.rollout import Rollout, decode
 from rlcore.sinks import WARM_START, ignore_phase
 from rlcore.tasks import Problem, Task
 
-RECIPE_VERSION = 1  # bump when the tiny model's recipe changes, to invalidate caches
+RECIPE_VERSION = 2  # bump when the tiny model's recipe changes, to invalidate caches (and rebuild SHIPPED)
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARS = string.digits + string.ascii_letters + " +-*/=#.,:;?!()'\"$%&<>[]_\n"
 ROUND_TRIP_PROBE = "Question: 12 + 34 = ?\nAnswer: 46"
 WARMSTART_BATCH = 128
 WARMSTART_LR = 1e-3
-WARMSTART_CHECK_EVERY = 50
+# Often enough that the warm start stops near its target, whatever the CPU's float rounding.
+WARMSTART_CHECK_EVERY = 10
+# θ0 of the default tiny model, built once by `python -m rlcore build-tiny` and shipped with the
+# package, so every machine and thread count starts from the same bytes.
+SHIPPED = Path(__file__).resolve().parent / "tiny_models"
 
 
 @dataclass
@@ -129,7 +133,11 @@ def load_pretrained(path: str, dtype: str, device: torch.device) -> LoadedModel:
 def tiny_model_path(
     config: RunConfig, task: Task, cache_dir: Path | None, phase: Callable[..., None] = ignore_phase
 ) -> Path:
-    """The warm-started tiny model's directory, built once per cache key (file-locked)."""
+    """The warm-started tiny model's directory: the shipped one for the default config (the same
+    bytes everywhere), else built once per cache key (file-locked) under `cache_dir`."""
+    shipped = SHIPPED / f"tiny-{tiny_cache_key(config)}"
+    if (shipped / "config.json").exists():
+        return shipped
     cache_dir = Path(cache_dir or Path(tempfile.gettempdir()) / "rlcore-cache")
     cache_dir.mkdir(parents=True, exist_ok=True)
     target = cache_dir / f"tiny-{tiny_cache_key(config)}"
@@ -253,3 +261,13 @@ def evaluate(lm: LoadedModel, task: Task, problems: list[Problem], max_new_token
         accuracy=sum(s.correct for s in scores) / len(scores),
         reward=sum(s.reward for s in scores) / len(scores),
     )
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """A hash of the model's weights: every state-dict tensor by name, as contiguous float32 bytes,
+    so the same θ0 has the same hash on every machine, whatever dtype it was loaded in."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()

@@ -46,6 +46,10 @@ class Sink(Protocol):
     def phase(self, name: str, **details: float) -> None:
         """The run entered phase `name` (one of `PHASES`), with numbers such as `step` and `steps`."""
 
+    def provenance(self, record: dict[str, object]) -> None:
+        """Where the run's numbers come from (`rlcore.provenance.record`), before anything is logged;
+        a sink may refuse the run by raising (e.g. a θ0 other than its experiment's)."""
+
 
 def ignore_phase(name: str, **details: float) -> None:
     """A phase report nobody listens to: the default where reporting is optional."""
@@ -59,6 +63,7 @@ class ListSink:
     samples: list[tuple[int, Sample]] = field(default_factory=list)
     phases: list[tuple[str, dict[str, float]]] = field(default_factory=list)
     stop_after_step: int | None = None
+    record: dict[str, object] = field(default_factory=dict)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.points.append((step, dict(metrics)))
@@ -76,18 +81,24 @@ class ListSink:
     def phase(self, name: str, **details: float) -> None:
         self.phases.append((name, details))
 
+    def provenance(self, record: dict[str, object]) -> None:
+        self.record = dict(record)
+
     def series(self, name: str) -> list[tuple[int, float]]:
         """(step, value) of one metric, in logging order."""
         return [(step, m[name]) for step, m in self.points if name in m]
 
 
 class JsonlSink:
-    """Appends one JSON object per line: {"step", "metrics"}, {"step", "sample"} or {"phase", ...details}."""
+    """Appends one JSON object per line: {"provenance"} first, then {"step", "metrics"},
+    {"step", "sample"} or {"phase", ...details}."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a")
+        # Phases before the provenance record (preparing, the warm start) wait for it: it comes first.
+        self._early_phases: list[str] | None = []
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}
@@ -106,7 +117,18 @@ class JsonlSink:
         self._file.flush()
 
     def phase(self, name: str, **details: float) -> None:
-        self._file.write(json.dumps({"phase": name, **details}) + "\n")
+        line = json.dumps({"phase": name, **details}) + "\n"
+        if self._early_phases is not None:
+            self._early_phases.append(line)
+            return
+        self._file.write(line)
+        self._file.flush()
+
+    def provenance(self, record: dict[str, object]) -> None:
+        """The first line of a new file (a resumed run appends the resumed attempt's record)."""
+        self._file.write(json.dumps({"provenance": record}) + "\n")
+        self._file.writelines(self._early_phases or [])
+        self._early_phases = None
         self._file.flush()
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from rlcore import algorithms, models, staleness, tasks
+from rlcore import algorithms, models, provenance, staleness, tasks
 from rlcore.batch import Batch, group_rngs, seeded_rng
 from rlcore.config import RunConfig
 from rlcore.produce import Producer, make_engine
@@ -165,6 +165,7 @@ def train(
     """
     sink.phase(PREPARING)
     learner = prepare(config, cache_dir, sink.phase)
+    sink.provenance(provenance.record(config, learner.initial, next(learner.policy.parameters()).device))
     source = source if source is not None else local_source(learner, cache_dir)
     progress = Progress()
     start = 1

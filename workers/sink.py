@@ -65,6 +65,10 @@ class DatabaseSink:
             if step > 0 and self._timing:
                 self._timing.update(to_step=step, to=time.time())
 
+    def provenance(self, record: dict[str, object]) -> None:
+        """Stored on the run before anything is logged; refuses a θ0 other than the experiment's."""
+        self.run.record_provenance(self.worker, record)
+
     def phase(self, name: str, **details: float) -> None:
         with self._lock:
             if name == TRAINING and not self._timing:

@@ -138,6 +138,10 @@ class RunDetailOut(RunOut):
         description="how many of the run's rollout jobs are in each status (distributed and async runs)"
     )
     progress_report: ProgressOut
+    provenance: dict[str, Any] = Field(
+        description="theta0_sha256, dataset_sha256 (jsonl tasks), rlcore_version, git_commit, torch, "
+        "transformers, vllm, device, torch_threads, host; empty until a worker loaded θ0"
+    )
 
 
 def _run_out(run: Run) -> dict[str, Any]:
@@ -154,6 +158,7 @@ def _run_detail_out(run: Run) -> dict[str, Any]:
         "config": run.config,
         "rollout_jobs": run.rollout_job_counts(),
         "progress_report": run.progress_report(),
+        "provenance": run.provenance,
     }
 
 

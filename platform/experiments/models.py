@@ -111,6 +111,10 @@ def _remove_folders(folders: list[Path]) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+class Theta0Mismatch(ValueError):
+    """A worker loaded other initial weights than the experiment's other runs started from."""
+
+
 class ExperimentActive(Exception):
     """An experiment cannot be deleted while any of its runs is queued or running."""
 
@@ -124,6 +128,9 @@ class Experiment(models.Model):
     created = models.DateTimeField(auto_now_add=True)
     archived = models.DateTimeField(
         null=True, blank=True, help_text="when it was hidden from the lists; empty while it is shown"
+    )
+    theta0_sha256 = models.CharField(
+        max_length=64, blank=True, help_text="θ0 of its runs, pinned by the first run that loaded it"
     )
 
     class Meta:
@@ -273,6 +280,11 @@ class Run(Leased, models.Model):
     )
     error = models.TextField(blank=True)
     summary = models.JSONField(default=dict, blank=True)
+    provenance = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="θ0 and dataset hashes, versions, device, host (rlcore.provenance)",
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -297,6 +309,23 @@ class Run(Leased, models.Model):
             queue=config.queue,
             **fields,
         )
+
+    def record_provenance(self, worker: str, record: dict) -> None:
+        """Store this attempt's provenance, pinning the experiment's θ0 on its first run.
+
+        Raises `Theta0Mismatch` (nothing stored) when the worker loaded other θ0 bytes than the
+        experiment's other runs: one experiment never mixes initial models.
+        """
+        theta0 = record["theta0_sha256"]
+        Experiment.objects.filter(pk=self.experiment_id, theta0_sha256="").update(theta0_sha256=theta0)
+        pinned = Experiment.objects.values_list("theta0_sha256", flat=True).get(pk=self.experiment_id)
+        if pinned != theta0:
+            raise Theta0Mismatch(
+                f"this worker loaded θ0 {theta0}, but experiment {self.experiment_id} is pinned to θ0 "
+                f"{pinned}: its runs must all start from the same weights (a different model cache or "
+                "model files on this worker?)"
+            )
+        Run.objects.filter(pk=self.pk, status=Run.RUNNING, worker=worker).update(provenance=record)
 
     def run_config(self) -> RunConfig:
         """The stored config, validated again against today's allowed data and model roots."""

@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from rlcore import presets
+from rlcore import models, presets
 from rlcore.staleness import staleness
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +50,12 @@ def test_example_run_raises_eval_accuracy_by_ten_points(cache_dir, tmp_path):
     assert gain >= 0.10, f"eval/accuracy {metrics[0]['eval/accuracy']} -> {metrics[100]['eval/accuracy']}"
     assert "eval/accuracy" in out.stdout and "rec-oneside-nois | on-policy" in out.stdout
     assert all(m["staleness"] == 0 for step, m in metrics.items() if step)
+    first = json.loads(out_file.read_text().splitlines()[0])
+    record = first["provenance"]
+    shipped = next(models.SHIPPED.glob("tiny-*/theta0.sha256")).read_text().strip()
+    assert record["theta0_sha256"] == shipped, "the example starts from the shipped θ0"
+    assert record["torch"] == torch.__version__ and record["device"] == "cpu" and record["torch_threads"] >= 1
+    assert {"rlcore_version", "git_commit", "transformers", "vllm", "host"} <= set(record)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,52 @@ def test_char_tokenizer_round_trips_every_character_and_adds_bos():
     assert tok.decode(ids, skip_special_tokens=True) == text
 
 
-def test_tiny_model_is_warm_started_cached_and_loaded_like_a_local_model(small_config, cache_dir):
+THETA0_PROBE = """
+import sys, torch
+torch.set_num_threads(int(sys.argv[1]))
+from rlcore import models, tasks
+from rlcore.config import RunConfig
+config = RunConfig.model_validate({"device": "cpu"})
+lm = models.load(config, torch.device("cpu"), sys.argv[2], tasks.build(config.task))
+print(models.weights_sha256(lm.model))
+"""
+
+
+def test_the_default_tiny_theta0_is_the_same_bytes_with_any_thread_count_and_cache(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from rlcore.config import RunConfig
+
+    shipped = models.SHIPPED / f"tiny-{models.tiny_cache_key(RunConfig())}"
+    assert (shipped / "model.safetensors").exists(), "rebuild it: python -m rlcore build-tiny --force"
+    hashes = set()
+    for threads in (1, 2):
+        cache = tmp_path / f"cache-{threads}"
+        out = subprocess.run(
+            [sys.executable, "-c", THETA0_PROBE, str(threads), str(cache)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+        ).stdout
+        hashes.add(out.strip().splitlines()[-1])
+        assert not cache.exists() or not any(cache.iterdir()), "nothing was built: the shipped θ0 was used"
+    assert hashes == {(shipped / "theta0.sha256").read_text().strip()}
+
+
+def test_weights_hash_names_the_bytes_not_the_dtype_or_order():
+    a = torch.nn.Linear(3, 2)
+    b = torch.nn.Linear(3, 2)
+    b.load_state_dict(a.state_dict())
+    assert models.weights_sha256(a) == models.weights_sha256(b.double())
+    with torch.no_grad():
+        b.weight[0, 0] += 1e-3
+    assert models.weights_sha256(a) != models.weights_sha256(b)
+
+
+def test_tiny_model_is_cached_and_loaded_like_a_local_model(small_config, cache_dir):
     config = small_config()
     task = tasks.build(config.task)
     first = models.tiny_model_path(config, task, cache_dir)
@@ -42,8 +87,8 @@ def test_the_warm_start_reports_its_steps_and_accuracy_on_the_first_load_only(sm
     task = tasks.build(config.task)
     sink = ListSink()
     models.load(config, torch.device("cpu"), tmp_path, task, sink.phase)
-    assert [name for name, _ in sink.phases] == ["warm_start"] * 3
-    assert [(d["step"], d["max_steps"]) for _, d in sink.phases] == [(0, 100), (50, 100), (100, 100)]
+    assert [name for name, _ in sink.phases] == ["warm_start"] * 11
+    assert [(d["step"], d["max_steps"]) for _, d in sink.phases] == [(s, 100) for s in range(0, 101, 10)]
     assert all(0.0 <= d["accuracy"] < 0.99 for _, d in sink.phases)
 
     cached = ListSink()
