@@ -105,7 +105,7 @@ def _choice(params: QueryDict, name: str, choices: tuple[str, ...], default: str
 
 @dataclass(frozen=True)
 class ComparisonQuery:
-    metric: str = "reward/mean"
+    metric: str = "eval/accuracy"
     x: str = "step"
     band: str = "std"
     rule: str = "last"

@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from experiments.models import MetricPoint, Run
-from sample_experiments import make_finished_experiment, reward, step_time, tokens_per_s
+from sample_experiments import accuracy, make_finished_experiment, reward, step_time, tokens_per_s
 
 pytestmark = pytest.mark.django_db
 
@@ -22,6 +22,9 @@ def experiment(team, alice):
 
 
 def data(client, experiment, **params):
+    """The payload; the sample's reward/mean unless another metric is asked for (the page's default
+    is eval/accuracy, see test_the_page_opens_on_held_out_accuracy)."""
+    params.setdefault("metric", "reward/mean")
     response = client.get(reverse("experiment-compare-data", args=[experiment.pk]), params)
     assert response.status_code == 200, response.content
     return response.json()
@@ -50,6 +53,15 @@ def test_groups_come_in_preset_order_with_the_mean_of_two_seeds_and_a_std_band(a
     assert not g["downsampled"] and g["points"] == 21
     assert payload["colours"] == {"reinforce": "#1f77b4", "grpo": "#ff7f0e"}
     assert payload["active"] is False
+
+
+def test_the_page_opens_on_held_out_accuracy(alice_client, experiment):
+    response = alice_client.get(reverse("experiment-compare-data", args=[experiment.pk]))
+    payload = response.json()
+    assert payload["metric"] == "eval/accuracy"
+    g = group(payload, "grpo", "sync_offset=2")
+    assert g["x"] == [0, 5, 10, 15, 20]
+    assert g["mean"][-1] == pytest.approx((accuracy(20, 20, 1, 1, 0) + accuracy(20, 20, 1, 1, 1)) / 2)
 
 
 def test_x_axes_and_bands_change_the_curves(alice_client, experiment):
@@ -182,9 +194,10 @@ def test_csv_downloads_of_curves_and_summary_parse(alice_client, experiment):
     )
     assert float(last["mean"]) == pytest.approx(0.775) and last["n_seeds"] == "2"
     summary_url = reverse("experiment-compare-summary", args=[experiment.pk])
-    assert alice_client.get(summary_url).json()["summary"][0]["value"] == pytest.approx(0.525)
+    reward_summary = alice_client.get(summary_url, {"metric": "reward/mean"}).json()
+    assert reward_summary["summary"][0]["value"] == pytest.approx(0.525)
     rows = list(
-        csv.DictReader(io.StringIO(alice_client.get(summary_url, {"format": "csv"}).content.decode()))
+        csv.DictReader(io.StringIO(alice_client.get(summary_url, {"metric": "reward/mean", "format": "csv"}).content.decode()))
     )
     assert [(r["preset"], r["staleness"], r["n_seeds"]) for r in rows][:2] == [
         ("reinforce", "on-policy", "2"),
@@ -238,8 +251,11 @@ def test_the_page_escapes_names_and_serves_plotly_from_our_static_files(alice_cl
     html = alice_client.get(reverse("experiment-compare", args=[experiment.pk])).content.decode()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>alert(1)" not in html
     assert '<script src="/static/plotly/plotly.min.js">' in html
+    run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
+    Run.objects.filter(pk=run.pk).update(summary={"reward/mean": 0.9, "eval/accuracy": 0.6125})
     detail = alice_client.get(reverse("experiment-detail", args=[experiment.pk])).content.decode()
     assert reverse("experiment-compare", args=[experiment.pk]) in detail
+    assert "<th>Final held-out accuracy</th>" in detail and "0.6125" in detail
 
 
 def test_any_metric_name_makes_a_safe_csv_file_name(alice_client, experiment):

@@ -63,9 +63,11 @@ def test_the_grid_controls_permalink_and_csv_of_a_finished_experiment(page, live
     page.goto(live_server.url + reverse("experiment-detail", args=[experiment.pk]))
     started = time.monotonic()
     page.click("#compare-link")
-    rendered(page, metric="reward/mean", x="step", band="std", view="grid")
+    rendered(page, metric="eval/accuracy", x="step", band="std", view="grid")
     interactive_s = time.monotonic() - started
     assert interactive_s <= INTERACTIVE_S, f"interactive after {interactive_s:.2f} s"
+    page.select_option("select[name=metric]", "reward/mean")
+    rendered(page, metric="reward/mean")
     page.screenshot(path=SCREENSHOTS / "compare-grid.png", full_page=True)
 
     panels = page.evaluate(TRACES_JS)
@@ -177,7 +179,7 @@ def test_a_running_experiment_is_polled_without_reloading(page, live_server, tea
     experiment = make_finished_experiment(team, alice, seeds=(0,), steps=4)
     run = experiment.runs.get(preset="grpo", staleness="on-policy")
     Run.objects.filter(pk=run.pk).update(status=Run.RUNNING)
-    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]))
+    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]) + "?metric=reward/mean")
     rendered(page, metric="reward/mean")
     assert "some still running" in page.text_content("#status")
     assert "1 seed, no CI" in page.text_content("#summary tr[data-preset=grpo] td[data-staleness=on-policy]")
@@ -220,7 +222,7 @@ def test_runs_picked_from_two_experiments_share_one_dashboard_and_permalink(page
     page.wait_for_url("**preset=grpo**")
     page.check("#select-all")
     page.click("#compare-selected")
-    rendered(page, metric="reward/mean", view="grid")
+    rendered(page, metric="eval/accuracy", view="grid")
     page.screenshot(path=SCREENSHOTS / "compare-picked-runs.png", full_page=True)
     picked = sorted(Run.objects.filter(preset="grpo").values_list("pk", flat=True))
     assert f"runs={'%2C'.join(map(str, picked))}" in page.url
@@ -272,7 +274,7 @@ def test_compared_staleness_settings_read_from_on_policy_to_the_stalest(page, li
     page.goto(live_server.url + reverse("run-list"))
     page.check("#select-all")
     page.click("#compare-selected")
-    rendered(page, metric="reward/mean", view="grid")
+    rendered(page, metric="eval/accuracy", view="grid")
     expected = ["on-policy", "sync_offset=2", "sync_offset=4"]
     panels = page.evaluate(
         "() => [...document.querySelectorAll('#plots .panel')].map(p => p.dataset.staleness)"

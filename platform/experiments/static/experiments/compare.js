@@ -11,7 +11,7 @@
 
 (() => {
   const POLL_MS = 3000;
-  const DEFAULTS = { metric: "reward/mean", x: "step", band: "std", view: "grid", smooth: "0", rule: "last", k: "10" };
+  const DEFAULTS = { metric: "eval/accuracy", x: "step", band: "std", view: "grid", smooth: "0", rule: "last", k: "10" };
   const FETCHED = ["metric", "x", "band", "rule", "k"];
   const DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"];
   const X_TITLES = { step: "step", samples: "samples seen", tokens: "response tokens seen", time: "wall time (s)" };
