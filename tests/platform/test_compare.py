@@ -197,7 +197,11 @@ def test_csv_downloads_of_curves_and_summary_parse(alice_client, experiment):
     reward_summary = alice_client.get(summary_url, {"metric": "reward/mean"}).json()
     assert reward_summary["summary"][0]["value"] == pytest.approx(0.525)
     rows = list(
-        csv.DictReader(io.StringIO(alice_client.get(summary_url, {"metric": "reward/mean", "format": "csv"}).content.decode()))
+        csv.DictReader(
+            io.StringIO(
+                alice_client.get(summary_url, {"metric": "reward/mean", "format": "csv"}).content.decode()
+            )
+        )
     )
     assert [(r["preset"], r["staleness"], r["n_seeds"]) for r in rows][:2] == [
         ("reinforce", "on-policy", "2"),
@@ -217,6 +221,9 @@ def test_csv_downloads_of_curves_and_summary_parse(alice_client, experiment):
         ({"rule": "median"}, "rule"),
         ({"k": "0"}, "k"),
         ({"k": "ten"}, "k"),
+        ({"delta": "-0.01"}, "delta"),
+        ({"delta": "two points"}, "delta"),
+        ({"delta": "nan"}, "delta"),
         ({"metric": ""}, "metric"),
         ({"format": "xml"}, "format"),
     ],
@@ -315,3 +322,110 @@ def test_metric_points_have_one_unique_index_covering_values_on_postgresql(exper
         with connection.cursor() as cursor:
             cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'one_point_per_run_name_step'")
             assert cursor.fetchone()[0].endswith("(run_id, name, step) INCLUDE (value, wall_time)")
+
+
+DEMO_PRESETS = ("reinforce", "grpo", "rec-oneside-nois", "rec-oneside-nois-wide")
+DEMO_STALENESS = ({}, {"sync_offset": 2}, {"offline": True})
+# grpo − rec-oneside-nois offline per seed: mean 0.01, σ_d 0.02, so ⌈(2.80158 · 0.02 / 0.01)²⌉ = 32 seeds.
+NOIS_OFFLINE = {0: 0.01, 1: 0.03, 2: -0.01}
+
+
+def demo_accuracy(preset: str, staleness: str, seed: int) -> float:
+    """Final held-out accuracy shaped like the paper's claims (ALGORITHMS.md §10)."""
+    if staleness == "on-policy":
+        return 0.70 + 0.02 * seed
+    if staleness == "sync_offset=2":
+        return (0.50 if preset == "reinforce" else 0.695) + 0.02 * seed
+    offline = {
+        "reinforce": 0.40,
+        "grpo": 0.60,
+        "rec-oneside-nois": 0.60 + NOIS_OFFLINE[seed],
+        "rec-oneside-nois-wide": 0.685,
+    }
+    return offline[preset] + 0.02 * seed
+
+
+@pytest.fixture
+def demo(team, alice):
+    return make_finished_experiment(
+        team,
+        alice,
+        name="demo",
+        presets=DEMO_PRESETS,
+        staleness=DEMO_STALENESS,
+        seeds=(0, 1, 2),
+        final_accuracy=demo_accuracy,
+    )
+
+
+def test_drops_from_on_policy_are_paired_by_seed_with_a_ci(alice_client, demo):
+    payload = data(alice_client, demo, metric="eval/accuracy")
+    assert payload["delta"] == 0.02
+    drops = {(r["preset"], r["staleness"]): r for r in payload["drops"]}
+    assert set(drops) == {(p, s) for p in DEMO_PRESETS for s in ("sync_offset=2", "offline")}
+    reinforce = drops[("reinforce", "sync_offset=2")]
+    # Seeds differ by 0.02 each, but paired by seed the drop is −0.2 on every seed: a CI of width 0.
+    assert (reinforce["value"], reinforce["ci_lo"], reinforce["ci_hi"], reinforce["n_seeds"]) == (
+        pytest.approx(-0.2),
+        pytest.approx(-0.2),
+        pytest.approx(-0.2),
+        3,
+    )
+    nois = drops[("rec-oneside-nois", "offline")]
+    assert nois["value"] == pytest.approx(-0.09)
+    assert (nois["ci_lo"], nois["ci_hi"]) == (pytest.approx(-0.11), pytest.approx(-0.07))
+
+
+def test_robustness_ranks_presets_by_mean_drop_and_names_their_tolerance(alice_client, demo):
+    rows = {r["preset"]: r for r in data(alice_client, demo, metric="eval/accuracy")["robustness"]}
+    assert {p: rows[p]["rank"] for p in DEMO_PRESETS} == {
+        "rec-oneside-nois-wide": 1,
+        "rec-oneside-nois": 2,
+        "grpo": 3,
+        "reinforce": 4,
+    }
+    assert rows["rec-oneside-nois-wide"]["mean_drop"] == pytest.approx((-0.005 - 0.015) / 2)
+    assert rows["reinforce"]["worst_drop"] == pytest.approx(-0.3)
+    tolerance = {p: rows[p]["tolerance"] for p in DEMO_PRESETS}
+    assert tolerance == {
+        "reinforce": "on-policy",
+        "grpo": "sync_offset=2",
+        "rec-oneside-nois": "sync_offset=2",
+        "rec-oneside-nois-wide": "offline",
+    }
+    wider = data(alice_client, demo, metric="eval/accuracy", delta="0.2")["robustness"]
+    assert [r["tolerance"] for r in wider] == ["sync_offset=2", "offline", "offline", "offline"]
+
+
+def test_presets_that_cannot_be_told_apart_say_how_many_seeds_would(alice_client, demo):
+    ties = data(alice_client, demo, metric="eval/accuracy")["ties"]
+    tie = next(t for t in ties if (t["staleness"], t["a"], t["b"]) == ("offline", "grpo", "rec-oneside-nois"))
+    assert tie["value"] == pytest.approx(0.01) and tie["ci_lo"] <= 0 <= tie["ci_hi"]
+    assert tie["std"] == pytest.approx(0.02) and tie["seeds_needed"] == 32
+    identical = next(
+        t for t in ties if (t["staleness"], t["a"], t["b"]) == ("on-policy", "reinforce", "grpo")
+    )
+    assert identical["value"] == 0 and identical["seeds_needed"] is None, "Δ = 0: cannot tell with these data"
+    assert not any(t["staleness"] == "sync_offset=2" and t["a"] == "reinforce" for t in ties), "told apart"
+
+
+def test_findings_check_the_papers_claims_with_numbers(alice_client, demo):
+    found = data(alice_client, demo, metric="eval/accuracy")["findings"]
+    assert [f["verdict"] for f in found] == ["support", "support", "support"]
+    assert all(f["experiment"] == demo.pk and not f["missing"] for f in found)
+    assert (
+        "rec-oneside-nois − reinforce: +0.000 [+0.000, +0.000] (95% bootstrap CI, 3 seeds)"
+        in found[0]["text"]
+    )
+    assert (
+        "at sync_offset=2: reinforce -0.200 [-0.200, -0.200] (95% bootstrap CI, 3 seeds)" in found[1]["text"]
+    )
+    assert "at offline: +0.075 [+0.055, +0.095] (95% bootstrap CI, 3 seeds)" in found[2]["text"]
+
+
+def test_findings_name_the_missing_cells_and_contradict_when_every_preset_degrades(alice_client, experiment):
+    found = data(alice_client, experiment, metric="eval/accuracy")["findings"]
+    assert [f["verdict"] for f in found] == ["missing cells", "contradict", "missing cells"]
+    assert found[0]["missing"] == ["rec-oneside-nois × on-policy", "rec-oneside-nois-wide × on-policy"]
+    # The sample's accuracy drops 0.1 at sync_offset=2 for reinforce and grpo alike.
+    assert "grpo -0.100" in found[1]["text"]
