@@ -379,7 +379,7 @@ class RunConfig(_Strict):
         150, ge=1, le=MAX_STEPS, title="Trainer steps", description="trainer steps (one optimiser step each)"
     )
     eval_every: int = Field(
-        25,
+        15,
         ge=0,
         le=MAX_STEPS,
         title="Evaluate every",

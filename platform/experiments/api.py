@@ -316,6 +316,11 @@ class ComparisonParams(Schema):
         compare.ComparisonQuery.rule, description=f"final value: one of {', '.join(curves.RULES)}"
     )
     k: str = Field(str(compare.ComparisonQuery.k), description="the k of mean_last_k")
+    delta: str = Field(
+        str(compare.ComparisonQuery.delta),
+        description="δ: the change of the final value that counts, for the staleness tolerance and the findings "
+        "(in the metric's units: 0.02 is 2 points of accuracy)",
+    )
 
 
 def _query_error(exc: compare.QueryError) -> Status:

@@ -12,7 +12,10 @@ steps per hour = 3600 / the run's mean logged `time/step_s`, and the run's mean 
 preset of one experiment (seeds of different experiments are never averaged together). Groups
 come in a fixed order: experiments by id, presets in `rlcore.presets` order, staleness settings
 from on-policy to the stalest (`staleness_rank`, so the degradation plot reads left to right). Each
-preset has one colour everywhere, keyed by that order.
+preset has one colour everywhere, keyed by that order. On top, the staleness answer
+(`staleness_answer`): each line's drop from its own on-policy runs paired by seed, its tolerance
+within δ (`delta` in the query) and rank, presets that cannot be told apart with the seeds that
+would, and the paper's claims checked (`findings`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from django.db import connection
 from django.db.models import Avg, OuterRef, QuerySet, Subquery
 from django.http import QueryDict
 
-from experiments import curves
+from experiments import curves, findings
 from experiments.models import Experiment, MetricPoint, Run
 from rlcore.presets import preset_names
 from rlcore.sinks import EVAL_METRICS, STEP_METRICS
@@ -52,6 +55,7 @@ THROUGHPUT_COLUMNS = (
     "tokens_per_s_ci_hi",
 )
 MAX_K = 100_000
+MAX_DELTA = 1e6
 MAX_SELECTED_RUNS = 500
 POINT_DTYPE = np.dtype([("run", "i8"), ("step", "f8"), ("value", "f8")])
 # Tableau 20 minus greys: one colour per rlcore preset, in PRESETS order; unknown presets cycle.
@@ -105,11 +109,12 @@ def _choice(params: QueryDict, name: str, choices: tuple[str, ...], default: str
 
 @dataclass(frozen=True)
 class ComparisonQuery:
-    metric: str = "reward/mean"
+    metric: str = "eval/accuracy"
     x: str = "step"
     band: str = "std"
     rule: str = "last"
     k: int = 10
+    delta: float = 0.02
 
     @classmethod
     def parse(cls, params: QueryDict) -> ComparisonQuery:
@@ -121,12 +126,24 @@ class ComparisonQuery:
         k_text = params.get("k", str(cls.k))
         if not k_text.isdigit() or not 1 <= int(k_text) <= MAX_K:
             raise QueryError("k", f"k must be a whole number from 1 to {MAX_K} (got {k_text!r})")
+        delta_text = params.get("delta", str(cls.delta))
+        try:
+            delta = float(delta_text)
+        except ValueError:
+            delta = math.nan
+        if not 0 <= delta <= MAX_DELTA:
+            raise QueryError(
+                "delta",
+                f"delta must be a number from 0 to {MAX_DELTA:g}, the change in the metric that counts "
+                f"(0.02 is 2 points of accuracy) (got {delta_text!r})",
+            )
         return cls(
             metric=metric,
             x=_choice(params, "x", curves.X_AXES, cls.x),
             band=_choice(params, "band", curves.BANDS, cls.band),
             rule=_choice(params, "rule", curves.RULES, cls.rule),
             k=int(k_text),
+            delta=delta,
         )
 
 
@@ -375,6 +392,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         members[(run.experiment_id, run.preset, run.staleness)].append(run)
 
     groups, summary, throughput, run_rows = [], [], [], []
+    finals_by_cell: dict[tuple[int, str, str], dict[int, float]] = {}
     for line in lines:
         for setting in staleness:
             group_runs = members.get((line["experiment"], line["preset"], setting), [])
@@ -407,6 +425,9 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             )
             finals = {pk: curves.final_value(s, query.rule, query.k) for pk, s in series.items()}
             result = curves.summarise(list(finals.values()))
+            finals_by_cell[(line["experiment"], line["preset"], setting)] = {
+                run.seed: finals[run.pk] for run in group_runs if run.pk in finals
+            }
             summary.append(
                 {
                     **key,
@@ -432,12 +453,14 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 }
                 for run in group_runs
             ]
+    mean_lags = {label: staleness_rank(first_of[label].config) for label in staleness}
     return {
         "metric": query.metric,
         "x": query.x,
         "band": query.band,
         "rule": query.rule,
         "k": query.k,
+        "delta": query.delta,
         "active": any(run.status in Run.ACTIVE for run in runs),
         "experiments": [{"id": e.pk, "name": e.name} for e in experiments],
         "presets": presets,
@@ -448,7 +471,90 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         "summary": summary,
         "throughput": throughput,
         "runs": run_rows,
+        **staleness_answer(finals_by_cell, lines, staleness, mean_lags, query.delta),
     }
+
+
+def _difference_row(d: curves.Difference) -> dict[str, Any]:
+    return {
+        "n_seeds": d.n_pairs,
+        "value": _scalar(d.mean),
+        "ci_lo": _scalar(d.ci_lo),
+        "ci_hi": _scalar(d.ci_hi),
+        "std": _scalar(d.std),
+    }
+
+
+def staleness_answer(
+    finals: dict[tuple[int, str, str], dict[int, float]],
+    lines: list[dict[str, Any]],
+    staleness: list[str],
+    mean_lags: dict[str, float],
+    delta: float,
+) -> dict[str, Any]:
+    """How much each line loses to staleness, and what the data say about the paper's claims.
+
+    `drops`: per line and staleness setting, the final value minus the same line's on-policy final
+    value, paired by seed. `robustness`: per line, the mean and the worst drop over its staleness
+    settings, its tolerance (the stalest setting up to which every drop's CI stays within δ below
+    0), and its rank within its experiment by mean drop (lines missing a setting the experiment
+    tested are not ranked). `ties`: pairs of presets at one setting whose paired difference's CI
+    contains 0, with the seeds per preset that would tell them apart. `findings`: per experiment,
+    `findings.findings`.
+    """
+    drops, robustness, ties, found = [], [], [], []
+    for line in lines:
+        cells = {
+            s: finals[(line["experiment"], line["preset"], s)]
+            for s in staleness
+            if (line["experiment"], line["preset"], s) in finals
+        }
+        if findings.ON_POLICY not in cells:
+            continue
+        tested = [findings.ON_POLICY] + [s for s in staleness if s in cells and s != findings.ON_POLICY]
+        changes = {s: curves.paired_difference(cells[s], cells[findings.ON_POLICY]) for s in tested[1:]}
+        drops += [{**line, "staleness": s, **_difference_row(d)} for s, d in changes.items()]
+        means = [d.mean for d in changes.values() if math.isfinite(d.mean)]
+        robustness.append(
+            {
+                **line,
+                "settings": list(changes),
+                "mean_drop": _scalar(float(np.mean(means))) if means else None,
+                "worst_drop": _scalar(min(means)) if means else None,
+                "tolerance": curves.tolerance(tested, changes, delta),
+                "rank": None,
+            }
+        )
+    for experiment in dict.fromkeys(line["experiment"] for line in lines):
+        rows = [r for r in robustness if r["experiment"] == experiment]
+        every = {s for r in rows for s in r["settings"]}
+        ranked = [r for r in rows if set(r["settings"]) == every and every and r["mean_drop"] is not None]
+        for rank, row in enumerate(sorted(ranked, key=lambda r: -r["mean_drop"]), start=1):
+            row["rank"] = rank
+        presets = [line["preset"] for line in lines if line["experiment"] == experiment]
+        for setting in staleness:
+            for i, a in enumerate(presets):
+                for b in presets[i + 1 :]:
+                    if (experiment, a, setting) not in finals or (experiment, b, setting) not in finals:
+                        continue
+                    d = curves.paired_difference(
+                        finals[(experiment, b, setting)], finals[(experiment, a, setting)]
+                    )
+                    if d.n_pairs and d.contains_zero():
+                        ties.append(
+                            {
+                                "experiment": experiment,
+                                "staleness": setting,
+                                "a": a,
+                                "b": b,
+                                **_difference_row(d),
+                                "seeds_needed": curves.seeds_needed(d),
+                            }
+                        )
+        cells = {(p, s): v for (e, p, s), v in finals.items() if e == experiment}
+        tested = [s for s in staleness if any(key[1] == s for key in cells)]
+        found += [{"experiment": experiment, **f} for f in findings.findings(cells, tested, mean_lags, delta)]
+    return {"drops": drops, "robustness": robustness, "ties": ties, "findings": found}
 
 
 def curves_csv(payload: dict[str, Any]) -> str:

@@ -9,12 +9,15 @@ seeds with a fixed seed, so the same data always draws the same band. Curves are
 into at most `MAX_BUCKETS` buckets keeping each bucket's min, max and last point of the mean, and
 the bucket's band envelope (lowest lo, highest hi), so a one-step spike survives in the line and
 in the band. Final values (last, mean of last k, best, normalised area under the curve) are
-computed per run on its raw series and summarised across seeds with the same CI.
+computed per run on its raw series and summarised across seeds with the same CI. Two groups'
+final values are compared paired by seed (same seed: same prompts), with a bootstrap CI over seed
+pairs; from such differences come a preset's staleness tolerance (the stalest setting whose drop
+from on-policy stays within δ) and the seeds a comparison would need to tell two presets apart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -248,3 +251,75 @@ def summarise(values: Sequence[float]) -> Summary:
     lo, hi = bootstrap_ci(finite[:, None])
     std = float(finite.std(ddof=1)) if len(finite) > 1 else 0.0
     return Summary(float(finite.mean()), float(lo[0]), float(hi[0]), std, len(finite), finite.tolist())
+
+
+# Two-sided α = 0.05 and power 0.8 for the seeds-needed figure: z_{0.975} and z_{0.8}.
+Z_975 = 1.959963984540054
+Z_80 = 0.8416212335729143
+
+
+@dataclass(frozen=True)
+class Difference:
+    """`a − b` paired by seed: the mean of the per-seed differences, its 95% bootstrap CI over seed
+    pairs (NaN with fewer than 2 pairs: one pair says nothing about the spread), the sample std of
+    the differences (NaN below 2 pairs) and the seeds paired."""
+
+    mean: float
+    ci_lo: float
+    ci_hi: float
+    std: float
+    seeds: list[int]
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def has_ci(self) -> bool:
+        return self.n_pairs >= 2
+
+    def contains_zero(self) -> bool:
+        """Whether the CI cannot tell the difference from 0 (true without a CI)."""
+        return not self.has_ci or self.ci_lo <= 0 <= self.ci_hi
+
+
+def paired_difference(
+    a: Mapping[int, float], b: Mapping[int, float], seed: int = BOOTSTRAP_SEED
+) -> Difference:
+    """`a[s] − b[s]` over the seeds `s` both have finite values for (same seed: same prompts at
+    every step), with a percentile bootstrap CI that resamples seed pairs with a fixed RNG seed."""
+    seeds = sorted(s for s in a.keys() & b.keys() if np.isfinite(a[s]) and np.isfinite(b[s]))
+    if not seeds:
+        return Difference(float("nan"), float("nan"), float("nan"), float("nan"), [])
+    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    if len(d) < 2:
+        return Difference(float(d[0]), float("nan"), float("nan"), float("nan"), seeds)
+    lo, hi = bootstrap_ci(d[:, None], seed)
+    return Difference(float(d.mean()), float(lo[0]), float(hi[0]), float(d.std(ddof=1)), seeds)
+
+
+def seeds_needed(difference: Difference) -> int | None:
+    """Seeds per preset for a paired difference like the observed one to be told from 0 (two-sided
+    α = 0.05, power 0.8): ⌈((z_{0.975} + z_{0.8}) · σ_d / Δ)²⌉, at least 2; None ("cannot tell with
+    these data") when the observed mean difference Δ is 0 or σ_d is unknown (fewer than 2 pairs)."""
+    if not difference.has_ci or not np.isfinite(difference.std) or difference.mean == 0:
+        return None
+    n = ((Z_975 + Z_80) * difference.std / abs(difference.mean)) ** 2
+    return max(2, int(np.ceil(n - 1e-9)))
+
+
+def holds_within(difference: Difference | None, delta: float) -> bool:
+    """Whether the change's CI lies no more than `delta` below 0 (a change up is no loss)."""
+    return difference is not None and difference.has_ci and difference.ci_lo >= -delta
+
+
+def tolerance(settings: Sequence[str], drops: Mapping[str, Difference], delta: float) -> str | None:
+    """The stalest of `settings` (ordered from on-policy to the stalest, on-policy first, its own
+    reference) up to which every drop's CI stays within `delta` below 0: a preset tolerates a
+    setting only if it also tolerates every less stale one. None when `settings` is empty."""
+    tolerated = settings[0] if settings else None
+    for setting in settings[1:]:
+        if not holds_within(drops.get(setting), delta):
+            break
+        tolerated = setting
+    return tolerated

@@ -160,6 +160,26 @@ def _int_list(text: str, what: str) -> list[int]:
     return values
 
 
+# Starting points for the form (`?template=<name>` on the new-sweep page): initial values only,
+# validated like anything typed. "cpu-demo" is ALGORITHMS.md §10's demo grid, where the paper's
+# effects show on 2 CPU cores.
+TEMPLATES = {
+    "cpu-demo": {
+        "name": "CPU demo: 4 presets × 4 staleness settings",
+        "presets": ["reinforce", "grpo", "rec-oneside-nois", "rec-oneside-nois-wide"],
+        "on_policy": True,
+        "sync_intervals": "48",
+        "sync_offsets": "8",
+        "offline": True,
+        "seeds": "0, 1",
+        "optimizer.lr": 3e-5,
+        "rollout.prompts_per_step": 16,
+        "rollout.group_size": 8,
+        "steps": 150,
+    },
+}
+
+
 class SweepForm(forms.Form):
     name = forms.CharField(max_length=200)
     team = forms.ModelChoiceField(queryset=Team.objects.none(), empty_label=None)

@@ -348,8 +348,9 @@ class Run(Leased, models.Model):
         return self.status in Run.RETRYABLE
 
     @property
-    def final_reward(self) -> float | None:
-        return self.summary.get("reward/mean")
+    def final_accuracy(self) -> float | None:
+        """Held-out (greedy) accuracy after the last step: the number a comparison is about."""
+        return self.summary.get("eval/accuracy")
 
     @property
     def execution_mode(self) -> str:

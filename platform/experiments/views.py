@@ -26,7 +26,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from experiments import compare, curves, sweeps
-from experiments.forms import AddMemberForm, SweepForm, TeamForm
+from experiments.forms import TEMPLATES, AddMemberForm, SweepForm, TeamForm
 from experiments.models import (
     ApiToken,
     Completion,
@@ -80,7 +80,8 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def submit_sweep(request: HttpRequest) -> HttpResponse:
-    form = SweepForm(request.POST or None, user=request.user)
+    template = TEMPLATES.get(request.GET.get("template", ""), {})
+    form = SweepForm(request.POST or None, user=request.user, initial=template)
     if request.method == "POST" and form.is_valid() and "preview" not in request.POST:
         data = form.cleaned_data
         experiment = sweeps.create_experiment(

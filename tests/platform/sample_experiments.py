@@ -4,12 +4,15 @@ training, just runs and metric points whose values follow a formula the tests ca
 `make_finished_experiment` builds presets × staleness settings × seeds runs with steps
 0…`steps`, each logging `reward/mean = (step / steps) × (0.5 + 0.25 p − 0.1 s) + 0.05 seed`
 (p = preset index, s = staleness index), `kl/init = 0.01 × step × (1 + s)`,
-`response_length/mean = 10 + seed`, one step per second of wall time; and from step 1 on, as
-the trainer does, `time/step_s` (`step_time`) and `tokens_per_s` (`tokens_per_s`).
+`response_length/mean = 10 + seed`, one step per second of wall time; from step 1 on, as
+the trainer does, `time/step_s` (`step_time`) and `tokens_per_s` (`tokens_per_s`); and every
+`eval_every` steps and after the last, `eval/accuracy` (`accuracy`, or the `final_accuracy`
+given: a function of (preset, staleness label, seed) that the accuracy climbs to linearly from 0.25).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from conftest import TINY_CONFIG
@@ -21,6 +24,10 @@ START = datetime(2026, 11, 1, tzinfo=UTC)
 
 def reward(step: int, steps: int, preset_index: int, staleness_index: int, seed: int) -> float:
     return step / steps * (0.5 + 0.25 * preset_index - 0.1 * staleness_index) + 0.05 * seed
+
+
+def accuracy(step: int, steps: int, preset_index: int, staleness_index: int, seed: int) -> float:
+    return 0.25 + step / steps * (0.4 + 0.05 * preset_index - 0.1 * staleness_index) + 0.01 * seed
 
 
 def step_time(step: int, preset_index: int, staleness_index: int, seed: int) -> float:
@@ -42,6 +49,8 @@ def make_finished_experiment(
     staleness: tuple[dict, ...] = ({}, {"sync_offset": 2}),
     seeds: tuple[int, ...] = (0, 1),
     steps: int = 20,
+    eval_every: int = 5,
+    final_accuracy: Callable[[str, str, int], float] | None = None,
 ) -> Experiment:
     sweep = expand(TINY_CONFIG, list(presets), list(staleness), list(seeds))
     experiment = Experiment.objects.create(team=team, owner=owner, name=name, spec=sweep.as_spec())
@@ -57,6 +66,12 @@ def make_finished_experiment(
                 "kl/init": 0.01 * step * (1 + s),
                 "response_length/mean": 10.0 + config.seed,
             }
+            if step % eval_every == 0 or step == steps:
+                if final_accuracy is None:
+                    values["eval/accuracy"] = accuracy(step, steps, p, s, config.seed)
+                else:
+                    end = final_accuracy(config.algorithm.preset, config.staleness_label, config.seed)
+                    values["eval/accuracy"] = 0.25 + step / steps * (end - 0.25)
             if step > 0:
                 values["time/step_s"] = step_time(step, p, s, config.seed)
                 values["tokens_per_s"] = tokens_per_s(step, p, s, config.seed)

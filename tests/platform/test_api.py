@@ -148,6 +148,8 @@ def test_comparisons_through_the_api_match_the_dashboard(client, alice_client, t
         }
     ]
     assert client.get("/api/compare", {"runs": "x"}, **auth).json()["detail"][0]["field"] == "runs"
+    bad_delta = client.get(f"/api/experiments/{experiment.pk}/compare", {"delta": "-1"}, **auth)
+    assert bad_delta.status_code == 422 and bad_delta.json()["detail"][0]["field"] == "delta"
 
     bob = type(alice).objects.create_user("bob", password="bob-password-1")
     Membership.objects.create(team=Team.objects.create(name="team-b"), user=bob)

@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from experiments.models import MetricPoint, Run
-from sample_experiments import make_finished_experiment, reward, step_time, tokens_per_s
+from sample_experiments import accuracy, make_finished_experiment, reward, step_time, tokens_per_s
 
 pytestmark = pytest.mark.django_db
 
@@ -22,6 +22,9 @@ def experiment(team, alice):
 
 
 def data(client, experiment, **params):
+    """The payload; the sample's reward/mean unless another metric is asked for (the page's default
+    is eval/accuracy, see test_the_page_opens_on_held_out_accuracy)."""
+    params.setdefault("metric", "reward/mean")
     response = client.get(reverse("experiment-compare-data", args=[experiment.pk]), params)
     assert response.status_code == 200, response.content
     return response.json()
@@ -50,6 +53,15 @@ def test_groups_come_in_preset_order_with_the_mean_of_two_seeds_and_a_std_band(a
     assert not g["downsampled"] and g["points"] == 21
     assert payload["colours"] == {"reinforce": "#1f77b4", "grpo": "#ff7f0e"}
     assert payload["active"] is False
+
+
+def test_the_page_opens_on_held_out_accuracy(alice_client, experiment):
+    response = alice_client.get(reverse("experiment-compare-data", args=[experiment.pk]))
+    payload = response.json()
+    assert payload["metric"] == "eval/accuracy"
+    g = group(payload, "grpo", "sync_offset=2")
+    assert g["x"] == [0, 5, 10, 15, 20]
+    assert g["mean"][-1] == pytest.approx((accuracy(20, 20, 1, 1, 0) + accuracy(20, 20, 1, 1, 1)) / 2)
 
 
 def test_x_axes_and_bands_change_the_curves(alice_client, experiment):
@@ -182,9 +194,14 @@ def test_csv_downloads_of_curves_and_summary_parse(alice_client, experiment):
     )
     assert float(last["mean"]) == pytest.approx(0.775) and last["n_seeds"] == "2"
     summary_url = reverse("experiment-compare-summary", args=[experiment.pk])
-    assert alice_client.get(summary_url).json()["summary"][0]["value"] == pytest.approx(0.525)
+    reward_summary = alice_client.get(summary_url, {"metric": "reward/mean"}).json()
+    assert reward_summary["summary"][0]["value"] == pytest.approx(0.525)
     rows = list(
-        csv.DictReader(io.StringIO(alice_client.get(summary_url, {"format": "csv"}).content.decode()))
+        csv.DictReader(
+            io.StringIO(
+                alice_client.get(summary_url, {"metric": "reward/mean", "format": "csv"}).content.decode()
+            )
+        )
     )
     assert [(r["preset"], r["staleness"], r["n_seeds"]) for r in rows][:2] == [
         ("reinforce", "on-policy", "2"),
@@ -204,6 +221,9 @@ def test_csv_downloads_of_curves_and_summary_parse(alice_client, experiment):
         ({"rule": "median"}, "rule"),
         ({"k": "0"}, "k"),
         ({"k": "ten"}, "k"),
+        ({"delta": "-0.01"}, "delta"),
+        ({"delta": "two points"}, "delta"),
+        ({"delta": "nan"}, "delta"),
         ({"metric": ""}, "metric"),
         ({"format": "xml"}, "format"),
     ],
@@ -238,8 +258,11 @@ def test_the_page_escapes_names_and_serves_plotly_from_our_static_files(alice_cl
     html = alice_client.get(reverse("experiment-compare", args=[experiment.pk])).content.decode()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>alert(1)" not in html
     assert '<script src="/static/plotly/plotly.min.js">' in html
+    run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
+    Run.objects.filter(pk=run.pk).update(summary={"reward/mean": 0.9, "eval/accuracy": 0.6125})
     detail = alice_client.get(reverse("experiment-detail", args=[experiment.pk])).content.decode()
     assert reverse("experiment-compare", args=[experiment.pk]) in detail
+    assert "<th>Final held-out accuracy</th>" in detail and "0.6125" in detail
 
 
 def test_any_metric_name_makes_a_safe_csv_file_name(alice_client, experiment):
@@ -299,3 +322,110 @@ def test_metric_points_have_one_unique_index_covering_values_on_postgresql(exper
         with connection.cursor() as cursor:
             cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'one_point_per_run_name_step'")
             assert cursor.fetchone()[0].endswith("(run_id, name, step) INCLUDE (value, wall_time)")
+
+
+DEMO_PRESETS = ("reinforce", "grpo", "rec-oneside-nois", "rec-oneside-nois-wide")
+DEMO_STALENESS = ({}, {"sync_offset": 2}, {"offline": True})
+# grpo − rec-oneside-nois offline per seed: mean 0.01, σ_d 0.02, so ⌈(2.80158 · 0.02 / 0.01)²⌉ = 32 seeds.
+NOIS_OFFLINE = {0: 0.01, 1: 0.03, 2: -0.01}
+
+
+def demo_accuracy(preset: str, staleness: str, seed: int) -> float:
+    """Final held-out accuracy shaped like the paper's claims (ALGORITHMS.md §10)."""
+    if staleness == "on-policy":
+        return 0.70 + 0.02 * seed
+    if staleness == "sync_offset=2":
+        return (0.50 if preset == "reinforce" else 0.695) + 0.02 * seed
+    offline = {
+        "reinforce": 0.40,
+        "grpo": 0.60,
+        "rec-oneside-nois": 0.60 + NOIS_OFFLINE[seed],
+        "rec-oneside-nois-wide": 0.685,
+    }
+    return offline[preset] + 0.02 * seed
+
+
+@pytest.fixture
+def demo(team, alice):
+    return make_finished_experiment(
+        team,
+        alice,
+        name="demo",
+        presets=DEMO_PRESETS,
+        staleness=DEMO_STALENESS,
+        seeds=(0, 1, 2),
+        final_accuracy=demo_accuracy,
+    )
+
+
+def test_drops_from_on_policy_are_paired_by_seed_with_a_ci(alice_client, demo):
+    payload = data(alice_client, demo, metric="eval/accuracy")
+    assert payload["delta"] == 0.02
+    drops = {(r["preset"], r["staleness"]): r for r in payload["drops"]}
+    assert set(drops) == {(p, s) for p in DEMO_PRESETS for s in ("sync_offset=2", "offline")}
+    reinforce = drops[("reinforce", "sync_offset=2")]
+    # Seeds differ by 0.02 each, but paired by seed the drop is −0.2 on every seed: a CI of width 0.
+    assert (reinforce["value"], reinforce["ci_lo"], reinforce["ci_hi"], reinforce["n_seeds"]) == (
+        pytest.approx(-0.2),
+        pytest.approx(-0.2),
+        pytest.approx(-0.2),
+        3,
+    )
+    nois = drops[("rec-oneside-nois", "offline")]
+    assert nois["value"] == pytest.approx(-0.09)
+    assert (nois["ci_lo"], nois["ci_hi"]) == (pytest.approx(-0.11), pytest.approx(-0.07))
+
+
+def test_robustness_ranks_presets_by_mean_drop_and_names_their_tolerance(alice_client, demo):
+    rows = {r["preset"]: r for r in data(alice_client, demo, metric="eval/accuracy")["robustness"]}
+    assert {p: rows[p]["rank"] for p in DEMO_PRESETS} == {
+        "rec-oneside-nois-wide": 1,
+        "rec-oneside-nois": 2,
+        "grpo": 3,
+        "reinforce": 4,
+    }
+    assert rows["rec-oneside-nois-wide"]["mean_drop"] == pytest.approx((-0.005 - 0.015) / 2)
+    assert rows["reinforce"]["worst_drop"] == pytest.approx(-0.3)
+    tolerance = {p: rows[p]["tolerance"] for p in DEMO_PRESETS}
+    assert tolerance == {
+        "reinforce": "on-policy",
+        "grpo": "sync_offset=2",
+        "rec-oneside-nois": "sync_offset=2",
+        "rec-oneside-nois-wide": "offline",
+    }
+    wider = data(alice_client, demo, metric="eval/accuracy", delta="0.2")["robustness"]
+    assert [r["tolerance"] for r in wider] == ["sync_offset=2", "offline", "offline", "offline"]
+
+
+def test_presets_that_cannot_be_told_apart_say_how_many_seeds_would(alice_client, demo):
+    ties = data(alice_client, demo, metric="eval/accuracy")["ties"]
+    tie = next(t for t in ties if (t["staleness"], t["a"], t["b"]) == ("offline", "grpo", "rec-oneside-nois"))
+    assert tie["value"] == pytest.approx(0.01) and tie["ci_lo"] <= 0 <= tie["ci_hi"]
+    assert tie["std"] == pytest.approx(0.02) and tie["seeds_needed"] == 32
+    identical = next(
+        t for t in ties if (t["staleness"], t["a"], t["b"]) == ("on-policy", "reinforce", "grpo")
+    )
+    assert identical["value"] == 0 and identical["seeds_needed"] is None, "Δ = 0: cannot tell with these data"
+    assert not any(t["staleness"] == "sync_offset=2" and t["a"] == "reinforce" for t in ties), "told apart"
+
+
+def test_findings_check_the_papers_claims_with_numbers(alice_client, demo):
+    found = data(alice_client, demo, metric="eval/accuracy")["findings"]
+    assert [f["verdict"] for f in found] == ["support", "support", "support"]
+    assert all(f["experiment"] == demo.pk and not f["missing"] for f in found)
+    assert (
+        "rec-oneside-nois − reinforce: +0.000 [+0.000, +0.000] (95% bootstrap CI, 3 seeds)"
+        in found[0]["text"]
+    )
+    assert (
+        "at sync_offset=2: reinforce -0.200 [-0.200, -0.200] (95% bootstrap CI, 3 seeds)" in found[1]["text"]
+    )
+    assert "at offline: +0.075 [+0.055, +0.095] (95% bootstrap CI, 3 seeds)" in found[2]["text"]
+
+
+def test_findings_name_the_missing_cells_and_contradict_when_every_preset_degrades(alice_client, experiment):
+    found = data(alice_client, experiment, metric="eval/accuracy")["findings"]
+    assert [f["verdict"] for f in found] == ["missing cells", "contradict", "missing cells"]
+    assert found[0]["missing"] == ["rec-oneside-nois × on-policy", "rec-oneside-nois-wide × on-policy"]
+    # The sample's accuracy drops 0.1 at sync_offset=2 for reinforce and grpo alike.
+    assert "grpo -0.100" in found[1]["text"]

@@ -63,9 +63,11 @@ def test_the_grid_controls_permalink_and_csv_of_a_finished_experiment(page, live
     page.goto(live_server.url + reverse("experiment-detail", args=[experiment.pk]))
     started = time.monotonic()
     page.click("#compare-link")
-    rendered(page, metric="reward/mean", x="step", band="std", view="grid")
+    rendered(page, metric="eval/accuracy", x="step", band="std", view="grid")
     interactive_s = time.monotonic() - started
     assert interactive_s <= INTERACTIVE_S, f"interactive after {interactive_s:.2f} s"
+    page.select_option("select[name=metric]", "reward/mean")
+    rendered(page, metric="reward/mean")
     page.screenshot(path=SCREENSHOTS / "compare-grid.png", full_page=True)
 
     panels = page.evaluate(TRACES_JS)
@@ -85,7 +87,7 @@ def test_the_grid_controls_permalink_and_csv_of_a_finished_experiment(page, live
     assert line["x"][-1] == 20 and line["y"][-1] == pytest.approx(0.675)
 
     assert page.text_content("#summary tr[data-preset=reinforce] td[data-staleness=on-policy]") == (
-        "0.5250 [0.5000, 0.5500] · 2 seeds"
+        "0.5250 [0.5000, 0.5500] 95% bootstrap CI · 2 seeds"
     )
     degradation = page.evaluate("() => document.getElementById('degradation').data.map(t => [t.name, t.y])")
     assert [name for name, _ in degradation] == ["reinforce", "grpo"]
@@ -177,7 +179,7 @@ def test_a_running_experiment_is_polled_without_reloading(page, live_server, tea
     experiment = make_finished_experiment(team, alice, seeds=(0,), steps=4)
     run = experiment.runs.get(preset="grpo", staleness="on-policy")
     Run.objects.filter(pk=run.pk).update(status=Run.RUNNING)
-    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]))
+    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]) + "?metric=reward/mean")
     rendered(page, metric="reward/mean")
     assert "some still running" in page.text_content("#status")
     assert "1 seed, no CI" in page.text_content("#summary tr[data-preset=grpo] td[data-staleness=on-policy]")
@@ -220,7 +222,7 @@ def test_runs_picked_from_two_experiments_share_one_dashboard_and_permalink(page
     page.wait_for_url("**preset=grpo**")
     page.check("#select-all")
     page.click("#compare-selected")
-    rendered(page, metric="reward/mean", view="grid")
+    rendered(page, metric="eval/accuracy", view="grid")
     page.screenshot(path=SCREENSHOTS / "compare-picked-runs.png", full_page=True)
     picked = sorted(Run.objects.filter(preset="grpo").values_list("pk", flat=True))
     assert f"runs={'%2C'.join(map(str, picked))}" in page.url
@@ -272,7 +274,7 @@ def test_compared_staleness_settings_read_from_on_policy_to_the_stalest(page, li
     page.goto(live_server.url + reverse("run-list"))
     page.check("#select-all")
     page.click("#compare-selected")
-    rendered(page, metric="reward/mean", view="grid")
+    rendered(page, metric="eval/accuracy", view="grid")
     expected = ["on-policy", "sync_offset=2", "sync_offset=4"]
     panels = page.evaluate(
         "() => [...document.querySelectorAll('#plots .panel')].map(p => p.dataset.staleness)"
@@ -280,3 +282,33 @@ def test_compared_staleness_settings_read_from_on_policy_to_the_stalest(page, li
     assert panels == expected
     degradation_x = page.evaluate("() => document.getElementById('degradation').data.map(t => t.x)")
     assert degradation_x and all(x == expected for x in degradation_x)
+
+
+def test_the_staleness_answer_drop_table_findings_and_the_template_link(page, live_server, team, alice):
+    from test_compare import DEMO_PRESETS, DEMO_STALENESS, demo_accuracy
+
+    experiment = make_finished_experiment(
+        team,
+        alice,
+        presets=DEMO_PRESETS,
+        staleness=DEMO_STALENESS,
+        seeds=(0, 1, 2),
+        final_accuracy=demo_accuracy,
+    )
+    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]))
+    rendered(page, metric="eval/accuracy", delta="0.02")
+    row = page.text_content("#drops tr[data-preset=reinforce]")
+    assert "-0.200 [-0.200, -0.200] 95% bootstrap CI · 3 seeds" in row and row.endswith("on-policy4")
+    verdicts = page.eval_on_selector_all("#findings li", "items => items.map(li => li.dataset.verdict)")
+    assert verdicts == ["support", "support", "support"]
+    assert "would (α 0.05, power 0.8)" in page.text_content("#ties")
+    symbols = page.evaluate("() => document.getElementById('scatter').data[0].marker.symbol")
+    assert symbols[:3] == ["circle", "square", "diamond"] or set(symbols) == {"circle", "square", "diamond"}
+    assert page.evaluate("() => document.getElementById('degradation').layout.scattermode") == "group"
+    page.fill("input[name=delta]", "0.2")
+    rendered(page, delta="0.2")
+    assert page.text_content("#drops tr[data-preset=reinforce]").endswith("sync_offset=24")
+    page.goto(live_server.url + reverse("submit-sweep"))
+    page.click("#template-cpu-demo")
+    page.wait_for_url("**template=cpu-demo")
+    assert page.input_value("input[name=seeds]") == "0, 1"

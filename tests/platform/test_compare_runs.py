@@ -27,6 +27,7 @@ def picked(experiment, **filters) -> list[int]:
 
 
 def data(client, run_ids, view="runs-compare-data", **params):
+    params.setdefault("metric", "reward/mean")  # the sample's formula; the page opens on eval/accuracy
     return client.get(reverse(view), {"runs": ",".join(map(str, run_ids)), **params})
 
 

@@ -171,3 +171,58 @@ def test_x_axes_samples_tokens_and_time():
     assert tokens.tolist() == [0.0, 320.0, 960.0, 3200.0]
     assert np.isnan(curves.tokens_x(steps, np.array([0.0]), np.array([5.0]), 32)).all()
     assert curves.time_x(np.array([100.0, 101.5, 104.0])).tolist() == [0.0, 1.5, 4.0]
+
+
+def test_a_paired_difference_pairs_seeds_so_a_shared_seed_effect_cancels():
+    # Seeds differ by a lot (0.3 to 0.9) but b is 0.1 above a on every shared seed: exactly −0.1.
+    a = {0: 0.5, 1: 0.9, 2: 0.3, 4: 0.8, 5: float("nan")}
+    b = {0: 0.6, 1: 1.0, 2: 0.4, 3: 0.7, 5: 0.5}
+    d = curves.paired_difference(a, b)
+    assert d.seeds == [0, 1, 2], "seed 3 and 4 have no partner, seed 5 no value"
+    assert (d.mean, d.ci_lo, d.ci_hi) == (pytest.approx(-0.1), pytest.approx(-0.1), pytest.approx(-0.1))
+    assert d.std == pytest.approx(0.0, abs=1e-12) and not d.contains_zero()
+
+
+def test_the_paired_bootstrap_resamples_pairs_with_a_fixed_seed():
+    # Two pairs, differences 0 and 0.2: resampled means 0, 0.1, 0.2 with chances ¼, ½, ¼.
+    d = curves.paired_difference({0: 0.5, 1: 0.7}, {0: 0.5, 1: 0.5})
+    assert (d.mean, d.ci_lo, d.ci_hi) == (pytest.approx(0.1), 0.0, pytest.approx(0.2))
+    assert d.std == pytest.approx(0.2 / 2**0.5) and d.contains_zero()
+    assert curves.paired_difference({0: 0.5, 1: 0.7}, {0: 0.5, 1: 0.5}) == d, "same data, same CI"
+
+
+def test_one_pair_has_no_ci_and_no_pair_no_value():
+    one = curves.paired_difference({0: 0.7, 1: 0.2}, {0: 0.5})
+    assert one.mean == pytest.approx(0.2) and one.n_pairs == 1 and not one.has_ci
+    assert np.isnan(one.ci_lo) and np.isnan(one.std) and one.contains_zero()
+    assert np.isnan(curves.paired_difference({0: 0.7}, {1: 0.5}).mean)
+
+
+def test_seeds_needed_from_the_observed_spread_of_the_difference():
+    # Differences 0.01 and 0.03: Δ = 0.02, σ_d = 0.01·√2, ((1.95996 + 0.84162)·0.01414 / 0.02)² = 3.92 → 4.
+    d = curves.paired_difference({0: 0.51, 1: 0.53}, {0: 0.5, 1: 0.5})
+    assert curves.seeds_needed(d) == 4
+    # Ten times the spread for the same Δ: 392.4 → 393.
+    wide = curves.paired_difference({0: 0.42, 1: 0.62}, {0: 0.5, 1: 0.5})
+    assert wide.mean == pytest.approx(0.02) and curves.seeds_needed(wide) == 393
+    assert curves.seeds_needed(curves.paired_difference({0: 0.6, 1: 0.4}, {0: 0.5, 1: 0.5})) is None, "Δ = 0"
+    assert curves.seeds_needed(curves.paired_difference({0: 0.6}, {0: 0.5})) is None, "σ unknown"
+
+
+def _drop(ci_lo: float) -> curves.Difference:
+    return curves.Difference(ci_lo + 0.01, ci_lo, ci_lo + 0.02, 0.01, [0, 1])
+
+
+def test_the_tolerance_is_the_stalest_setting_up_to_which_every_drop_stays_within_delta():
+    settings = ["on-policy", "sync_offset=8", "sync_interval=48", "offline"]
+    drops = {"sync_offset=8": _drop(-0.015), "sync_interval=48": _drop(-0.019), "offline": _drop(-0.05)}
+    assert curves.tolerance(settings, drops, 0.02) == "sync_interval=48"
+    assert curves.tolerance(settings, drops, 0.06) == "offline"
+    assert curves.tolerance(settings, drops, 0.01) == "on-policy", "tolerates no staleness"
+    # A failing setting stops it even if a staler one holds again; a drop without CI cannot hold.
+    assert curves.tolerance(
+        settings, {**drops, "sync_interval=48": _drop(-0.03), "offline": _drop(0.0)}, 0.02
+    ) == ("sync_offset=8")
+    one_seed = curves.Difference(0.0, float("nan"), float("nan"), float("nan"), [0])
+    assert curves.tolerance(settings, {**drops, "sync_offset=8": one_seed}, 0.02) == "on-policy"
+    assert curves.tolerance([], {}, 0.02) is None

@@ -348,3 +348,22 @@ def test_runs_go_to_the_queue_their_device_needs(api):
     assert Run.objects.get().queue == "gpu"
     assert (queued_messages("gpu"), queued_messages("cpu")) == (1, 0)
     purge_queue("gpu")
+
+
+def test_the_cpu_demo_template_fills_the_form_with_the_demo_grid(alice_client, team):
+    html = alice_client.get(reverse("submit-sweep")).content.decode()
+    assert 'href="?template=cpu-demo"' in html
+    filled = alice_client.get(reverse("submit-sweep"), {"template": "cpu-demo"}).context["form"]
+    assert filled["presets"].value() == ["reinforce", "grpo", "rec-oneside-nois", "rec-oneside-nois-wide"]
+    assert (filled["sync_intervals"].value(), filled["sync_offsets"].value(), filled["seeds"].value()) == (
+        "48",
+        "8",
+        "0, 1",
+    )
+    assert filled["on_policy"].value() is True and filled["offline"].value() is True
+    assert filled["optimizer.lr"].value() == 3e-5 and filled["steps"].value() == 150
+    assert (filled["rollout.prompts_per_step"].value(), filled["rollout.group_size"].value()) == (16, 8)
+    assert (
+        alice_client.get(reverse("submit-sweep"), {"template": "nope"}).context["form"]["seeds"].value()
+        == "0"
+    )

@@ -3,7 +3,9 @@
 // its colour is its preset's, and with runs of several experiments the dash tells experiments apart.
 // Changing metric, x axis, band or final-value rule fetches again; view and smoothing only redraw.
 // Below the curves, the trade-off: the final value and the trainer's throughput (steps per hour,
-// tokens/s), each against staleness.
+// tokens/s), each against staleness; then the staleness answer: each line's drop from its own
+// on-policy runs (paired by seed), its tolerance within δ and rank, presets the seeds cannot tell apart,
+// and the paper's claims checked against the data.
 // While a run is queued or running the data is polled every few seconds, without reloading the page.
 // Names (presets, staleness labels, metrics) are user input: they only ever go through textContent
 // or Plotly's text fields, never innerHTML.
@@ -11,8 +13,9 @@
 
 (() => {
   const POLL_MS = 3000;
-  const DEFAULTS = { metric: "reward/mean", x: "step", band: "std", view: "grid", smooth: "0", rule: "last", k: "10" };
-  const FETCHED = ["metric", "x", "band", "rule", "k"];
+  const DEFAULTS = { metric: "eval/accuracy", x: "step", band: "std", view: "grid", smooth: "0", rule: "last", k: "10", delta: "0.02" };
+  const FETCHED = ["metric", "x", "band", "rule", "k", "delta"];
+  const SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "cross", "star", "triangle-down"];
   const DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"];
   const X_TITLES = { step: "step", samples: "samples seen", tokens: "response tokens seen", time: "wall time (s)" };
   const { escapeText } = window.LabPlots;
@@ -175,6 +178,61 @@
     return v === null ? "–" : Number(v).toPrecision(4);
   }
 
+  // A bracket always says what it is.
+  function bracket(row, digits) {
+    const f = digits ? (v) => (v >= 0 ? "+" : "") + Number(v).toFixed(digits) : formatValue;
+    if (row.n_seeds === 0) return "–";
+    if (row.n_seeds === 1 || row.ci_lo === null) return `${f(row.value)} · 1 seed, no CI`;
+    return `${f(row.value)} [${f(row.ci_lo)}, ${f(row.ci_hi)}] 95% bootstrap CI · ${row.n_seeds} seeds`;
+  }
+
+  function cellRow(table, texts, header) {
+    const tr = table.insertRow();
+    for (const text of texts) {
+      const cell = document.createElement(header ? "th" : "td");
+      cell.textContent = text;
+      tr.append(cell);
+    }
+    return tr;
+  }
+
+  function drawStalenessAnswer() {
+    const stale = payload.staleness.filter((s) => s !== "on-policy");
+    const table = document.getElementById("drops");
+    table.replaceChildren();
+    cellRow(table, [`change from on-policy (paired by seed)`, ...stale, "mean change", "worst change", `tolerance (δ = ${payload.delta})`, "rank"], true);
+    const drops = new Map(payload.drops.map((r) => [`${r.line}\u0000${r.staleness}`, r]));
+    for (const row of payload.robustness) {
+      const cells = stale.map((s) => (drops.has(`${row.line}\u0000${s}`) ? bracket(drops.get(`${row.line}\u0000${s}`), 3) : ""));
+      const mean = row.mean_drop === null ? "–" : row.mean_drop.toFixed(3);
+      const worst = row.worst_drop === null ? "–" : row.worst_drop.toFixed(3);
+      const tr = cellRow(table, [row.line, ...cells, mean, worst, row.tolerance ?? "–", row.rank ?? "not ranked"]);
+      tr.dataset.preset = row.preset;
+      tr.dataset.line = row.line;
+    }
+    const ties = document.getElementById("ties");
+    ties.replaceChildren(
+      ...payload.ties.map((t) => {
+        const li = document.createElement("li");
+        const need = t.seeds_needed === null ? "cannot tell with these data" : `about ${t.seeds_needed} seeds per preset would (α 0.05, power 0.8)`;
+        li.textContent = `${t.b} − ${t.a} at ${t.staleness}: ${bracket(t, 3)}: cannot be told apart; ${need}`;
+        return li;
+      }),
+    );
+    const findings = document.getElementById("findings");
+    findings.replaceChildren(
+      ...payload.findings.map((f) => {
+        const li = document.createElement("li");
+        li.dataset.verdict = f.verdict;
+        const verdict = document.createElement("strong");
+        verdict.textContent = f.verdict;
+        const several = payload.experiments.length > 1 ? ` (#${f.experiment})` : "";
+        li.append(verdict, ` ${f.claim}${several} ${f.text}`);
+        return li;
+      }),
+    );
+  }
+
   function drawSummary() {
     const table = document.getElementById("summary");
     table.replaceChildren();
@@ -200,8 +258,7 @@
         const row = cells.get(`${line}\u0000${setting}`);
         if (!row) continue;
         if (row.n_seeds === 0) td.textContent = row.active ? "no points yet" : "no points (its runs ended without any)";
-        else if (row.n_seeds === 1) td.textContent = `${formatValue(row.value)} · 1 seed, no CI`;
-        else td.textContent = `${formatValue(row.value)} [${formatValue(row.ci_lo)}, ${formatValue(row.ci_hi)}] · ${row.n_seeds} seeds`;
+        else td.textContent = bracket(row);
       }
     }
   }
@@ -227,13 +284,16 @@
         mode: "lines+markers",
         name,
         line: { color: payload.colours[preset], dash: experimentDash({ experiment }) },
-        hovertemplate: `%{y:.4g} at %{x} · %{customdata} seeds<extra>${name}</extra>`,
+        hovertemplate: `%{y:.4g} at %{x} · 95% bootstrap CI over %{customdata} seeds<extra>${name}</extra>`,
         meta: { kind: options.kind, preset, line },
       };
     });
     // Three of these share a row: room on the right for the last staleness label.
     const layout = { ...axisLayout(options.title), height: 320, margin: { l: 50, r: 40, t: 30, b: 40 } };
     layout.xaxis = { title: { text: "staleness" }, type: "category" };
+    // Each line's markers a little to the side of the others', so no bracket hides another.
+    layout.scattermode = "group";
+    layout.scattergap = 0.7;
     layout.yaxis = { title: { text: escapeText(options.yTitle) }, rangemode: options.fromZero ? "tozero" : "normal" };
     Plotly.newPlot(element, traces, layout, plotConfig(options.kind));
   }
@@ -263,11 +323,16 @@
         type: "scatter",
         mode: "markers",
         name: escapeText(line),
-        marker: { color: payload.colours[preset], size: 8 },
+        marker: {
+          color: payload.colours[preset],
+          size: 9,
+          symbol: runs.map((r) => SYMBOLS[payload.staleness.indexOf(r.staleness) % SYMBOLS.length]),
+        },
         meta: { kind: "run", preset, line },
       };
     });
-    const layout = { ...axisLayout("last reward/mean vs last kl/init, one point per run"), height: 320 };
+    const key = payload.staleness.map((s, i) => `${SYMBOLS[i % SYMBOLS.length]}: ${s}`).join(" · ");
+    const layout = { ...axisLayout(`last reward/mean vs last kl/init, one point per run; marker = staleness (${key})`), height: 340 };
     layout.xaxis = { title: { text: "kl/init" } };
     layout.yaxis = { title: { text: "reward/mean" } };
     Plotly.newPlot("scatter", traces, layout, plotConfig("reward-vs-kl"));
@@ -277,6 +342,7 @@
     if (control("view").value === "overlay") drawOverlay();
     else drawGrid();
     drawSummary();
+    drawStalenessAnswer();
     drawTradeOff();
     drawScatter();
     document.getElementById("smooth-value").textContent = control("smooth").value;
