@@ -343,6 +343,30 @@ def staleness_rank(config: dict[str, Any]) -> float:
     )
 
 
+PROVENANCE_CHECKS = {
+    "theta0_sha256": "initial models (θ0)",
+    "dataset_sha256": "datasets",
+    "rlcore_version": "rlcore versions",
+    "torch": "torch versions",
+    "transformers": "transformers versions",
+    "vllm": "vLLM versions",
+}
+
+
+def provenance_warnings(runs: list[Run]) -> list[str]:
+    """What differs between the runs being aggregated that should not: θ0, data, library versions
+    (from each run's provenance; runs that have not recorded one yet are not counted)."""
+    warnings = []
+    for key, what in PROVENANCE_CHECKS.items():
+        values = {run.provenance.get(key) for run in runs if run.provenance}
+        if len(values) > 1:
+            shown = ", ".join(sorted(str(v)[:12] for v in values))
+            warnings.append(
+                f"These runs differ in their {what} ({shown}): their curves may not be comparable."
+            )
+    return warnings
+
+
 def line_label(preset: str, experiment: Experiment, several: bool) -> str:
     """What a line is called: its preset, plus its experiment when runs of several are compared."""
     return f"{preset} · #{experiment.pk} {experiment.name}" if several else preset
@@ -455,6 +479,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             ]
     mean_lags = {label: staleness_rank(first_of[label].config) for label in staleness}
     return {
+        "warnings": provenance_warnings(runs),
         "metric": query.metric,
         "x": query.x,
         "band": query.band,

@@ -429,3 +429,24 @@ def test_findings_name_the_missing_cells_and_contradict_when_every_preset_degrad
     assert found[0]["missing"] == ["rec-oneside-nois × on-policy", "rec-oneside-nois-wide × on-policy"]
     # The sample's accuracy drops 0.1 at sync_offset=2 for reinforce and grpo alike.
     assert "grpo -0.100" in found[1]["text"]
+
+
+def test_runs_of_different_theta0_or_versions_are_warned_about(alice_client, team, alice):
+    experiment = make_finished_experiment(team, alice, seeds=(0, 1))
+    runs = list(experiment.runs.all())
+    same = {"theta0_sha256": "a" * 64, "torch": "2.13.0", "transformers": "5.24.0"}
+    for run in runs:
+        Run.objects.filter(pk=run.pk).update(provenance=same)
+    url = reverse("experiment-compare-data", args=[experiment.pk])
+    assert alice_client.get(url).json()["warnings"] == []
+    Run.objects.filter(pk=runs[0].pk).update(
+        provenance={**same, "theta0_sha256": "b" * 64, "torch": "2.14.0"}
+    )
+    warnings = alice_client.get(url).json()["warnings"]
+    assert len(warnings) == 2
+    assert (
+        "initial models (θ0)" in warnings[0]
+        and "aaaaaaaaaaaa" in warnings[0]
+        and "bbbbbbbbbbbb" in warnings[0]
+    )
+    assert "torch versions (2.13.0, 2.14.0)" in warnings[1]

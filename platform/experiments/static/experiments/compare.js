@@ -338,7 +338,20 @@
     Plotly.newPlot("scatter", traces, layout, plotConfig("reward-vs-kl"));
   }
 
+  // Runs that started from different θ0 or ran different library versions, said above everything.
+  function drawWarnings() {
+    const list = document.getElementById("provenance-warnings");
+    list.replaceChildren(
+      ...payload.warnings.map((text) => {
+        const li = document.createElement("li");
+        li.textContent = text;
+        return li;
+      }),
+    );
+  }
+
   function draw() {
+    drawWarnings();
     if (control("view").value === "overlay") drawOverlay();
     else drawGrid();
     drawSummary();
