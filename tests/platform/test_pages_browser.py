@@ -28,7 +28,7 @@ def test_the_experiment_page_polls_until_no_run_is_active(page, live_server, tea
     run = experiment.runs.get()
     page.goto(live_server.url + reverse("experiment-detail", args=[experiment.pk]))
     assert page.text_content(".status-queued") == "queued"
-    Run.objects.filter(pk=run.pk).update(status=Run.SUCCEEDED, progress=6, summary={"reward/mean": 0.75})
+    Run.objects.filter(pk=run.pk).update(status=Run.SUCCEEDED, progress=6, summary={"eval/accuracy": 0.75})
     page.wait_for_selector(".status-succeeded")
     assert "0.75" in page.text_content("#runs")
     assert page.locator("#runs [data-active=false]").count() == 1

@@ -50,7 +50,14 @@ def test_the_curves_json_has_every_metric_the_run_logged(alice_client, team, ali
     payload = curves(alice_client, run)
     assert payload["run"] == run.pk and payload["active"] is False
     metrics = payload["metrics"]
-    assert set(metrics) == {"reward/mean", "kl/init", "response_length/mean", "time/step_s", "tokens_per_s"}
+    assert set(metrics) == {
+        "reward/mean",
+        "eval/accuracy",
+        "kl/init",
+        "response_length/mean",
+        "time/step_s",
+        "tokens_per_s",
+    }
     assert metrics["kl/init"]["x"] == [0, 1, 2, 3, 4]
     assert metrics["kl/init"]["y"] == pytest.approx([0.0, 0.02, 0.04, 0.06, 0.08])
     assert metrics["reward/mean"]["y"] == pytest.approx([reward(s, 4, 1, 1, 0) for s in range(5)])

@@ -33,7 +33,7 @@ def test_a_finished_run_shows_its_curves_and_other_runs_completions_as_text(page
     run = runs["grpo", "on-policy"]
     MetricPoint.objects.bulk_create(
         MetricPoint(run=run, name=name, step=step, value=value, wall_time=START + timedelta(seconds=step))
-        for name, values in {"eval/accuracy": [0.25, 0.5, 0.6], ODD_NAME: [1.0, None, 3.0]}.items()
+        for name, values in {ODD_NAME: [1.0, None, 3.0]}.items()
         for step, value in zip((0, 10, 20), values, strict=True)
     )
     Completion.objects.create(run=run, step=20, prompt="12+34=", completion="46", reward=1.0)
@@ -92,7 +92,7 @@ def test_a_running_runs_curves_are_polled_without_reloading(page, live_server, t
     page.goto(live_server.url + reverse("run-detail", args=[run.pk]))
     rendered(page)
     assert "refreshing" in page.text_content("#run-curves-status")
-    assert page.locator("#run-curves .js-plotly-plot").count() == 5
+    assert page.locator("#run-curves .js-plotly-plot").count() == 6
     page.evaluate("() => { window.notReloaded = true; }")
     MetricPoint.objects.bulk_create(
         [
@@ -112,14 +112,22 @@ def test_a_running_runs_curves_are_polled_without_reloading(page, live_server, t
     assert page.evaluate("() => window.notReloaded") is True
     assert page.evaluate(
         "() => [...document.querySelectorAll('#run-curves .curve')].map(el => el.dataset.metric)"
-    ) == ["reward/mean", "kl/init", "kl/behavior", "response_length/mean", "time/step_s", "tokens_per_s"]
+    ) == [
+        "reward/mean",
+        "eval/accuracy",
+        "kl/init",
+        "kl/behavior",
+        "response_length/mean",
+        "time/step_s",
+        "tokens_per_s",
+    ]
     assert (
         page.evaluate(
             "() => document.querySelector('#run-curves .curve[data-metric=\"reward/mean\"]').data[0].x.at(-1)"
         )
         == 5
     )
-    assert page.locator("#run-curves .js-plotly-plot").count() == 6
+    assert page.locator("#run-curves .js-plotly-plot").count() == 7
     draws = int(page.get_attribute("#run-curves", "data-rendered"))
     page.wait_for_timeout(3500)
     assert int(page.get_attribute("#run-curves", "data-rendered")) == draws, "polling stopped"
@@ -137,7 +145,7 @@ def test_a_constant_small_metric_and_a_one_point_metric_are_visible(page, live_s
                 )
                 for step in (1, 2, 3)
             ),
-            MetricPoint(run=run, name="eval/accuracy", step=0, value=0.26, wall_time=START),
+            MetricPoint(run=run, name="eval/kl_init", step=0, value=0.26, wall_time=START),
         ]
     )
     page.goto(live_server.url + reverse("run-detail", args=[run.pk]))
@@ -146,6 +154,6 @@ def test_a_constant_small_metric_and_a_one_point_metric_are_visible(page, live_s
     lr = page.evaluate(chart, "lr")
     lo, hi = lr["range"]
     assert lo < 3e-5 < hi and lo > 0, "drawn around its value, not as a flat line at 0"
-    one = page.evaluate(chart, "eval/accuracy")
+    one = page.evaluate(chart, "eval/kl_init")
     assert "markers" in one["mode"], "a single point is drawn as a marker"
     assert one["autorange"][0] < 0.26 < one["autorange"][1]
