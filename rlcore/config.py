@@ -104,6 +104,15 @@ class JsonlTask(_Strict):
     format_reward: bool = Field(
         False, title="Format reward", description="add ±0.1 for a well-formed `#### N` answer"
     )
+    answer_check: Literal["gsm8k", "math-verify"] = Field(
+        "gsm8k",
+        title="Answer check",
+        description=(
+            "gsm8k: answers end in '#### N' and the completion's final number must equal N; "
+            "math-verify: the answer field is LaTeX and the completion's final answer (\\boxed{} or "
+            "LaTeX) must equal it mathematically (the math-verify package)"
+        ),
+    )
     split_seed: int = Field(0, ge=0, title="Split seed", description="fixes which lines are held out")
     held_out: int = Field(
         200,

@@ -102,7 +102,9 @@ def final_answer(completion: str) -> str | None:
     return numbers[-1] if numbers else None
 
 
-def read_jsonl(path: str | Path, question_field: str, answer_field: str, template: str) -> list[Problem]:
+def read_jsonl(
+    path: str | Path, question_field: str, answer_field: str, template: str, answer_check: str = "gsm8k"
+) -> list[Problem]:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
@@ -121,13 +123,17 @@ def read_jsonl(path: str | Path, question_field: str, answer_field: str, templat
             for field in (question_field, answer_field):
                 if not isinstance(row.get(field), str) or not row[field].strip():
                     raise DatasetError(f"{where}: field {field!r} is missing or not a non-empty string")
-            marked = _FINAL.findall(row[answer_field])
-            if not marked:
-                raise DatasetError(f"{where}: field {answer_field!r} must end in '#### <number>'")
+            if answer_check == "math-verify":
+                answer = row[answer_field].strip()
+            else:
+                marked = _FINAL.findall(row[answer_field])
+                if not marked:
+                    raise DatasetError(f"{where}: field {answer_field!r} must end in '#### <number>'")
+                answer = marked[-1].replace(",", "")
             problems.append(
                 Problem(
                     prompt=template.format(question=row[question_field]),
-                    answer=marked[-1].replace(",", ""),
+                    answer=answer,
                     solution=row[answer_field],
                 )
             )
@@ -141,9 +147,11 @@ class Jsonl(Task):
 
     def __init__(self, cfg: JsonlTask):
         self.format_reward = cfg.format_reward
-        problems = read_jsonl(cfg.path, cfg.question_field, cfg.answer_field, cfg.prompt_template)
+        self.answer_check = cfg.answer_check
+        fields = (cfg.question_field, cfg.answer_field, cfg.prompt_template, cfg.answer_check)
+        problems = read_jsonl(cfg.path, *fields)
         if cfg.eval_path:
-            held_out = read_jsonl(cfg.eval_path, cfg.question_field, cfg.answer_field, cfg.prompt_template)
+            held_out = read_jsonl(cfg.eval_path, *fields)
             train = problems
         else:
             random.Random(cfg.split_seed).shuffle(problems)
@@ -152,13 +160,29 @@ class Jsonl(Task):
         super().__init__(train=train, held_out=held_out)
 
     def score(self, problem: Problem, completion: str, finished: bool) -> Score:
-        given = final_answer(completion)
-        value = _parse_number(given) if given is not None else None
-        correct = value is not None and value == _parse_number(problem.answer)
+        if self.answer_check == "math-verify":
+            correct = math_equal(problem.answer, completion)
+        else:
+            given = final_answer(completion)
+            value = _parse_number(given) if given is not None else None
+            correct = value is not None and value == _parse_number(problem.answer)
         reward = float(correct)
         if self.format_reward:
             reward += FORMAT_BONUS if _FINAL.search(completion) else -FORMAT_BONUS
         return Score(reward=reward, correct=correct)
+
+
+def math_equal(answer: str, completion: str) -> bool:
+    """Whether the completion's final answer (`\\boxed{}` or LaTeX) equals `answer` (LaTeX)
+    mathematically, as math-verify judges it (1/2 = 0.5 = \\frac{1}{2})."""
+    try:
+        from math_verify import parse, verify
+    except ImportError as exc:
+        raise RuntimeError(
+            "task.answer_check 'math-verify' needs the math-verify package: pip install math-verify"
+        ) from exc
+    gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$")
+    return bool(gold) and bool(verify(gold, parse(completion)))
 
 
 def build(cfg: ArithmeticTask | JsonlTask) -> Task:

@@ -1,6 +1,7 @@
 """Tasks: disjoint splits, exact rewards, and dataset errors that name the file and line."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,3 +121,32 @@ def test_missing_or_empty_file(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(tasks.DatasetError, match="has no problems"):
         tasks.build(JsonlTask(path=str(tmp_path / "empty.jsonl")))
+
+
+MATH_SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "data" / "math-sample.jsonl"
+
+
+def test_math_verify_reward_judges_latex_answers_by_value():
+    task = tasks.build(
+        JsonlTask(
+            path=str(MATH_SAMPLE), question_field="problem", answer_field="answer", answer_check="math-verify"
+        )
+    )
+    by_answer = {p.answer: p for p in task.train + task.held_out}
+    assert len(by_answer) == 5 and "\\frac{3}{4}" in by_answer, "LaTeX answers are kept as they are"
+    three_quarters, root = by_answer["\\frac{3}{4}"], by_answer["2\\sqrt{2}"]
+    assert task.score(three_quarters, "so the sum is \\boxed{0.75}", True).correct
+    assert task.score(three_quarters, "the answer is $\\frac{6}{8}$", True).reward == 1.0
+    assert not task.score(three_quarters, "\\boxed{\\frac{2}{3}}", True).correct
+    assert task.score(root, "\\boxed{\\sqrt{8}}", True).correct
+    assert task.score(by_answer["25"], "3^2 + 4^2 = \\boxed{25}", True).reward == 1.0
+    assert task.score(by_answer["25"], "I do not know", False).reward == 0.0
+
+
+def test_the_gsm8k_example_is_the_papers_setting():
+    from rlcore.config import load
+
+    config = load(Path(__file__).resolve().parents[2] / "examples" / "gsm8k.yaml")
+    assert (config.rollout.prompts_per_step, config.rollout.group_size, config.steps) == (96, 8, 160)
+    assert config.optimizer.lr == 1e-6 and config.staleness.sync_interval == 20
+    assert (config.task.name, config.model.source, config.queue) == ("jsonl", "local", "gpu")
