@@ -285,7 +285,7 @@ def get_run(request: HttpRequest, run_id: int):
 
 
 @api.get("/runs/{run_id}/metrics")
-def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"] = "json", name: str = ""):
+def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"] = "json", name: NoNul = ""):
     """Every metric point of the run: JSON `{name: [[step, value], ...]}` or CSV `name,step,value,wall_time`."""
     run = _visible_run(request, run_id)
     points = MetricPoint.objects.filter(run=run).order_by("name", "step")
@@ -367,8 +367,7 @@ def cancel_run(request: HttpRequest, run_id: int):
 def retry_run(request: HttpRequest, run_id: int):
     """Queue a new attempt of a failed, cancelled or lost run; it resumes from its last checkpoint."""
     run = _visible_run(request, run_id)
-    if not run.retry():
-        raise HttpError(
-            409, f"run {run.pk} is {run.status}; only failed, cancelled or lost runs can be retried"
-        )
+    refusal = run.retry_refusal()
+    if refusal or not run.retry():
+        raise HttpError(409, refusal or run.retry_refusal())
     return _run_detail_out(run)

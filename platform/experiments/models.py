@@ -515,14 +515,26 @@ class Run(Leased, models.Model):
         """Published weights and generated batches of distributed and async execution."""
         return settings.LAB_RUNS_DIR / str(self.key) / "buffer"
 
+    def retry_refusal(self) -> str:
+        """Why `retry` would refuse this run now ("" if it would not)."""
+        if self.status not in Run.RETRYABLE:
+            return f"run {self.pk} is {self.status}; only failed, cancelled or lost runs can be retried"
+        if self.attempt >= settings.LAB_MAX_ATTEMPTS:
+            return (
+                f"run {self.pk} has used all {settings.LAB_MAX_ATTEMPTS} attempts (LAB_MAX_ATTEMPTS); "
+                "start a new sweep to run it again"
+            )
+        return ""
+
     def retry(self) -> bool:
-        """failed / cancelled / lost → queued as a new attempt, resuming from its last checkpoint.
+        """failed / cancelled / lost → queued as a new attempt, resuming from its last checkpoint,
+        while the run has attempts left (manual retries count against LAB_MAX_ATTEMPTS too).
 
         The previous attempt's error stays visible until a worker claims the new one.
         """
         with transaction.atomic():
             done = self._update(
-                Q(status__in=Run.RETRYABLE),
+                Q(status__in=Run.RETRYABLE, attempt__lt=settings.LAB_MAX_ATTEMPTS),
                 status=Run.QUEUED,
                 attempt=F("attempt") + 1,
                 cancel_requested=None,
@@ -544,13 +556,18 @@ class Run(Leased, models.Model):
 
     @classmethod
     def reap(cls) -> list[Run]:
-        """Mark runs with stale heartbeats `lost`; re-queue those with attempts left. Returns them."""
+        """Mark runs with stale heartbeats `lost`; re-queue those with attempts left, end those with a
+        pending cancel `cancelled`. Returns them."""
         stale_before = timezone.now() - timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S)
         reaped = []
         for run in cls.objects.filter(status=cls.RUNNING, heartbeat__lt=stale_before):
             if not run.mark_lost(stale_before):
                 continue
-            if run.attempt < settings.LAB_MAX_ATTEMPTS:
+            if run.cancel_requested is not None:
+                # Cancel is final: a run cancelled before its worker died is not trained again.
+                run._update(Q(status=cls.LOST), status=cls.CANCELLED)
+                RolloutJob.cancel_for(run)
+            elif run.attempt < settings.LAB_MAX_ATTEMPTS:
                 run.retry()
             reaped.append(run)
         return reaped

@@ -476,12 +476,12 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def run_retry(request: HttpRequest, run_id: int) -> HttpResponse:
     run = _run(request, run_id)
-    if run.retry():
+    refusal = run.retry_refusal()
+    if not refusal and run.retry():
         messages.success(request, f"Run {run.pk} queued again as attempt {run.attempt}.")
     else:
-        messages.error(
-            request, f"Run {run.pk} is {run.status}; only failed, cancelled or lost runs can be retried."
-        )
+        refusal = refusal or run.retry_refusal()
+        messages.error(request, refusal[:1].upper() + refusal[1:] + ".")
     return redirect("run-detail", run.pk)
 
 

@@ -162,3 +162,11 @@ def test_comparisons_through_the_api_match_the_dashboard(client, alice_client, t
         foreign.status_code == 422 and foreign.json()["detail"][0]["msg"] == f"no run {ids[0]} in your teams"
     )
     assert "/api/compare" in client.get("/api/openapi.json").content.decode()
+
+
+def test_a_nul_in_the_metric_name_is_422_not_500(client, token, run):
+    response = client.get(
+        f"/api/runs/{run.pk}/metrics", {"name": "loss\x00"}, HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+    assert response.status_code == 422
+    assert "name" in response.content.decode()

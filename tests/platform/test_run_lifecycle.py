@@ -127,3 +127,25 @@ def test_the_sink_upserts_points_and_drops_them_once_the_run_is_not_its_own(run)
     stranger.close()
     assert not MetricPoint.objects.filter(run=run, step=2).exists()
     assert stranger.should_stop() and not sink.should_stop()
+
+
+def test_a_cancel_pending_when_the_worker_died_ends_the_run_cancelled_not_requeued(run):
+    run.claim("w1:1", attempt=1)
+    assert run.cancel()
+    Run.objects.filter(pk=run.pk).update(heartbeat=timezone.now() - timedelta(hours=1))
+    Run.reap()
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.CANCELLED, 1), "cancel is final"
+
+
+@override_settings(LAB_MAX_ATTEMPTS=2)
+def test_manual_retries_count_against_the_attempt_cap(run):
+    run.claim("w1:1", attempt=1)
+    run.fail("w1:1", "RuntimeError: boom")
+    assert run.retry() and run.attempt == 2
+    run.claim("w2:2", attempt=2)
+    run.fail("w2:2", "RuntimeError: boom again")
+    assert "used all 2 attempts" in run.retry_refusal()
+    assert not run.retry()
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.FAILED, 2)
