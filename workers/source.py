@@ -85,6 +85,8 @@ class DatabaseSource:
         self.wait_s = 0.0
         self.publish_s: list[float] = []
         self.publish_bytes = 0
+        # Async creates each step's jobs once, as soon as they are admissible: remember how far.
+        self.created_upto = RolloutJob.objects.filter(run=run).aggregate(t=Max("step"))["t"] or 0
         # A new trainer attempt gives every unfinished step's jobs a fresh chance.
         for job in RolloutJob.objects.filter(
             run=run, status__in=(RolloutJob.CANCELLED, RolloutJob.FAILED, RolloutJob.LOST)
@@ -98,13 +100,16 @@ class DatabaseSource:
         if self.started is None:
             self.started = started
         if self.mode == "async":
-            steps = range(
-                version + 1, min(self.config.steps, version + 1 + self.config.execution.max_staleness) + 1
-            )
+            # Published while a step is left to train (jobs take the newest weights when claimed);
+            # jobs only for the steps this version made admissible, so O(1) a step for any bound.
+            if version + 1 > self.config.steps:
+                return
+            admissible = min(self.config.steps, version + 1 + self.config.execution.max_staleness)
+            steps = range(max(version + 1, self.created_upto + 1), admissible + 1)
         else:
             steps = [t for t in self._steps_of.get(version, ()) if t > version]
-        if not steps:
-            return
+            if not steps:
+                return
         published = self.store.publish(version, policy.state_dict())
         self.publish_s.append(published.seconds)
         self.publish_bytes += published.size_bytes
@@ -127,6 +132,7 @@ class DatabaseSource:
                         job.requeue(Q(attempt=job.attempt), "weights republished with other bytes")
             for step in steps:
                 self._create_jobs(step, version)
+            self.created_upto = max([self.created_upto, *steps])
         self.wait_s += time.perf_counter() - started
 
     def take(self, step: int) -> Batch:
