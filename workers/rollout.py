@@ -6,7 +6,8 @@ the newest published) from the run's buffer, generate and score its prompt group
 `rlcore.produce.Producer`, write the batch file and mark the job done. A heartbeat thread
 keeps the lease while it generates; if the worker dies, the reaper re-queues the job and
 another worker makes the same batch. A worker keeps the producers (tokenizer, θ0, engine)
-of the runs it served last, so consecutive jobs of one run load only new weights.
+of the runs it served last, so consecutive jobs of one run load only new weights. Its database
+calls ride out a short outage (`retry_db`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from django.db import close_old_connections, connection
 from experiments.models import PolicyVersion, RolloutJob, Run
 
 from rlcore.produce import Producer
+from workers.db_outage import retry_db
 from workers.source import batch_path, newest_version, weight_store
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ def producer_for(run: Run) -> Loaded:
     return loaded
 
 
+@retry_db
 def load_version(run: Run, loaded: Loaded, job: RolloutJob) -> int:
     """Put the version the job needs into the engine; return it."""
     for _ in range(LOAD_TRIES):
@@ -87,8 +90,8 @@ def load_version(run: Run, loaded: Loaded, job: RolloutJob) -> int:
 
 def generate(job_id: int, attempt: int, worker: str) -> str:
     """Execute `attempt` of rollout job `job_id` if it is still queued; return what happened."""
-    job = RolloutJob.objects.select_related("run").filter(pk=job_id).first()
-    if job is None or not job.claim(worker, attempt):
+    job = claim(job_id, attempt, worker)
+    if job is None:
         return f"rollout job {job_id} attempt {attempt}: not queued any more, nothing to do"
     done = threading.Event()
     beating = threading.Thread(target=_beat, args=(job, worker, attempt, done), daemon=True)
@@ -104,15 +107,28 @@ def generate(job_id: int, attempt: int, worker: str) -> str:
         log.exception("rollout job %s attempt %s failed", job_id, attempt)
         done.set()
         beating.join()
-        job.fail(worker, attempt, f"{type(exc).__name__}: {exc}")
+        retry_db(job.fail)(worker, attempt, f"{type(exc).__name__}: {exc}")
         return f"rollout job {job_id} attempt {attempt}: failed"
     done.set()
     beating.join()
-    if not job.finish(worker, attempt, version, str(path), sha256):
+    if not retry_db(job.finish)(worker, attempt, version, str(path), sha256):
         return f"rollout job {job_id} attempt {attempt}: no longer this worker's; result dropped"
     return (
         f"rollout job {job_id} attempt {attempt}: step {job.step} part {job.part} done with version {version}"
     )
+
+
+@retry_db
+def claim(job_id: int, attempt: int, worker: str) -> RolloutJob | None:
+    """The job, claimed for `attempt` by `worker`; None if it is not queued for that attempt. A
+    claim retried after its UPDATE committed but the answer was lost finds the job already ours."""
+    job = RolloutJob.objects.select_related("run").filter(pk=job_id).first()
+    if job is None:
+        return None
+    if job.claim(worker, attempt):
+        return job
+    mine = (job.status, job.worker, job.attempt) == (RolloutJob.RUNNING, worker, attempt)
+    return job if mine else None
 
 
 def _beat(job: RolloutJob, worker: str, attempt: int, done: threading.Event) -> None:

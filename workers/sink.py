@@ -10,7 +10,8 @@ ones, so a step re-executed after a resume never duplicates anything. The phase 
 reports (`phase`) rides along on the same heartbeat, with the wall times of the first and the
 latest training step of this attempt, from which the run computes s/step and an ETA. `should_stop` reads
 the run's row, so a cancel (or the run being reaped from this worker) is honoured at the
-next step boundary.
+next step boundary. Every database call here rides out a short outage (`retry_db`): a flush is
+one transaction, retried whole, and what it did not write stays buffered.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from django.utils import timezone
 from experiments.models import Completion, MetricPoint, Run
 
 from rlcore.sinks import TRAINING, Sample
+from workers.db_outage import retry_db
 
 FLUSH_INTERVAL_S = 0.5
 
@@ -67,7 +69,7 @@ class DatabaseSink:
 
     def provenance(self, record: dict[str, object]) -> None:
         """Stored on the run before anything is logged; refuses a θ0 other than the experiment's."""
-        self.run.record_provenance(self.worker, record)
+        retry_db(self.run.record_provenance)(self.worker, record)
 
     def phase(self, name: str, **details: float) -> None:
         with self._lock:
@@ -86,9 +88,11 @@ class DatabaseSink:
         with self._lock:
             self._samples.setdefault(step, []).extend(samples)
 
+    @retry_db
     def should_stop(self) -> bool:
         return self.run.stop_requested(self.worker)
 
+    @retry_db
     def flush(self) -> None:
         """Write everything buffered so far and beat the heartbeat (the trainer calls it right
         before each checkpoint)."""

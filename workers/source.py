@@ -13,7 +13,9 @@ version allows and sends them to the run's rollout queue:
 
 `take(step)` waits for the step's jobs to be done and reads their batch files. The buffer
 (weights and batch files) is durable: a trainer resumed after its worker died finds every
-batch already made, and a lost rollout job is simply made again.
+batch already made, and a lost rollout job is simply made again. Every database call rides
+out a short outage (`retry_db`); publishing records a version and its jobs in one transaction,
+retried whole.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,8 @@ from experiments.models import PolicyVersion, RolloutJob, Run
 from rlcore.batch import Batch
 from rlcore.config import RunConfig
 from rlcore.staleness import Stopped, behavior_version, steps_by_version
-from rlcore.weights import WeightStore
+from rlcore.weights import Published, WeightStore
+from workers.db_outage import retry_db
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +88,7 @@ class DatabaseSource:
         self.wait_s = 0.0
         self.publish_s: list[float] = []
         self.publish_bytes = 0
-        # Async creates each step's jobs once, as soon as they are admissible: remember how far.
-        self.created_upto = RolloutJob.objects.filter(run=run).aggregate(t=Max("step"))["t"] or 0
-        # A new trainer attempt gives every unfinished step's jobs a fresh chance.
-        for job in RolloutJob.objects.filter(
-            run=run, status__in=(RolloutJob.CANCELLED, RolloutJob.FAILED, RolloutJob.LOST)
-        ):
-            job.requeue(Q(status=job.status, attempt=job.attempt), "re-queued by a new trainer attempt")
+        self.created_upto = self._start_attempt()
 
     # ----- BatchSource -----------------------------------------------------------------------
 
@@ -113,33 +110,15 @@ class DatabaseSource:
         published = self.store.publish(version, policy.state_dict())
         self.publish_s.append(published.seconds)
         self.publish_bytes += published.size_bytes
-        with transaction.atomic():
-            row, created = PolicyVersion.objects.get_or_create(
-                run=self.run,
-                version=version,
-                defaults={
-                    "sha256": published.sha256,
-                    "size_bytes": published.size_bytes,
-                    "publish_s": published.seconds,
-                },
-            )
-            if not created and row.sha256 != published.sha256:
-                # A resumed trainer republished other bytes (e.g. on another machine): what the
-                # old bytes generated and nobody has trained yet is made again.
-                PolicyVersion.objects.filter(pk=row.pk).update(sha256=published.sha256)
-                if self.mode == "distributed":
-                    for job in RolloutJob.objects.filter(run=self.run, version=version, step__gt=version):
-                        job.requeue(Q(attempt=job.attempt), "weights republished with other bytes")
-            for step in steps:
-                self._create_jobs(step, version)
-            self.created_upto = max([self.created_upto, *steps])
+        self._record_version(version, published, steps)
+        self.created_upto = max([self.created_upto, *steps])
         self.wait_s += time.perf_counter() - started
 
     def take(self, step: int) -> Batch:
         started = time.perf_counter()
         pause, next_stop_check = POLL_S, started + STOP_CHECK_S
         while True:
-            jobs = list(RolloutJob.objects.filter(run=self.run, step=step).order_by("part"))
+            jobs = self._jobs_of(step)
             if len(jobs) < len(self.slices):
                 self._ensure_jobs(step)
                 continue
@@ -179,6 +158,7 @@ class DatabaseSource:
 
     # ----- what the worker reports once the run is over ------------------------------------
 
+    @retry_db
     def summary(self) -> dict[str, float]:
         """Weight publish time and bytes, and how idle the trainer and the rollout workers were."""
         wall = time.perf_counter() - self.started if self.started is not None else 0.0
@@ -193,6 +173,43 @@ class DatabaseSource:
         }
 
     # ----- internals ----------------------------------------------------------------------------
+
+    @retry_db
+    def _start_attempt(self) -> int:
+        """Give every unfinished step's jobs of earlier attempts a fresh chance; return the last
+        step whose jobs exist (async creates each step's jobs once, as soon as they are admissible)."""
+        for job in RolloutJob.objects.filter(
+            run=self.run, status__in=(RolloutJob.CANCELLED, RolloutJob.FAILED, RolloutJob.LOST)
+        ):
+            job.requeue(Q(status=job.status, attempt=job.attempt), "re-queued by a new trainer attempt")
+        return RolloutJob.objects.filter(run=self.run).aggregate(t=Max("step"))["t"] or 0
+
+    @retry_db
+    def _record_version(self, version: int, published: Published, steps: Iterable[int]) -> None:
+        """Record published `version` and create the jobs of `steps` (sent once committed)."""
+        with transaction.atomic():
+            row, created = PolicyVersion.objects.get_or_create(
+                run=self.run,
+                version=version,
+                defaults={
+                    "sha256": published.sha256,
+                    "size_bytes": published.size_bytes,
+                    "publish_s": published.seconds,
+                },
+            )
+            if not created and row.sha256 != published.sha256:
+                # A resumed trainer republished other bytes (e.g. on another machine): what the
+                # old bytes generated and nobody has trained yet is made again.
+                PolicyVersion.objects.filter(pk=row.pk).update(sha256=published.sha256)
+                if self.mode == "distributed":
+                    for job in RolloutJob.objects.filter(run=self.run, version=version, step__gt=version):
+                        job.requeue(Q(attempt=job.attempt), "weights republished with other bytes")
+            for step in steps:
+                self._create_jobs(step, version)
+
+    @retry_db
+    def _jobs_of(self, step: int) -> list[RolloutJob]:
+        return list(RolloutJob.objects.filter(run=self.run, step=step).order_by("part"))
 
     def _create_jobs(self, step: int, version: int) -> None:
         """The jobs of `step` (async: the version is chosen at claim), sent once created."""
@@ -211,6 +228,7 @@ class DatabaseSource:
             if created:
                 job.enqueue()
 
+    @retry_db
     def _ensure_jobs(self, step: int) -> None:
         """A step whose jobs were never created (a trainer that died between publishing and
         creating them): create them from the weights already published."""
@@ -228,6 +246,7 @@ class DatabaseSource:
         with transaction.atomic():
             self._create_jobs(step, version)
 
+    @retry_db
     def _prune_weights(self) -> None:
         """Keep the newest version and every version an unfinished job still needs."""
         needed = set(
@@ -240,6 +259,7 @@ class DatabaseSource:
             needed.add(newest)
         self.store.prune(needed)
 
+    @retry_db
     def _prune_batches(self, upto: int) -> None:
         for job in RolloutJob.objects.filter(run=self.run, step__lte=upto).exclude(path=""):
             Path(job.path).unlink(missing_ok=True)

@@ -13,6 +13,11 @@ does the same once by hand. The same thread records the worker's own heartbeat
 worker listens on. Before it takes any work, a worker limits torch to `LAB_TORCH_THREADS`
 threads (the solo pool trains in the worker's main process), so the workers on one machine
 never oversubscribe its cores.
+
+A short database outage costs no attempt: the claim, the sink's and source's calls and the
+final `finish`/`fail` are retried for up to `LAB_DB_OUTAGE_S` (`workers.db_outage`), and the
+reaper reaps nothing until it has watched the heartbeats for `LAB_HEARTBEAT_TIMEOUT_S` since it
+last found the database unreachable (nobody could beat while it was down).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from django.db import close_old_connections
 from experiments.models import RolloutJob, Run, Worker
 from lab.celery import app
 
+from workers.db_outage import UNREACHABLE, note_unreachable, reachable_for, retry_db
 from workers.sink import DatabaseSink, finite_or_none
 from workers.source import DatabaseSource, clear_buffer
 
@@ -45,8 +51,7 @@ def execute(run_id: int, attempt: int) -> str:
     says "a run of this queue is waiting", the database says which goes first); return what
     happened. Nothing to do when that queue has no queued run any more."""
     worker = worker_identity()
-    hint = Run.objects.filter(pk=run_id).first()
-    run = Run.claim_next(hint.queue, worker) if hint is not None else None
+    run = claim(run_id, worker)
     if run is None:
         return f"run {run_id} attempt {attempt}: not queued any more, nothing to do"
     run_id, attempt = run.pk, run.attempt
@@ -67,15 +72,22 @@ def execute(run_id: int, attempt: int) -> str:
     except Exception as exc:
         log.exception("run %s attempt %s failed", run_id, attempt)
         sink.close()
-        run.fail(worker, f"{type(exc).__name__}: {exc}")
-        RolloutJob.cancel_for(run)
+        retry_db(run.fail)(worker, f"{type(exc).__name__}: {exc}")
+        retry_db(RolloutJob.cancel_for)(run)
         return f"run {run_id} attempt {attempt}: failed"
     sink.close()
-    run.finish(worker, {name: finite_or_none(value) for name, value in summary.items()})
+    retry_db(run.finish)(worker, {name: finite_or_none(value) for name, value in summary.items()})
     if run.status in (Run.SUCCEEDED, Run.CANCELLED):
-        RolloutJob.cancel_for(run)
+        retry_db(RolloutJob.cancel_for)(run)
         clear_buffer(run)
     return f"run {run_id} attempt {attempt}: {run.status}"
+
+
+@retry_db
+def claim(run_id: int, worker: str) -> Run | None:
+    """The oldest queued run of run `run_id`'s queue, claimed by `worker`; None if there is none."""
+    hint = Run.objects.filter(pk=run_id).first()
+    return Run.claim_next(hint.queue, worker) if hint is not None else None
 
 
 @app.task(name="workers.tasks.execute_run", acks_late=True, reject_on_worker_lost=True)
@@ -95,18 +107,24 @@ def reap_forever(interval_s: float, queues: list[str]) -> None:
     while True:
         try:
             Worker.seen(identity, queues)
-        except Exception:
+        except Exception as exc:
             log.exception("recording this worker's heartbeat failed; trying again in %.0f s", interval_s)
+            if isinstance(exc, UNREACHABLE):
+                note_unreachable()
         time.sleep(interval_s)
         try:
+            if not reachable_for(settings.LAB_HEARTBEAT_TIMEOUT_S):
+                continue  # heartbeats missed while the database was down are no sign of a dead worker
             for run in Run.reap():
                 log.warning(
                     "run %s lost (%s); now %s, attempt %s", run.pk, run.error, run.status, run.attempt
                 )
             for job in RolloutJob.reap():
                 log.warning("%s lost (%s); now %s, attempt %s", job, job.error, job.status, job.attempt)
-        except Exception:
+        except Exception as exc:
             log.exception("reaping lost runs failed; trying again in %.0f s", interval_s)
+            if isinstance(exc, UNREACHABLE):
+                note_unreachable()
         finally:
             close_old_connections()
 

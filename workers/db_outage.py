@@ -1,0 +1,86 @@
+"""Riding out a short database outage on a worker.
+
+`retry_db(fn)` wraps a database operation of a running attempt (a heartbeat, a metric flush, a
+claim, polling for a batch): while PostgreSQL is unreachable (`OperationalError`,
+`InterfaceError`), it closes this thread's broken connection, waits (0.1 s, doubling, at most
+1 s apart) and calls `fn` again, for up to `LAB_DB_OUTAGE_S` seconds; then it gives up and the
+error propagates as it would without it. A retried operation must be safe to repeat: each is a
+conditional UPDATE, a read, an upsert, or a whole transaction (all or nothing), and it is retried
+only from outside any `transaction.atomic` block, never half-way through one.
+
+While the database was down nobody could write a heartbeat, so the reaper must not take the
+missing heartbeats for dead workers: `note_unreachable()` records that this process found the
+database unreachable, and `reachable_for(seconds)` tells the reaper whether it has been able to
+watch the heartbeats for long enough since.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
+
+log = logging.getLogger(__name__)
+
+FIRST_PAUSE_S = 0.1
+MAX_PAUSE_S = 1.0
+
+# What PostgreSQL being down or restarting looks like to Django.
+UNREACHABLE = (OperationalError, InterfaceError)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_unreachable_at: float | None = None  # time.monotonic() when this process last found it down
+
+
+def note_unreachable() -> None:
+    """Record that the database could not be reached just now (from any thread)."""
+    global _unreachable_at
+    _unreachable_at = time.monotonic()
+
+
+def reachable_for(seconds: float) -> bool:
+    """True unless this process found the database unreachable within the last `seconds`."""
+    return _unreachable_at is None or time.monotonic() - _unreachable_at >= seconds
+
+
+def retry_db(fn: Callable[P, T]) -> Callable[P, T]:
+    """`fn`, retried while the database is unreachable, for up to `LAB_DB_OUTAGE_S` seconds."""
+
+    @functools.wraps(fn)
+    def retrying(*args: P.args, **kwargs: P.kwargs) -> T:
+        deadline = time.monotonic() + settings.LAB_DB_OUTAGE_S
+        pause = FIRST_PAUSE_S
+        failures = 0
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+            except UNREACHABLE as exc:
+                note_unreachable()
+                if connection.in_atomic_block or time.monotonic() + pause > deadline:
+                    raise
+                if failures == 0:
+                    log.warning(
+                        "%s: database unreachable (%s); retrying for up to %g s (LAB_DB_OUTAGE_S)",
+                        fn.__qualname__,
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                        settings.LAB_DB_OUTAGE_S,
+                    )
+                failures += 1
+                with contextlib.suppress(DatabaseError):
+                    connection.close()  # the next attempt connects afresh
+                time.sleep(pause)
+                pause = min(MAX_PAUSE_S, pause * 2)
+                continue
+            if failures:
+                log.warning("%s: database reachable again after %d retries", fn.__qualname__, failures)
+            return result
+
+    return retrying
