@@ -159,6 +159,8 @@ LAB_MAX_SWEEP_RUNS = int(os.environ.get("LAB_MAX_SWEEP_RUNS", 512))
 # How long a worker keeps retrying a running attempt's database writes and reads while the
 # database is unreachable (workers/db_outage.py) before the attempt fails.
 LAB_DB_OUTAGE_S = float(os.environ.get("LAB_DB_OUTAGE_S", 120))
+if LAB_DB_OUTAGE_S < 0:
+    raise ImproperlyConfigured(f"LAB_DB_OUTAGE_S must be at least 0 seconds, not {LAB_DB_OUTAGE_S}")
 
 # The queues of the Celery workers `manage.py up` (`make up`) starts on this machine, one worker
 # each: a training worker and a rollout worker, so simulated, distributed and async runs all run.
