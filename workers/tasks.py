@@ -4,7 +4,8 @@
 `execute(run_id, attempt)` is the plain entry point (the task only calls it): claim the
 oldest queued run of that run's queue (first in, first out), train it with a `DatabaseSink`
 — and, in the distributed and async execution modes, with a `DatabaseSource` whose batches
-rollout workers make — and end it `succeeded`, `cancelled` or `failed` with the reason. A
+rollout workers make — under the run's memory ceiling (`LAB_RUN_MEMORY_MB`, `workers.memory`),
+and end it `succeeded`, `cancelled` or `failed` with the reason. A
 message that finds no queued run on its queue (a duplicate, or one redelivered after its run
 was executed) does nothing. Every worker also runs the reaper in a background thread, so a
 run whose worker died is re-queued as soon as any worker is alive; `python manage.py reap`
@@ -30,6 +31,7 @@ from django.db import close_old_connections
 from experiments.models import RolloutJob, Run, Worker
 from lab.celery import app
 
+from workers.memory import MemoryCeiling, OverMemoryCeiling
 from workers.sink import DatabaseSink, finite_or_none
 from workers.source import DatabaseSource, clear_buffer
 
@@ -55,19 +57,31 @@ def execute(run_id: int, attempt: int) -> str:
     source = None
     try:
         config = run.run_config()
-        from rlcore.trainer import train
+        import transformers  # noqa: F401  (every run loads it: imported before the run's memory is measured)
+
+        from rlcore.trainer import resolve_device, train
 
         if config.execution.mode != "simulated":
             source = DatabaseSource(run, config, sink.should_stop)
-        summary = train(
-            config, sink, checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR, source=source
+        ceiling = MemoryCeiling(
+            settings.LAB_RUN_MEMORY_MB, limit_address_space=resolve_device(config.device).type == "cpu"
+        )
+        summary = ceiling.call(
+            train,
+            config,
+            sink,
+            checkpoint_dir=run.checkpoint_dir,
+            cache_dir=settings.LAB_CACHE_DIR,
+            source=source,
         )
         if source is not None:
             summary.update(source.summary())
     except Exception as exc:
         log.exception("run %s attempt %s failed", run_id, attempt)
         sink.close()
-        run.fail(worker, f"{type(exc).__name__}: {exc}")
+        # Over its memory ceiling: failed with the reason, never re-queued (only a manual retry).
+        reason = str(exc) if isinstance(exc, OverMemoryCeiling) else f"{type(exc).__name__}: {exc}"
+        run.fail(worker, reason)
         RolloutJob.cancel_for(run)
         return f"run {run_id} attempt {attempt}: failed"
     sink.close()
