@@ -27,7 +27,7 @@ import time
 
 from celery.signals import worker_init, worker_ready
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from experiments.models import RolloutJob, Run, Worker
 from lab.celery import app
 
@@ -78,10 +78,12 @@ def execute(run_id: int, attempt: int) -> str:
             summary.update(source.summary())
     except Exception as exc:
         log.exception("run %s attempt %s failed", run_id, attempt)
+        over_memory = isinstance(exc, OverMemoryCeiling)
+        if over_memory:
+            connection.close()  # the interruption may have cut a query short: reconnect afresh
         sink.close()
         # Over its memory ceiling: failed with the reason, never re-queued (only a manual retry).
-        reason = str(exc) if isinstance(exc, OverMemoryCeiling) else f"{type(exc).__name__}: {exc}"
-        run.fail(worker, reason)
+        run.fail(worker, str(exc) if over_memory else f"{type(exc).__name__}: {exc}")
         RolloutJob.cancel_for(run)
         return f"run {run_id} attempt {attempt}: failed"
     sink.close()
