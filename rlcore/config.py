@@ -37,6 +37,10 @@ it still outgrows its worker (a local model, a large dataset). The bounds and wh
   within the bounds above, plus an evaluation every `eval_every` steps, and for a new built-in
   model a warm start of at most `warmstart_max_steps` (≤ 20,000) supervised steps of 128
   problems with a held-out check every 10.
+
+The bounds are per factor: at all of them at once, a step of the built-in model can still need
+tens of GB (2^20 new tokens × 32 KB of KV cache ≈ 32 GB). Such a run is accepted, and its
+worker's memory ceiling ends it `failed` if the worker cannot hold it.
 """
 
 from __future__ import annotations
