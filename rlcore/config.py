@@ -6,10 +6,46 @@ else declares a run's fields, defaults or bounds. It imports neither torch nor D
 the web tier can use it cheaply. Paths are checked against allowed roots when the caller
 passes them in the validation context: ``RunConfig.model_validate(data,
 context={"data_roots": [...], "model_roots": [...]})``.
+
+The per-run budget
+------------------
+Every field that scales a run's memory or time has an upper bound, so one run stays within
+a known envelope; the worker's memory ceiling (`LAB_RUN_MEMORY_MB`) stops a run cleanly if
+it still outgrows its worker (a local model, a large dataset). The bounds and what they imply
+(float32; P = a prompt's tokens, T = `rollout.max_new_tokens`, N = responses per step):
+
+- Weights: the policy, frozen θ0, the rollout engine's copy, gradients and two AdamW moments,
+  about 6 × 4 B per parameter. The built-in model is at most 512 wide, 8 layers, MLP 2048:
+  ≤ 34 M parameters, ≤ 0.8 GB (the default, 1.06 M parameters, ~25 MB). A local model's size
+  is its own (e.g. 1.5 B parameters in bfloat16 ≈ 18 GB, on the GPU).
+- One batched generation holds a KV cache of (P + T) × layers × 2 × width × 4 B per
+  response (4 KB per token for the default built-in model, ≤ 32 KB at its bounds). Its
+  generated tokens are bounded by `MAX_GENERATED_TOKENS` (2^20): a step's batch
+  (N = prompts_per_step × group_size ≤ `MAX_BATCH_RESPONSES` = 8,192, times T), an evaluation
+  (eval_size ≤ 10,000, times T) and the built-in model's warm-start check (arithmetic
+  held_out ≤ 10,000, times T). The demo's step is 8 × 8 × 6 = 384 tokens; the paper's GSM8k
+  step 96 × 8 × 1,024 = 786,432.
+- The update scores `optimizer.micro_batch_size` responses at a time (default: all N), with
+  logits of (P + T) × vocabulary × 4 B per response, a few copies of them.
+- Batches generated ahead of their step are kept (in memory and in every checkpoint, or in the
+  run's buffer folder): `staleness.sync_offset` of them, or `execution.max_staleness` in async
+  mode, each times a step's generated tokens, at most `MAX_BUFFERED_TOKENS` (2^25).
+- Tasks: the arithmetic task samples problems straight from its seed (memory O(held_out),
+  whatever the operand range); a jsonl file is read whole (`rlcore.tasks.MAX_DATASET_BYTES`,
+  1 GiB) and each prompt is at most `rlcore.tasks.MAX_PROMPT_CHARS` characters.
+- Time: at most `steps` (≤ 100,000) trainer steps, each one batch generation and one update
+  within the bounds above, plus an evaluation every `eval_every` steps, and for a new built-in
+  model a warm start of at most `warmstart_max_steps` (≤ 20,000) supervised steps of 128
+  problems with a held-out check every 10.
+
+The bounds are per factor: at all of them at once, a step of the built-in model can still need
+tens of GB (2^20 new tokens × 32 KB of KV cache ≈ 32 GB). Such a run is accepted, and its
+worker's memory ceiling ends it `failed` if the worker cannot hold it.
 """
 
 from __future__ import annotations
 
+import string
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,10 +59,17 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from rlcore import presets
 
 MAX_STEPS = 100_000
+MAX_BATCH_RESPONSES = 8192  # responses per trainer step: prompts_per_step × group_size
+MAX_GENERATED_TOKENS = 2**20  # new tokens of one batched generation: a step's batch, an evaluation
+MAX_BUFFERED_TOKENS = 2**25  # new tokens of the batches generated ahead of their step
+MAX_HELD_OUT = 10_000
+MAX_SEED = 2**31
+MAX_PATH = 4096
 _TASK_KINDS = "arithmetic: synthetic `a+b=` sums; jsonl: question/answer pairs from a file"
 
 
@@ -57,14 +100,29 @@ class ArithmeticTask(_Strict):
         99, ge=1, le=10**6, title="Largest operand", description="a and b in `a+b=` are drawn from min..max"
     )
     operators: list[Literal["+", "-", "*"]] = Field(
-        ["+"], min_length=1, title="Operators", description="operators to sample"
+        ["+"], min_length=1, max_length=3, title="Operators", description="operators to sample, each once"
     )
     split_seed: int = Field(
-        0, ge=0, title="Split seed", description="fixes the held-out prompts, shared by every run"
+        0,
+        ge=0,
+        lt=MAX_SEED,
+        title="Split seed",
+        description="fixes the held-out prompts, shared by every run",
     )
     held_out: int = Field(
-        200, ge=1, le=100_000, title="Held-out prompts", description="prompts kept out of training for eval"
+        200,
+        ge=1,
+        le=MAX_HELD_OUT,
+        title="Held-out prompts",
+        description="prompts kept out of training for eval",
     )
+
+    @field_validator("operators")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("list each operator once: a repeated one would repeat problems across the split")
+        return value
 
     @model_validator(mode="after")
     def _range(self) -> ArithmeticTask:
@@ -82,24 +140,35 @@ class JsonlTask(_Strict):
     path: str = Field(
         ...,
         min_length=1,
+        max_length=MAX_PATH,
         title="Training file",
         description="JSONL file of question/answer pairs, under an allowed data root",
     )
     eval_path: str | None = Field(
         None,
+        max_length=MAX_PATH,
         title="Evaluation file",
         description="held-out JSONL file; default: hold out part of the training file",
     )
     question_field: str = Field(
-        "question", min_length=1, title="Question key", description="JSON key of the question"
+        "question", min_length=1, max_length=200, title="Question key", description="JSON key of the question"
     )
     answer_field: str = Field(
-        "answer", min_length=1, title="Answer key", description="JSON key of the answer (ending in `#### N`)"
+        "answer",
+        min_length=1,
+        max_length=200,
+        title="Answer key",
+        description="JSON key of the answer (ending in `#### N`)",
     )
     prompt_template: str = Field(
         "{question}\n",
+        max_length=4096,
         title="Prompt template",
-        description="how a question becomes a prompt; must contain {question}",
+        description=(
+            "how a question becomes a prompt: text with {question} (the question) and optionally "
+            "{name} for another field of the line; {{ and }} are literal braces; no format specs, "
+            "conversions, attributes or indexing"
+        ),
     )
     format_reward: bool = Field(
         False, title="Format reward", description="add ±0.1 for a well-formed `#### N` answer"
@@ -113,11 +182,13 @@ class JsonlTask(_Strict):
             "LaTeX) must equal it mathematically (the math-verify package)"
         ),
     )
-    split_seed: int = Field(0, ge=0, title="Split seed", description="fixes which lines are held out")
+    split_seed: int = Field(
+        0, ge=0, lt=MAX_SEED, title="Split seed", description="fixes which lines are held out"
+    )
     held_out: int = Field(
         200,
         ge=1,
-        le=100_000,
+        le=MAX_HELD_OUT,
         title="Held-out lines",
         description="lines held out for eval when there is no evaluation file",
     )
@@ -130,9 +201,41 @@ class JsonlTask(_Strict):
     @field_validator("prompt_template")
     @classmethod
     def _template(cls, value: str) -> str:
-        if "{question}" not in value:
+        names = template_fields(value)
+        if "question" not in names:
             raise ValueError("prompt_template must contain {question}")
         return value
+
+
+def template_fields(template: str) -> list[str]:
+    """The field names of a prompt template, in order; ValueError unless every replacement field
+    is a plain `{name}` (no format spec, conversion, attribute access, indexing or position)."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(
+            f"prompt_template is not a valid template ({exc}); write literal braces as {{{{ and }}}}"
+        ) from exc
+    names = []
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        field = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+        if not name.isidentifier():
+            raise ValueError(
+                f"prompt_template field {field} must be a plain {{name}} of a field of the line "
+                "(no positions, attribute access or indexing)"
+            )
+        if conversion:
+            raise ValueError(
+                f"prompt_template field {field} has a conversion (!{conversion}); only {{name}} is allowed"
+            )
+        if spec:
+            raise ValueError(
+                f"prompt_template field {field} has a format spec (:{spec}); only {{name}} is allowed"
+            )
+        names.append(name)
+    return names
 
 
 Task = Annotated[ArithmeticTask | JsonlTask, Field(discriminator="name")]
@@ -142,12 +245,12 @@ class TinyModel(_Strict):
     """The built-in Llama-architecture model with a character tokenizer (ALGORITHMS.md §10)."""
 
     hidden_size: int = Field(
-        128, ge=16, le=2048, title="Hidden size", description="width of the residual stream"
+        128, ge=16, le=512, title="Hidden size", description="width of the residual stream"
     )
-    num_layers: int = Field(4, ge=1, le=32, title="Layers", description="transformer blocks")
-    num_heads: int = Field(4, ge=1, le=32, title="Attention heads", description="must divide the hidden size")
+    num_layers: int = Field(4, ge=1, le=8, title="Layers", description="transformer blocks")
+    num_heads: int = Field(4, ge=1, le=16, title="Attention heads", description="must divide the hidden size")
     intermediate_size: int = Field(
-        512, ge=16, le=8192, title="MLP size", description="width of the feed-forward layer"
+        512, ge=16, le=2048, title="MLP size", description="width of the feed-forward layer"
     )
     warmstart_accuracy: float = Field(
         0.35,
@@ -162,7 +265,7 @@ class TinyModel(_Strict):
     warmstart_max_steps: int = Field(
         3000,
         ge=0,
-        le=100_000,
+        le=20_000,
         title="Warm-start step limit",
         description="supervised steps at most (0: no warm start)",
     )
@@ -181,7 +284,10 @@ class ModelConfig(_Strict):
         "tiny", title="Model source", description="tiny: the built-in model; local: a Hugging Face directory"
     )
     path: str | None = Field(
-        None, title="Model directory", description="local Hugging Face model directory (source: local)"
+        None,
+        max_length=MAX_PATH,
+        title="Model directory",
+        description="local Hugging Face model directory (source: local)",
     )
     tiny: TinyModel = Field(TinyModel(), title="Built-in model")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -361,7 +467,9 @@ class OptimizerConfig(_Strict):
         0.999, ge=0, lt=1, title="Adam β2", description="decay of the squared-gradient average"
     )
     weight_decay: float = Field(0.01, ge=0, le=1, title="Weight decay", description="AdamW decoupled decay")
-    grad_clip: float = Field(1.0, gt=0, title="Gradient norm clip", description="largest gradient norm")
+    grad_clip: float = Field(
+        1.0, gt=0, le=1e6, title="Gradient norm clip", description="largest gradient norm"
+    )
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", title="Learning-rate schedule", description="after warm-up"
     )
@@ -371,6 +479,7 @@ class OptimizerConfig(_Strict):
     micro_batch_size: int | None = Field(
         None,
         ge=1,
+        le=MAX_BATCH_RESPONSES,
         title="Micro-batch size",
         description="responses per forward/backward; blank: the whole batch at once",
     )
@@ -395,7 +504,7 @@ class RunConfig(_Strict):
         description="steps between evaluations; 0: evaluate only before and after",
     )
     eval_size: int = Field(
-        200, ge=1, le=100_000, title="Evaluation size", description="held-out prompts per evaluation"
+        200, ge=1, le=MAX_HELD_OUT, title="Evaluation size", description="held-out prompts per evaluation"
     )
     checkpoint_every: int = Field(
         25,
@@ -407,7 +516,7 @@ class RunConfig(_Strict):
     samples_per_step: int = Field(
         4, ge=0, le=64, title="Samples per step", description="example completions reported per step"
     )
-    seed: int = Field(0, ge=0, lt=2**31, title="Seed", description="seeds sampling and initialisation")
+    seed: int = Field(0, ge=0, lt=MAX_SEED, title="Seed", description="seeds sampling and initialisation")
     device: Literal["cpu", "cuda", "auto"] = Field(
         "auto", title="Device", description="auto: a GPU if the worker has one"
     )
@@ -443,6 +552,76 @@ class RunConfig(_Strict):
     def _consistent(self) -> RunConfig:
         if self.task.name == "arithmetic" and self.eval_size > self.task.held_out:
             raise ValueError(f"eval_size ({self.eval_size}) must be <= task.held_out ({self.task.held_out})")
+        return self
+
+    @model_validator(mode="after")
+    def _budget(self) -> RunConfig:
+        """The per-run budget (module docstring); each error is reported on the field that
+        tips the product over, and names every factor."""
+        r = self.rollout
+        responses = r.prompts_per_step * r.group_size
+        step_tokens = responses * r.max_new_tokens
+        errors: list[InitErrorDetails] = []
+
+        def over(loc: tuple[str, ...], value: Any, message: str) -> None:
+            errors.append(InitErrorDetails(type=PydanticCustomError("budget", message), loc=loc, input=value))
+
+        if responses > MAX_BATCH_RESPONSES:
+            over(
+                ("rollout", "prompts_per_step"),
+                r.prompts_per_step,
+                f"rollout.prompts_per_step × rollout.group_size ({r.prompts_per_step} × {r.group_size} = "
+                f"{responses:,} responses per step) must be <= {MAX_BATCH_RESPONSES:,}",
+            )
+        elif step_tokens > MAX_GENERATED_TOKENS:
+            over(
+                ("rollout", "max_new_tokens"),
+                r.max_new_tokens,
+                f"rollout.prompts_per_step × rollout.group_size × rollout.max_new_tokens ({r.prompts_per_step} × "
+                f"{r.group_size} × {r.max_new_tokens} = {step_tokens:,} new tokens per step) must be <= "
+                f"{MAX_GENERATED_TOKENS:,}",
+            )
+        eval_tokens = self.eval_size * r.max_new_tokens
+        if eval_tokens > MAX_GENERATED_TOKENS:
+            over(
+                ("eval_size",),
+                self.eval_size,
+                f"eval_size × rollout.max_new_tokens ({self.eval_size} × {r.max_new_tokens} = {eval_tokens:,} "
+                f"new tokens per evaluation) must be <= {MAX_GENERATED_TOKENS:,}",
+            )
+        warm_check = self.task.held_out * r.max_new_tokens
+        # The built-in model's warm start checks every held-out prompt at once (a jsonl task's
+        # evaluation file is checked whole: its length is the file's).
+        held_out_checked = self.task.name == "arithmetic" or not self.task.eval_path
+        if self.model.source == "tiny" and held_out_checked and warm_check > MAX_GENERATED_TOKENS:
+            over(
+                ("task", "held_out"),
+                self.task.held_out,
+                f"task.held_out × rollout.max_new_tokens ({self.task.held_out} × {r.max_new_tokens} = "
+                f"{warm_check:,} new tokens per warm-start check of the built-in model) must be <= "
+                f"{MAX_GENERATED_TOKENS:,}",
+            )
+        if self.execution.mode == "async":
+            ahead, loc, name = (
+                self.execution.max_staleness or 0,
+                ("execution", "max_staleness"),
+                "execution.max_staleness",
+            )
+        else:
+            ahead, loc, name = (
+                self.staleness.sync_offset,
+                ("staleness", "sync_offset"),
+                "staleness.sync_offset",
+            )
+        if responses <= MAX_BATCH_RESPONSES and ahead * step_tokens > MAX_BUFFERED_TOKENS:
+            over(
+                loc,
+                ahead,
+                f"{name} × new tokens per step ({ahead} × {step_tokens:,} = {ahead * step_tokens:,} tokens of "
+                f"batches generated ahead) must be <= {MAX_BUFFERED_TOKENS:,}",
+            )
+        if errors:
+            raise ValidationError.from_exception_data("RunConfig", errors)
         return self
 
     @property

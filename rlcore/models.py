@@ -145,7 +145,11 @@ def tiny_model_path(
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").exists():
             building = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=cache_dir))
-            build_tiny(config, task, building, phase)
+            try:
+                build_tiny(config, task, building, phase)
+            except BaseException:  # a failed or interrupted build (e.g. a memory ceiling) leaves nothing
+                shutil.rmtree(building, ignore_errors=True)
+                raise
             shutil.rmtree(target, ignore_errors=True)
             building.rename(target)
     return target
@@ -157,7 +161,7 @@ def build_tiny(config: RunConfig, task: Task, out: Path, phase: Callable[..., No
 
     tiny = config.model.tiny
     tokenizer = char_tokenizer()
-    longest = max(len(p.prompt) + len(p.solution) for p in task.train[:1000] + task.held_out)
+    longest = max(len(p.prompt) + len(p.solution) for p in task.train_problems(1000) + task.held_out)
     llama = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=tiny.hidden_size,

@@ -3,22 +3,34 @@
 `arithmetic` is synthetic and seeded (the built-in demo); `jsonl` reads GSM8k-style files
 (`question`, `answer` ending in `#### N`) and scores a numeric exact match, optionally with
 the paper's ±0.1 format term. Train and eval prompts never overlap.
+
+A task's memory is bounded whatever its config (the per-run budget, `rlcore.config`): the
+arithmetic task computes a problem from its index instead of listing every operand
+combination once the combinations outnumber `MATERIALISE_LIMIT`, and a jsonl file is read
+only up to `MAX_DATASET_BYTES` with prompts of at most `MAX_PROMPT_CHARS` characters.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
 import re
+import string
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rlcore.config import ArithmeticTask, JsonlTask
+from rlcore.config import ArithmeticTask, JsonlTask, template_fields
 
 FORMAT_BONUS = 0.1
+# Up to this many operand combinations the arithmetic split is a shuffled list of indices
+# (~10 MB); beyond it, held-out problems are drawn straight from the seed.
+MATERIALISE_LIMIT = 250_000
+MAX_DATASET_BYTES = 2**30
+MAX_PROMPT_CHARS = 32_768
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _FINAL = re.compile(r"####\s*(-?\d[\d,]*(?:\.\d+)?)")
 
@@ -41,20 +53,28 @@ class Score:
 
 
 class Task(ABC):
-    """Train prompts drawn by a generator, a fixed held-out list, and a scorer."""
+    """Training problems drawn by a generator, a fixed held-out list, and a scorer."""
 
-    def __init__(self, train: list[Problem], held_out: list[Problem]):
-        if not train:
+    def __init__(self, held_out: list[Problem], train_size: int):
+        if train_size < 1:
             raise DatasetError("the task has no training problems")
         if not held_out:
             raise DatasetError("the task has no held-out problems")
-        self.train = train
         self.held_out = held_out
+        self.train_size = train_size
+
+    @abstractmethod
+    def train_problem(self, index: int) -> Problem:
+        """Training problem `index` (0 <= index < train_size), in the task's own fixed order."""
+
+    def train_problems(self, n: int) -> list[Problem]:
+        """The first `n` training problems (all of them if there are fewer)."""
+        return [self.train_problem(i) for i in range(min(n, self.train_size))]
 
     def sample(self, n: int, generator: torch.Generator) -> list[Problem]:
         """n training problems drawn uniformly (with replacement) by `generator`."""
-        idx = torch.randint(len(self.train), (n,), generator=generator).tolist()
-        return [self.train[i] for i in idx]
+        idx = torch.randint(self.train_size, (n,), generator=generator).tolist()
+        return [self.train_problem(i) for i in idx]
 
     def eval_problems(self, n: int) -> list[Problem]:
         return self.held_out[:n]
@@ -64,22 +84,56 @@ class Task(ABC):
         """The reward of `completion`; `finished` says whether it ended with EOS."""
 
 
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
 class Arithmetic(Task):
-    """`ab+cd=` prompts; reward 1 iff the completion is exactly the result and then EOS."""
+    """`ab+cd=` prompts; reward 1 iff the completion is exactly the result and then EOS.
+
+    Problem i of the `len(operators) × W²` operand combinations (W operands per side) is
+    operator i // W², a = min + (i // W) % W, b = min + i % W. Up to `MATERIALISE_LIMIT`
+    combinations the seeded RNG shuffles the list of indices and the first `held_out` are held
+    out (the split every run has used); beyond it the RNG samples the held-out indices from
+    the range and training index j is the j-th index not held out. Either way the split is
+    disjoint, a function of `split_seed` alone, and memory is O(held_out), not O(W²).
+    """
 
     def __init__(self, cfg: ArithmeticTask):
+        self.operators = list(cfg.operators)
+        self.low = cfg.min_operand
+        self.width = cfg.max_operand - cfg.min_operand + 1
+        size = len(self.operators) * self.width**2
+        held = min(cfg.held_out, size // 2)
         rng = random.Random(cfg.split_seed)
-        operands = range(cfg.min_operand, cfg.max_operand + 1)
-        ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
-        problems = [
-            Problem(prompt=f"{a}{op}{b}=", answer=str(ops[op](a, b)), solution=str(ops[op](a, b)))
-            for op in cfg.operators
-            for a in operands
-            for b in operands
-        ]
-        rng.shuffle(problems)
-        held = min(cfg.held_out, len(problems) // 2)
-        super().__init__(train=problems[held:], held_out=problems[:held])
+        if size <= MATERIALISE_LIMIT:
+            order = list(range(size))
+            rng.shuffle(order)
+            held_idx, self._train_idx = order[:held], order[held:]
+        else:
+            held_idx, self._train_idx = rng.sample(range(size), held), None
+            self._held_sorted = sorted(held_idx)
+        super().__init__(held_out=[self.problem(i) for i in held_idx], train_size=size - held)
+
+    def problem(self, index: int) -> Problem:
+        """Operand combination `index`."""
+        op, rest = divmod(index, self.width**2)
+        a, b = (self.low + k for k in divmod(rest, self.width))
+        operator = self.operators[op]
+        result = str(_OPS[operator](a, b))
+        return Problem(prompt=f"{a}{operator}{b}=", answer=result, solution=result)
+
+    def train_problem(self, index: int) -> Problem:
+        if not 0 <= index < self.train_size:
+            raise IndexError(f"training problem {index} of {self.train_size}")
+        if self._train_idx is not None:
+            return self.problem(self._train_idx[index])
+        # The index-th combination that is not held out: skip the held-out ones at or below it.
+        found = index
+        while True:
+            moved = index + bisect.bisect_right(self._held_sorted, found)
+            if moved == found:
+                return self.problem(found)
+            found = moved
 
     def score(self, problem: Problem, completion: str, finished: bool) -> Score:
         correct = finished and completion == problem.answer
@@ -102,12 +156,36 @@ def final_answer(completion: str) -> str | None:
     return numbers[-1] if numbers else None
 
 
+def render_prompt(template: str, row: dict, question_field: str) -> str:
+    """`template` with `{question}` replaced by the row's question and any other `{name}` by the
+    row's field `name`; nothing else of Python's format language applies (validated by
+    `rlcore.config.template_fields`). KeyError names a missing field; ValueError a field that
+    is not text or a number."""
+    template_fields(template)
+    parts = []
+    for literal, name, _, _ in string.Formatter().parse(template):
+        parts.append(literal)
+        if name is None:
+            continue
+        value = row[question_field] if name == "question" else row[name]
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ValueError(f"field {name!r} of prompt_template is not text or a number")
+        parts.append(str(value))
+    return "".join(parts)
+
+
 def read_jsonl(
     path: str | Path, question_field: str, answer_field: str, template: str, answer_check: str = "gsm8k"
 ) -> list[Problem]:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
+    size = path.stat().st_size
+    if size > MAX_DATASET_BYTES:
+        raise DatasetError(
+            f"{path}: the file is {size / 2**20:,.0f} MiB, more than the {MAX_DATASET_BYTES // 2**20:,} MiB "
+            "a task reads; split it or hold out an evaluation file"
+        )
     problems = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -130,13 +208,17 @@ def read_jsonl(
                 if not marked:
                     raise DatasetError(f"{where}: field {answer_field!r} must end in '#### <number>'")
                 answer = marked[-1].replace(",", "")
-            problems.append(
-                Problem(
-                    prompt=template.format(question=row[question_field]),
-                    answer=answer,
-                    solution=row[answer_field],
+            try:
+                prompt = render_prompt(template, row, question_field)
+            except KeyError as exc:
+                raise DatasetError(f"{where}: field {exc.args[0]!r} of prompt_template is missing") from exc
+            except ValueError as exc:
+                raise DatasetError(f"{where}: {exc}") from exc
+            if len(prompt) > MAX_PROMPT_CHARS:
+                raise DatasetError(
+                    f"{where}: the prompt is {len(prompt):,} characters, more than {MAX_PROMPT_CHARS:,}"
                 )
-            )
+            problems.append(Problem(prompt=prompt, answer=answer, solution=row[answer_field]))
     if not problems:
         raise DatasetError(f"{path}: the file has no problems")
     return problems
@@ -157,7 +239,11 @@ class Jsonl(Task):
             random.Random(cfg.split_seed).shuffle(problems)
             held = min(cfg.held_out, len(problems) // 2)
             train, held_out = problems[held:], problems[:held]
-        super().__init__(train=train, held_out=held_out)
+        self.train = train
+        super().__init__(held_out=held_out, train_size=len(train))
+
+    def train_problem(self, index: int) -> Problem:
+        return self.train[index]
 
     def score(self, problem: Problem, completion: str, finished: bool) -> Score:
         if self.answer_check == "math-verify":

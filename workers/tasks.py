@@ -4,7 +4,8 @@
 `execute(run_id, attempt)` is the plain entry point (the task only calls it): claim the
 oldest queued run of that run's queue (first in, first out), train it with a `DatabaseSink`
 — and, in the distributed and async execution modes, with a `DatabaseSource` whose batches
-rollout workers make — and end it `succeeded`, `cancelled` or `failed` with the reason. A
+rollout workers make — under the run's memory ceiling (`LAB_RUN_MEMORY_MB`, `workers.memory`),
+and end it `succeeded`, `cancelled` or `failed` with the reason. A
 message that finds no queued run on its queue (a duplicate, or one redelivered after its run
 was executed) does nothing. Every worker also runs the reaper in a background thread, so a
 run whose worker died is re-queued as soon as any worker is alive; `python manage.py reap`
@@ -31,11 +32,12 @@ import time
 
 from celery.signals import worker_init, worker_ready
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from experiments.models import RolloutJob, Run, Worker
 from lab.celery import app
 
 from workers.db_outage import UNREACHABLE, note_unreachable, reachable_for, retry_db
+from workers.memory import MemoryCeiling, OverMemoryCeiling
 from workers.sink import DatabaseSink, finite_or_none
 from workers.source import DatabaseSource, clear_buffer
 
@@ -60,19 +62,33 @@ def execute(run_id: int, attempt: int) -> str:
     source = None
     try:
         config = run.run_config()
-        from rlcore.trainer import train
+        import transformers  # noqa: F401  (every run loads it: imported before the run's memory is measured)
+
+        from rlcore.trainer import resolve_device, train
 
         if config.execution.mode != "simulated":
             source = DatabaseSource(run, config, sink.should_stop)
-        summary = train(
-            config, sink, checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR, source=source
+        ceiling = MemoryCeiling(
+            settings.LAB_RUN_MEMORY_MB, limit_address_space=resolve_device(config.device).type == "cpu"
+        )
+        summary = ceiling.call(
+            train,
+            config,
+            sink,
+            checkpoint_dir=run.checkpoint_dir,
+            cache_dir=settings.LAB_CACHE_DIR,
+            source=source,
         )
         if source is not None:
             summary.update(source.summary())
     except Exception as exc:
         log.exception("run %s attempt %s failed", run_id, attempt)
+        over_memory = isinstance(exc, OverMemoryCeiling)
+        if over_memory:
+            connection.close()  # the interruption may have cut a query short: reconnect afresh
         sink.close()
-        retry_db(run.fail)(worker, f"{type(exc).__name__}: {exc}")
+        # Over its memory ceiling: failed with the reason, never re-queued (only a manual retry).
+        retry_db(run.fail)(worker, str(exc) if over_memory else f"{type(exc).__name__}: {exc}")
         retry_db(RolloutJob.cancel_for)(run)
         return f"run {run_id} attempt {attempt}: failed"
     sink.close()

@@ -5,7 +5,9 @@ with no `REDIS_URL` Celery uses kombu's filesystem transport under the same fold
 still crosses processes. Paths a run may read are limited to `LAB_DATA_ROOTS` (datasets)
 and `LAB_MODEL_ROOTS` (local models), each a colon-separated list. Each worker process trains
 with `LAB_TORCH_THREADS` torch threads, by default an equal share of the machine's cores
-among the `UP_WORKER_QUEUES` workers that `make up` starts, so they never oversubscribe it.
+among the `UP_WORKER_QUEUES` workers that `make up` starts, so they never oversubscribe it;
+likewise a run may add at most `LAB_RUN_MEMORY_MB` MiB to its worker's memory, by default an
+equal share of the machine's (or the container's) memory among those workers.
 """
 
 import importlib.util
@@ -37,6 +39,18 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def machine_memory_mb() -> int:
+    """Physical memory in MiB, or the container's memory limit (cgroup v2) when that is smaller."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        limit = ""
+    if limit.isdigit():
+        total = min(total, int(limit))
+    return total // 2**20
 
 
 def default_torch_threads(cores: int, workers: int) -> int:
@@ -172,6 +186,27 @@ LAB_TORCH_THREADS = int(
 )
 if LAB_TORCH_THREADS < 1:
     raise ImproperlyConfigured(f"LAB_TORCH_THREADS must be at least 1, not {LAB_TORCH_THREADS}")
+
+
+def default_run_memory_mb(machine_mb: int, workers: int) -> int:
+    """The memory ceiling of a run when `workers` workers share `machine_mb` MiB: an equal share."""
+    return max(1, machine_mb // workers)
+
+
+# What one run may add to its training worker's resident memory, in MiB (workers.memory); a run
+# over it ends `failed` with the reason and is not re-queued. 0: no ceiling.
+_run_memory = os.environ.get("LAB_RUN_MEMORY_MB", "")
+if _run_memory:
+    try:
+        LAB_RUN_MEMORY_MB = int(_run_memory)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"LAB_RUN_MEMORY_MB must be a whole number of MiB (0: off), not {_run_memory!r}"
+        ) from None
+else:
+    LAB_RUN_MEMORY_MB = default_run_memory_mb(machine_memory_mb(), len(UP_WORKER_QUEUES))
+if LAB_RUN_MEMORY_MB < 0:
+    raise ImproperlyConfigured(f"LAB_RUN_MEMORY_MB must be 0 (off) or more, not {LAB_RUN_MEMORY_MB}")
 
 LOGGING = {
     "version": 1,

@@ -10,7 +10,7 @@ import copy
 import json
 
 import pytest
-from conftest import TINY_CONFIG, purge_queue, queued_messages
+from conftest import TEST_VAR, TINY_CONFIG, purge_queue, queued_messages
 from django.urls import reverse
 from experiments.models import ApiToken, Experiment, Run
 
@@ -100,6 +100,32 @@ INVALID_FORMS = {
         {"algorithm.params.eps_low": "1.5"},
         "algorithm.params.eps_low",
         "eps_low must satisfy",
+    ),
+    "format spec in the prompt template": (
+        {
+            "task.name": "jsonl",
+            "task.path": str(TEST_VAR / "data" / "train.jsonl"),
+            "task.prompt_template": "{question}{question:>1000000000}",
+        },
+        "task.prompt_template",
+        "has a format spec",
+    ),
+    "responses per step over the budget": (
+        {"rollout.prompts_per_step": "4096"},
+        "rollout.prompts_per_step",
+        "(4096 × 4 = 16,384 responses per step) must be",
+    ),
+    "batches generated ahead over the budget": (
+        {
+            "on_policy": "",
+            "sync_offsets": "40",
+            "steps": "100",
+            "rollout.prompts_per_step": "64",
+            "rollout.group_size": "16",
+            "rollout.max_new_tokens": "1024",
+        },
+        "sync_offsets",
+        "(40 × 1,048,576 = 41,943,040 tokens of batches generated ahead) must be",
     ),
 }
 
@@ -281,6 +307,52 @@ INVALID_BODIES = {
         sweep_body(staleness=[{"sync_offset": 10}]),
         "staleness.sync_offset",
         "would make an offline run",
+    ),
+    "format spec in the prompt template": (
+        with_config(
+            "task",
+            {
+                "name": "jsonl",
+                "path": str(TEST_VAR / "data" / "train.jsonl"),
+                "prompt_template": "{question}{question:>1000000000}",
+            },
+        ),
+        "config.task.prompt_template",
+        "has a format spec (:>1000000000); only {name} is allowed",
+    ),
+    "attribute access in the prompt template": (
+        with_config(
+            "task",
+            {
+                "name": "jsonl",
+                "path": str(TEST_VAR / "data" / "train.jsonl"),
+                "prompt_template": "{question.__class__}",
+            },
+        ),
+        "config.task.prompt_template",
+        "{question.__class__} must be a plain {name} of a field of the line",
+    ),
+    "responses per step over the budget": (
+        with_config("rollout", {"prompts_per_step": 4096, "group_size": 4}),
+        "config.rollout.prompts_per_step",
+        "(4096 × 4 = 16,384 responses per step) must be <= 8,192",
+    ),
+    "new tokens per step over the budget": (
+        with_config("rollout", {"prompts_per_step": 64, "group_size": 16, "max_new_tokens": 2048}),
+        "config.rollout.max_new_tokens",
+        "(64 × 16 × 2048 = 2,097,152 new tokens per step) must be <= 1,048,576",
+    ),
+    "batches generated ahead over the budget": (
+        sweep_body(
+            config={
+                **TINY_CONFIG,
+                "steps": 100,
+                "rollout": {"prompts_per_step": 64, "group_size": 16, "max_new_tokens": 1024},
+            },
+            staleness=[{"sync_offset": 40}],
+        ),
+        "staleness.sync_offset",
+        "(40 × 1,048,576 = 41,943,040 tokens of batches generated ahead) must be <= 33,554,432",
     ),
     "knob the presets do not read": (
         sweep_body(

@@ -82,6 +82,104 @@ def test_errors_name_the_field_and_the_rule(data, field, words):
     assert words in errors[field]
 
 
+JSONL = {"name": "jsonl", "path": "data/train.jsonl"}
+
+
+@pytest.mark.parametrize(
+    "template,words",
+    [
+        ("{question}{question:>1000000000}", "{question:>1000000000} has a format spec (:>1000000000)"),
+        ("{question!r}", "{question!r} has a conversion (!r)"),
+        ("{question.__class__}", "{question.__class__} must be a plain {name}"),
+        ("{question[0]}", "{question[0]} must be a plain {name}"),
+        ("{question} {0}", "{0} must be a plain {name}"),
+        ("{question} {}", "{} must be a plain {name}"),
+        ("{question", "not a valid template"),
+        ("{{question}}", "must contain {question}"),
+        ("{question}" * 500, "at most 4096 characters"),
+    ],
+)
+def test_prompt_templates_allow_named_fields_only(template, words):
+    errors = errors_of({"task": {**JSONL, "prompt_template": template}})
+    assert words in errors["task.prompt_template"], errors
+
+
+def test_a_template_may_name_other_fields_and_escape_braces():
+    config = RunConfig.model_validate({"task": {**JSONL, "prompt_template": "{{x}} {topic}: {question}\n"}})
+    assert config.task.prompt_template == "{{x}} {topic}: {question}\n"
+
+
+@pytest.mark.parametrize(
+    "data,field,words",
+    [
+        (
+            {"rollout": {"prompts_per_step": 4096, "group_size": 4}},
+            "rollout.prompts_per_step",
+            "(4096 × 4 = 16,384 responses per step) must be <= 8,192",
+        ),
+        (
+            {"rollout": {"prompts_per_step": 512, "group_size": 16, "max_new_tokens": 256}},
+            "rollout.max_new_tokens",
+            "(512 × 16 × 256 = 2,097,152 new tokens per step) must be <= 1,048,576",
+        ),
+        (
+            {"rollout": {"prompts_per_step": 8, "max_new_tokens": 8192}, "eval_size": 200},
+            "eval_size",
+            "eval_size × rollout.max_new_tokens (200 × 8192 = 1,638,400 new tokens per evaluation)",
+        ),
+        (
+            {"rollout": {"prompts_per_step": 8, "max_new_tokens": 8192}, "eval_size": 100},
+            "task.held_out",
+            "task.held_out × rollout.max_new_tokens (200 × 8192 = 1,638,400 new tokens per warm-start check",
+        ),
+        (
+            {"rollout": {"max_new_tokens": 1024}, "staleness": {"sync_offset": 300}},
+            "staleness.sync_offset",
+            "(300 × 131,072 = 39,321,600 tokens of batches generated ahead) must be <= 33,554,432",
+        ),
+        (
+            {"rollout": {"max_new_tokens": 1024}, "execution": {"mode": "async", "max_staleness": 300}},
+            "execution.max_staleness",
+            "execution.max_staleness × new tokens per step (300 × 131,072",
+        ),
+        (
+            {"task": {"name": "arithmetic", "operators": ["+", "+"]}},
+            "task.operators",
+            "list each operator once",
+        ),
+        (
+            {"task": {"name": "arithmetic", "held_out": 10_001}},
+            "task.held_out",
+            "less than or equal to 10000",
+        ),
+        ({"eval_size": 10_001}, "eval_size", "less than or equal to 10000"),
+        ({"model": {"tiny": {"hidden_size": 1024}}}, "model.tiny.hidden_size", "less than or equal to 512"),
+        ({"model": {"tiny": {"num_layers": 9}}}, "model.tiny.num_layers", "less than or equal to 8"),
+        ({"model": {"tiny": {"intermediate_size": 4096}}}, "model.tiny.intermediate_size", "<= 2048"),
+        ({"model": {"tiny": {"warmstart_max_steps": 20_001}}}, "model.tiny.warmstart_max_steps", "20000"),
+        (
+            {"optimizer": {"micro_batch_size": 8193}},
+            "optimizer.micro_batch_size",
+            "less than or equal to 8192",
+        ),
+        ({"task": {"name": "arithmetic", "split_seed": 2**31}}, "task.split_seed", "less than 2147483648"),
+        ({"task": {**JSONL, "question_field": "q" * 201}}, "task.question_field", "at most 200 characters"),
+    ],
+)
+def test_the_run_budget_names_the_field_and_the_rule(data, field, words):
+    errors = errors_of(data)
+    assert field in errors, errors
+    assert words in errors[field] or words.replace("<=", "less than or equal to") in errors[field], errors
+
+
+def test_the_examples_fit_the_budget():
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    for path in sorted(examples.glob("*.yaml")):
+        load(path)
+
+
 def test_dataset_and_model_paths_must_lie_under_the_allowed_roots(tmp_path):
     inside = tmp_path / "data" / "train.jsonl"
     errors = errors_of(

@@ -1,6 +1,7 @@
 """Tasks: disjoint splits, exact rewards, and dataset errors that name the file and line."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ from rlcore.config import ArithmeticTask, JsonlTask
 def test_arithmetic_prompts_answers_and_disjoint_split():
     task = tasks.build(ArithmeticTask())
     assert len(task.held_out) == 200
-    assert len(task.train) == 90 * 90 - 200
-    assert not {p.prompt for p in task.train} & {p.prompt for p in task.held_out}
+    assert task.train_size == 90 * 90 - 200
+    train = task.train_problems(task.train_size)
+    assert not {p.prompt for p in train} & {p.prompt for p in task.held_out}
     p = task.held_out[0]
     a, b = p.prompt.rstrip("=").split("+")
     assert p.answer == str(int(a) + int(b)) and 10 <= int(a) <= 99
@@ -35,10 +37,59 @@ def test_arithmetic_reward_needs_the_exact_answer_then_eos():
 
 def test_arithmetic_operators():
     task = tasks.build(ArithmeticTask(min_operand=2, max_operand=9, operators=["-", "*"], held_out=10))
-    for p in task.train:
+    for p in task.train_problems(task.train_size):
         a, op, b = p.prompt[0], p.prompt[1], p.prompt[2]
         assert op in "-*" and p.prompt[3] == "="
         assert p.answer == str(int(a) - int(b) if op == "-" else int(a) * int(b))
+
+
+def test_small_ranges_keep_the_split_and_the_samples_every_run_has_used():
+    # The shuffled list of operand combinations of the built-in demo, as before sampling became lazy:
+    # its shipped θ0 and its curves depend on these exact problems.
+    task = tasks.build(ArithmeticTask())
+    assert [p.prompt for p in task.held_out[:3]] == ["25+60=", "31+51=", "53+98="]
+    assert [p.prompt for p in task.sample(3, torch.Generator().manual_seed(0))] == [
+        "86+88=",
+        "33+24=",
+        "29+21=",
+    ]
+
+
+def test_a_huge_operand_range_is_sampled_lazily_with_a_disjoint_deterministic_split():
+    import tracemalloc
+
+    cfg = ArithmeticTask(min_operand=0, max_operand=10**6, operators=["+", "-", "*"], held_out=2000)
+    tracemalloc.start()
+    try:
+        task = tasks.build(cfg)
+        drawn = task.sample(20_000, torch.Generator().manual_seed(1))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 50 * 2**20, f"{peak / 2**20:.0f} MiB: the ~3·10^12 combinations were listed"
+    assert task.train_size == 3 * (10**6 + 1) ** 2 - 2000 and len(task.held_out) == 2000
+    held = {p.prompt for p in task.held_out}
+    assert len(held) == 2000 and not held & {p.prompt for p in drawn}
+    assert len({p.prompt for p in drawn}) > 19_900, "drawn from the whole range"
+    again = tasks.build(cfg)
+    assert again.held_out == task.held_out
+    assert again.sample(50, torch.Generator().manual_seed(1)) == drawn[:50]
+    assert tasks.build(cfg.model_copy(update={"split_seed": 1})).held_out != task.held_out
+    for p in drawn[:200]:
+        a, op, b = re.fullmatch(r"(\d+)([-+*])(\d+)=", p.prompt).groups()
+        assert p.answer == str(eval(f"{a}{op}{b}"))  # noqa: S307 (digits and one operator)
+
+
+def test_lazy_training_indices_are_exactly_the_combinations_not_held_out(monkeypatch):
+    monkeypatch.setattr(tasks, "MATERIALISE_LIMIT", 0)
+    task = tasks.build(ArithmeticTask(min_operand=0, max_operand=40, operators=["+", "*"], held_out=500))
+    train = [p.prompt for p in task.train_problems(task.train_size)]
+    held = [p.prompt for p in task.held_out]
+    every = [task.problem(i).prompt for i in range(2 * 41 * 41)]
+    assert len(set(train)) == len(train) == len(every) - 500
+    assert sorted(train + held) == sorted(every)
+    with pytest.raises(IndexError):
+        task.train_problem(task.train_size)
 
 
 def test_sampling_is_seeded():
@@ -62,8 +113,8 @@ GSM = [
 def test_jsonl_reads_gsm8k_format(tmp_path):
     path = write_jsonl(tmp_path / "train.jsonl", GSM)
     task = tasks.build(JsonlTask(path=str(path), held_out=3))
-    assert len(task.train) == 7 and len(task.held_out) == 3
-    p = task.train[0]
+    assert task.train_size == 7 and len(task.held_out) == 3
+    p = task.train_problem(0)
     assert p.prompt.endswith("How many?\n") and p.answer == str(int(p.solution.split("####")[1]))
 
 
@@ -94,7 +145,7 @@ def test_jsonl_custom_fields_and_eval_file(tmp_path):
             prompt_template="Q: {question}\nA:",
         )
     )
-    assert len(task.train) == 6 and len(task.held_out) == 4
+    assert task.train_size == 6 and len(task.held_out) == 4
     assert task.held_out[0].prompt.startswith("Q: Tom has 6 apples")
 
 
@@ -123,6 +174,44 @@ def test_missing_or_empty_file(tmp_path):
         tasks.build(JsonlTask(path=str(tmp_path / "empty.jsonl")))
 
 
+def test_prompt_templates_substitute_named_fields_of_the_line(tmp_path):
+    rows = [{**r, "topic": "apples", "n": i} for i, r in enumerate(GSM)]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    template = "[{topic} #{n}] {{literal}} {question}\n"
+    task = tasks.build(JsonlTask(path=str(path), prompt_template=template, held_out=2))
+    prompts = {p.prompt for p in task.train_problems(task.train_size) + task.held_out}
+    assert f"[apples #3] {{literal}} {GSM[3]['question']}\n" in prompts
+
+
+@pytest.mark.parametrize(
+    "row,reason",
+    [
+        ({"question": "q", "answer": "#### 1"}, "field 'topic' of prompt_template is missing"),
+        (
+            {"question": "q", "answer": "#### 1", "topic": ["a"]},
+            "field 'topic' of prompt_template is not text",
+        ),
+    ],
+)
+def test_a_template_field_the_line_lacks_names_the_file_and_line(tmp_path, row, reason):
+    path = write_jsonl(tmp_path / "train.jsonl", [{**GSM[0], "topic": "t"}, row])
+    with pytest.raises(tasks.DatasetError) as err:
+        tasks.build(JsonlTask(path=str(path), prompt_template="{topic}: {question}"))
+    assert f"{path}:2:" in str(err.value) and reason in str(err.value)
+
+
+def test_prompts_and_files_over_the_budget_are_refused(tmp_path, monkeypatch):
+    path = write_jsonl(tmp_path / "train.jsonl", GSM)
+    monkeypatch.setattr(tasks, "MAX_PROMPT_CHARS", 60)
+    with pytest.raises(
+        tasks.DatasetError, match=r"train.jsonl:1: the prompt is \d+ characters, more than 60"
+    ):
+        tasks.build(JsonlTask(path=str(path), prompt_template="{question} {question}"))
+    monkeypatch.setattr(tasks, "MAX_DATASET_BYTES", 100)
+    with pytest.raises(tasks.DatasetError, match="more than the 0 MiB a task reads"):
+        tasks.build(JsonlTask(path=str(path)))
+
+
 MATH_SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "data" / "math-sample.jsonl"
 
 
@@ -132,7 +221,7 @@ def test_math_verify_reward_judges_latex_answers_by_value():
             path=str(MATH_SAMPLE), question_field="problem", answer_field="answer", answer_check="math-verify"
         )
     )
-    by_answer = {p.answer: p for p in task.train + task.held_out}
+    by_answer = {p.answer: p for p in task.train_problems(task.train_size) + task.held_out}
     assert len(by_answer) == 5 and "\\frac{3}{4}" in by_answer, "LaTeX answers are kept as they are"
     three_quarters, root = by_answer["\\frac{3}{4}"], by_answer["2\\sqrt{2}"]
     assert task.score(three_quarters, "so the sum is \\boxed{0.75}", True).correct

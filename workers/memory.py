@@ -1,0 +1,190 @@
+"""The memory ceiling of a run (`LAB_RUN_MEMORY_MB`): a run that outgrows it ends `failed`,
+with the reason, and its worker lives on to take the next one.
+
+`MemoryCeiling(limit_mb).call(train, ...)` runs the training call in the worker's main
+thread (Celery's solo pool) and counts what the run adds to the worker process's resident
+memory (RSS, from /proc/self/statm) above what the process held when the run started:
+Python, torch, Django and the libraries every run loads (`workers.tasks.execute` imports
+transformers first) are not the run's. Two mechanisms enforce it:
+
+- A watchdog thread reads the RSS every `POLL_S` seconds. Over the ceiling, it sends the
+  main thread `SIGNAL`, whose handler raises `_OverCeiling` if the main thread is inside the
+  training call. That exception derives from BaseException, so no `except Exception` in the
+  trainer swallows it, and the worker turns it into `OverMemoryCeiling`, an ordinary failure.
+  A native call (one big torch operation) is interrupted when it returns to Python.
+- On CPU runs, the address space (RLIMIT_AS) may grow by at most `ADDRESS_SPACE_FACTOR` times
+  the ceiling while the call runs; the previous limit is restored afterwards. An allocation too
+  large for the ceiling then fails at once (MemoryError, or torch's "can't allocate memory")
+  instead of filling the machine inside one native call, where the kernel's OOM killer would
+  kill the worker and the reaper would re-queue the run. The factor leaves room for address
+  space that is reserved but never touched (thread stacks, allocator arenas), so the resident
+  ceiling is the one that normally trips. GPU runs get no such limit: CUDA reserves far more
+  address space than it uses; the GPU's own out-of-memory error already fails a run cleanly.
+
+The ceiling is off when `limit_mb` is 0, off the main thread (signals reach only the main
+thread), and where /proc/self/statm does not exist (not Linux); the worker logs why.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import resource
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+RESIGNAL_S = 1.0  # the main thread did not stop (yet): ask again this often
+SIGNAL = signal.SIGUSR2  # Celery's worker uses SIGUSR1 (tracebacks); SIGUSR2 only with CELERY_RDBSIG set
+ADDRESS_SPACE_FACTOR = 2
+MIB = 2**20
+STATM = "/proc/self/statm"
+
+T = TypeVar("T")
+
+
+class OverMemoryCeiling(RuntimeError):
+    """The run outgrew its ceiling; the message is the run's failure reason."""
+
+
+class _OverCeiling(BaseException):
+    """Raised in the main thread by the watchdog's signal, inside the training call only."""
+
+
+def _statm_bytes() -> tuple[int, int] | None:
+    """(address space, resident) of this process in bytes; None where /proc is missing."""
+    try:
+        with open(STATM) as f:
+            size, resident = f.read().split()[:2]
+    except OSError:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    return int(size) * page, int(resident) * page
+
+
+def resident_bytes() -> int | None:
+    statm = _statm_bytes()
+    return None if statm is None else statm[1]
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    """An allocation refused under the address-space limit, as Python, torch or the OS report it."""
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+class MemoryCeiling:
+    """The ceiling of one run: `call` the training function under it."""
+
+    def __init__(self, limit_mb: int, limit_address_space: bool = False):
+        self.limit_mb = limit_mb
+        self.limit_address_space = limit_address_space
+        self.base = 0
+        self.peak = 0  # the most the run added, as the watchdog saw it, in bytes
+        self.over = False
+        self._target: Any = None  # the code object of the training call
+        self._stop = threading.Event()
+
+    @property
+    def enforced(self) -> str:
+        """ "" if the ceiling can be enforced here, else why not."""
+        if self.limit_mb <= 0:
+            return "LAB_RUN_MEMORY_MB is 0"
+        if threading.current_thread() is not threading.main_thread():
+            return "the run is not executing in the worker's main thread"
+        if _statm_bytes() is None:
+            return f"{STATM} is missing (not Linux)"
+        return ""
+
+    def reason(self) -> str:
+        used = math.ceil(self.peak / MIB)
+        return f"memory: used {used:,} MiB > ceiling {self.limit_mb:,} MiB (LAB_RUN_MEMORY_MB)"
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` under the ceiling; raises `OverMemoryCeiling` when the run outgrew it."""
+        why_not = self.enforced
+        if why_not:
+            if self.limit_mb > 0:
+                log.warning("the memory ceiling of %s MiB is not enforced: %s", self.limit_mb, why_not)
+            return fn(*args, **kwargs)
+        self._target = getattr(fn, "__code__", None)
+        size, self.base = _statm_bytes()
+        previous_handler = signal.signal(SIGNAL, self._on_signal)
+        previous_limit = self._limit_address_space(size) if self.limit_address_space else None
+        watchdog = threading.Thread(
+            target=self._watch, args=(threading.main_thread().ident,), name="memory-ceiling", daemon=True
+        )
+        watchdog.start()
+        try:
+            result = fn(*args, **kwargs)
+        except _OverCeiling:
+            raise OverMemoryCeiling(self.reason()) from None
+        except Exception as exc:
+            if self.over:  # whatever the training call made of the interruption
+                raise OverMemoryCeiling(self.reason()) from exc
+            if previous_limit is not None and _is_out_of_memory(exc):
+                raise OverMemoryCeiling(
+                    f"memory: an allocation failed under the ceiling of {self.limit_mb:,} MiB "
+                    f"(LAB_RUN_MEMORY_MB; the address space may grow by {ADDRESS_SPACE_FACTOR}× it) "
+                    f"with {self._added_mb():,.0f} MiB used: {type(exc).__name__}: {exc}"
+                ) from exc
+            raise
+        finally:
+            self._stop.set()
+            watchdog.join()
+            log.info(
+                "the run used at most %s MiB above the worker's %s MiB (ceiling %s MiB)",
+                math.ceil(self.peak / MIB),
+                self.base // MIB,
+                self.limit_mb,
+            )
+            if previous_limit is not None:
+                resource.setrlimit(resource.RLIMIT_AS, previous_limit)
+            signal.signal(SIGNAL, previous_handler)
+        if self.over:  # the signal came as the call returned: still over budget
+            raise OverMemoryCeiling(self.reason())
+        return result
+
+    def _added_mb(self) -> float:
+        return max(0, (resident_bytes() or 0) - self.base) / MIB
+
+    def _limit_address_space(self, size: int) -> tuple[int, int] | None:
+        previous = resource.getrlimit(resource.RLIMIT_AS)
+        soft = size + ADDRESS_SPACE_FACTOR * self.limit_mb * MIB
+        hard = previous[1]
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        if previous[0] != resource.RLIM_INFINITY and previous[0] <= soft:
+            return None  # already tighter
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        return previous
+
+    def _watch(self, main_thread: int) -> None:
+        limit = self.limit_mb * MIB
+        signalled = -math.inf
+        while not self._stop.wait(POLL_S):
+            added = (resident_bytes() or 0) - self.base
+            self.peak = max(self.peak, added)
+            if added > limit:
+                self.over = True
+                if time.monotonic() - signalled >= RESIGNAL_S:
+                    signalled = time.monotonic()
+                    signal.pthread_kill(main_thread, SIGNAL)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Raise in the main thread only inside the training call, where `call` catches it."""
+        while frame is not None:
+            if frame.f_code is self._target:
+                raise _OverCeiling
+            frame = frame.f_back
