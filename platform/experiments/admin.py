@@ -2,7 +2,11 @@
 
 from django.contrib import admin
 
+from experiments.forms import AdminLoginForm
 from experiments.models import ApiToken, Experiment, Membership, RolloutJob, Run, Team
+
+# The admin's login is rate-limited like the site's (experiments.throttle) and says so.
+admin.site.login_form = AdminLoginForm
 
 
 class MembershipInline(admin.TabularInline):

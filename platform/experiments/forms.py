@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from django import forms
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import get_user_model
+from django.contrib.auth.forms import AuthenticationForm
 
-from experiments import sweeps
+from experiments import sweeps, throttle
 from experiments.models import Team, Worker
 from rlcore.config import RunConfig, StalenessConfig
 from rlcore.presets import PRESETS
@@ -323,3 +325,22 @@ class AddMemberForm(forms.Form):
         if user is None:
             raise forms.ValidationError(f"no active user is called {username!r}; check the spelling")
         return user
+
+
+class ThrottledLoginMixin:
+    """A login refused by the rate limits (experiments.throttle) says so, and for how long,
+    instead of blaming the password; its error code is `throttled`."""
+
+    def get_invalid_login_error(self):
+        seconds = getattr(self.request, "login_retry_after", None)
+        if seconds is not None:
+            return forms.ValidationError(throttle.refusal("logins", seconds), code="throttled")
+        return super().get_invalid_login_error()
+
+
+class LoginForm(ThrottledLoginMixin, AuthenticationForm):
+    pass
+
+
+class AdminLoginForm(ThrottledLoginMixin, AdminAuthenticationForm):
+    pass

@@ -15,7 +15,9 @@ import re
 
 import numpy as np
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import NON_FIELD_ERRORS
 from django.db import IntegrityError, transaction
 from django.db.models import Case, Count, F, Q, Value, When, Window
 from django.db.models.functions import RowNumber
@@ -26,7 +28,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from experiments import compare, curves, sweeps
-from experiments.forms import TEMPLATES, AddMemberForm, SweepForm, TeamForm
+from experiments.forms import TEMPLATES, AddMemberForm, LoginForm, SweepForm, TeamForm
 from experiments.models import (
     ApiToken,
     Completion,
@@ -50,6 +52,19 @@ RUN_LIST_LIMIT = 500
 def health(request: HttpRequest) -> JsonResponse:
     """Liveness for load balancers and tests; also shows the stdlib `platform` module works here."""
     return JsonResponse({"status": "ok", "system": platform.system(), "python": platform.python_version()})
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login page; a login refused by the rate limits is a 429 with Retry-After."""
+
+    form_class = LoginForm
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        if form.has_error(NON_FIELD_ERRORS, "throttled"):
+            response.status_code = 429
+            response["Retry-After"] = str(self.request.login_retry_after)
+        return response
 
 
 @login_required

@@ -13,7 +13,7 @@ urlpatterns = [
     path("health", views.health, name="health"),
     # Browsers ask for /favicon.ico on pages without our <link rel=icon> (the admin, the API docs).
     path("favicon.ico", RedirectView.as_view(url=static("experiments/favicon.svg"), permanent=True)),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
