@@ -51,6 +51,10 @@ urlpatterns = [
     path("account/tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api-token-revoke"),
     path("teams/", views.team_list, name="team-list"),
     path("teams/<int:team_id>/", views.team_detail, name="team-detail"),
+    path("teams/invitations/<int:invitation_id>/accept/", views.invitation_accept, name="invitation-accept"),
+    path(
+        "teams/invitations/<int:invitation_id>/decline/", views.invitation_decline, name="invitation-decline"
+    ),
     path(
         "teams/<int:team_id>/members/<int:membership_id>/remove/",
         views.team_remove_member,
