@@ -1,8 +1,13 @@
-"""The admin: teams with their members inline, experiments, runs, rollout jobs and API tokens."""
+"""The admin: teams with their members inline, invitations, experiments, runs, rollout jobs and
+API tokens."""
 
 from django.contrib import admin
 
-from experiments.models import ApiToken, Experiment, Membership, RolloutJob, Run, Team
+from experiments.forms import AdminLoginForm
+from experiments.models import ApiToken, Experiment, Invitation, Membership, RolloutJob, Run, Team
+
+# The admin's login is rate-limited like the site's (experiments.throttle) and says so.
+admin.site.login_form = AdminLoginForm
 
 
 class MembershipInline(admin.TabularInline):
@@ -16,6 +21,13 @@ class TeamAdmin(admin.ModelAdmin):
     list_display = ["name", "created"]
     search_fields = ["name"]
     inlines = [MembershipInline]
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = ["team", "user", "is_admin", "invited_by", "created"]
+    list_select_related = ["team", "user", "invited_by"]
+    raw_id_fields = ["team", "user", "invited_by"]
 
 
 class RunInline(admin.TabularInline):

@@ -22,19 +22,43 @@ from ninja.errors import HttpError, ValidationError
 from ninja.security import HttpBearer
 from pydantic import StringConstraints
 
-from experiments import compare, curves, sweeps
+from experiments import compare, curves, sweeps, throttle
 from experiments.models import ApiToken, Experiment, ExperimentActive, MetricPoint, Run, Team
 
 
 class TokenAuth(HttpBearer):
+    """A bearer token of an active user; past `LAB_TOKEN_FAILURE_LIMIT` unknown tokens from one
+    client address the API answers 429 to it, whatever the token (experiments.throttle)."""
+
     def authenticate(self, request: HttpRequest, token: str):
+        counters = throttle.token_counters(request)
+        if (seconds := throttle.retry_after(counters)) is not None:
+            raise TooManyRequests(seconds)
         user = ApiToken.user_for(token)
-        if user is not None:
+        if user is None:
+            throttle.record_failure(counters)
+        else:
             request.user = user
         return user
 
 
+class TooManyRequests(Exception):
+    def __init__(self, retry_after: int):
+        self.retry_after = retry_after
+
+
 api = NinjaAPI(title="Off-Policy Lab", version="1", auth=TokenAuth(), urls_namespace="api")
+
+
+@api.exception_handler(TooManyRequests)
+def too_many_requests(request: HttpRequest, exc: TooManyRequests) -> HttpResponse:
+    response = api.create_response(
+        request,
+        {"detail": throttle.refusal("API token checks from your address", exc.retry_after)},
+        status=429,
+    )
+    response["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 @api.exception_handler(ValidationError)

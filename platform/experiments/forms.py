@@ -1,4 +1,4 @@
-"""Forms: submit a sweep, create a team, add a member.
+"""Forms: submit a sweep, create a team, invite a member, log in.
 
 The sweep form has no list of run parameters of its own: its run-parameter fields are
 generated from `RunConfig.model_json_schema()` (names are dotted config paths such as
@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django import forms
-from django.contrib.auth import get_user_model
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth.forms import AuthenticationForm
 
-from experiments import sweeps
+from experiments import sweeps, throttle
 from experiments.models import Team, Worker
 from rlcore.config import RunConfig, StalenessConfig
 from rlcore.presets import PRESETS
@@ -313,13 +314,25 @@ class TeamForm(forms.ModelForm):
         fields = ["name"]
 
 
-class AddMemberForm(forms.Form):
+class InviteForm(forms.Form):
     username = forms.CharField(max_length=150)
     is_admin = forms.BooleanField(required=False, label="team admin")
 
-    def clean_username(self):
-        username = self.cleaned_data["username"]
-        user = get_user_model().objects.filter(username=username, is_active=True).first()
-        if user is None:
-            raise forms.ValidationError(f"no active user is called {username!r}; check the spelling")
-        return user
+
+class ThrottledLoginMixin:
+    """A login refused by the rate limits (experiments.throttle) says so, and for how long,
+    instead of blaming the password; its error code is `throttled`."""
+
+    def get_invalid_login_error(self):
+        seconds = getattr(self.request, "login_retry_after", None)
+        if seconds is not None:
+            return forms.ValidationError(throttle.refusal("logins", seconds), code="throttled")
+        return super().get_invalid_login_error()
+
+
+class LoginForm(ThrottledLoginMixin, AuthenticationForm):
+    pass
+
+
+class AdminLoginForm(ThrottledLoginMixin, AdminAuthenticationForm):
+    pass

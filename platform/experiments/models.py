@@ -106,6 +106,52 @@ class Membership(models.Model):
         return f"{self.user} in {self.team}{' (admin)' if self.is_admin else ''}"
 
 
+class Invitation(models.Model):
+    """A team admin's invitation for a user to join the team: nobody becomes a member of a team
+    without accepting one (or through the admin). Superusers are never invited."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_invitations"
+    )
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    is_admin = models.BooleanField(default=False)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="one_invitation_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.user} invited to {self.team}{' (admin)' if self.is_admin else ''}"
+
+    @classmethod
+    def invite(cls, team: Team, username: str, invited_by, is_admin: bool) -> None:
+        """Invite the active account called `username` if there is one that is not a superuser
+        and not in the team yet; the caller is never told whether there was."""
+        from django.contrib.auth import get_user_model
+
+        user = (
+            get_user_model()
+            .objects.filter(username=username, is_active=True, is_superuser=False)
+            .exclude(memberships__team=team)
+            .first()
+        )
+        if user is not None:
+            cls.objects.update_or_create(
+                team=team, user=user, defaults={"invited_by": invited_by, "is_admin": is_admin}
+            )
+
+    def accept(self) -> Membership:
+        with transaction.atomic():
+            membership, _ = Membership.objects.get_or_create(
+                team=self.team, user=self.user, defaults={"is_admin": self.is_admin}
+            )
+            self.delete()
+        return membership
+
+
 def _remove_folders(folders: list[Path]) -> None:
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)

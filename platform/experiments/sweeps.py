@@ -24,6 +24,11 @@ from experiments.models import Experiment, Run, Team, validation_context
 from rlcore import presets as rl_presets
 from rlcore.config import RunConfig, StalenessConfig, error_list
 
+# RunConfig nests a few levels at most (algorithm.params.<knob>); a submitted config or staleness
+# setting nested deeper than this is refused before anything walks it recursively (Python's
+# recursion limit is about a thousand frames).
+MAX_DEPTH = 32
+
 # Where a grid axis lands in RunConfig, and the name the submitter used for it.
 _AXIS_FIELDS = {"algorithm.preset": "presets", "seed": "seeds"}
 
@@ -60,6 +65,24 @@ def _submitted_name(dotted: str) -> str:
         if dotted == prefix or dotted.startswith(prefix + "."):
             return name
     return dotted
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether `value` nests mappings and lists more than MAX_DEPTH levels deep (without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > MAX_DEPTH:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _depth_error(what: str) -> str:
+    return f"{what} is nested more than {MAX_DEPTH} levels deep; the maximum depth is {MAX_DEPTH}"
 
 
 def _unstorable(value: Any) -> str | None:
@@ -173,8 +196,12 @@ def expand(
                 f"the grid has {size} runs, more than the limit of {settings.LAB_MAX_SWEEP_RUNS}; split it",
             )
         )
-    if problem := _unstorable(base):
+    if _too_deep(base):
+        errors.append(("config", _depth_error("the config")))
+    elif problem := _unstorable(base):
         errors.append(("config", problem))
+    if any(_too_deep(setting) for setting in staleness):
+        errors.append(("staleness", _depth_error("a staleness setting")))
     if errors:
         raise SweepError(errors)
     # Reported with the grid's own errors, so that one submission shows every problem.

@@ -15,8 +15,10 @@ import re
 
 import numpy as np
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.db import IntegrityError, transaction
+from django.core.exceptions import NON_FIELD_ERRORS
+from django.db import transaction
 from django.db.models import Case, Count, F, Q, Value, When, Window
 from django.db.models.functions import RowNumber
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -26,12 +28,13 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from experiments import compare, curves, sweeps
-from experiments.forms import TEMPLATES, AddMemberForm, SweepForm, TeamForm
+from experiments.forms import TEMPLATES, InviteForm, LoginForm, SweepForm, TeamForm
 from experiments.models import (
     ApiToken,
     Completion,
     Experiment,
     ExperimentActive,
+    Invitation,
     Membership,
     MetricPoint,
     Run,
@@ -50,6 +53,19 @@ RUN_LIST_LIMIT = 500
 def health(request: HttpRequest) -> JsonResponse:
     """Liveness for load balancers and tests; also shows the stdlib `platform` module works here."""
     return JsonResponse({"status": "ok", "system": platform.system(), "python": platform.python_version()})
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login page; a login refused by the rate limits is a 429 with Retry-After."""
+
+    form_class = LoginForm
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        if form.has_error(NON_FIELD_ERRORS, "throttled"):
+            response.status_code = 429
+            response["Retry-After"] = str(self.request.login_retry_after)
+        return response
 
 
 @login_required
@@ -487,6 +503,8 @@ def run_retry(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 def team_list(request: HttpRequest) -> HttpResponse:
+    """The user's teams and the invitations waiting for them; POST creates a team, whose admin
+    its creator is."""
     form = TeamForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         with transaction.atomic():
@@ -494,7 +512,10 @@ def team_list(request: HttpRequest) -> HttpResponse:
             Membership.objects.create(team=team, user=request.user, is_admin=True)
         return redirect("team-detail", team.pk)
     teams = Team.objects.filter(members=request.user).annotate(n_members=Count("memberships"))
-    return render(request, "experiments/teams.html", {"teams": teams, "form": form})
+    invitations = request.user.team_invitations.select_related("team", "invited_by").order_by("created")
+    return render(
+        request, "experiments/teams.html", {"teams": teams, "form": form, "invitations": invitations}
+    )
 
 
 def _team(request: HttpRequest, team_id: int) -> Team:
@@ -503,28 +524,48 @@ def _team(request: HttpRequest, team_id: int) -> Team:
 
 @login_required
 def team_detail(request: HttpRequest, team_id: int) -> HttpResponse:
+    """A team's members; its admins invite users by username (POST). The answer is the same
+    whether or not such an account exists, and superusers are never invited."""
     team = _team(request, team_id)
     is_admin = team.is_admin(request.user)
-    form = AddMemberForm(request.POST or None)
+    form = InviteForm(request.POST or None)
     if request.method == "POST":
         if not is_admin:
-            messages.error(request, "Only team admins can add members; ask one of them.")
+            messages.error(request, "Only team admins can invite members; ask one of them.")
             return redirect("team-detail", team.pk)
         if form.is_valid():
-            try:
-                Membership.objects.create(
-                    team=team, user=form.cleaned_data["username"], is_admin=form.cleaned_data["is_admin"]
-                )
-            except IntegrityError:
-                form.add_error("username", f"{form.cleaned_data['username']} is already a member of {team}")
-            else:
-                return redirect("team-detail", team.pk)
+            username = form.cleaned_data["username"]
+            Invitation.invite(team, username, request.user, form.cleaned_data["is_admin"])
+            messages.success(
+                request,
+                f"If {username!r} is an account that can join {team}, it now has an invitation; "
+                "it becomes a member when its owner accepts it under Teams.",
+            )
+            return redirect("team-detail", team.pk)
     memberships = team.memberships.select_related("user").order_by("user__username")
     return render(
         request,
         "experiments/team.html",
         {"team": team, "memberships": memberships, "is_admin": is_admin, "form": form},
     )
+
+
+@login_required
+@require_POST
+def invitation_accept(request: HttpRequest, invitation_id: int) -> HttpResponse:
+    invitation = get_object_or_404(request.user.team_invitations.select_related("team"), pk=invitation_id)
+    membership = invitation.accept()
+    messages.success(request, f"You joined {membership.team}{' as an admin' if membership.is_admin else ''}.")
+    return redirect("team-detail", membership.team_id)
+
+
+@login_required
+@require_POST
+def invitation_decline(request: HttpRequest, invitation_id: int) -> HttpResponse:
+    invitation = get_object_or_404(request.user.team_invitations.select_related("team"), pk=invitation_id)
+    invitation.delete()
+    messages.success(request, f"Declined the invitation to {invitation.team}.")
+    return redirect("team-list")
 
 
 @login_required

@@ -82,6 +82,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "lab.middleware.ContentSecurityPolicyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -91,6 +92,24 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# Every response's Content-Security-Policy: scripts only from our own static files (no inline
+# scripts or event handlers anywhere, the admin's and the API docs' included), nothing loaded
+# from other hosts, no framing. Styles may be inline: Plotly injects a stylesheet and sets style
+# attributes on the charts it draws. SecurityMiddleware adds nosniff, Referrer-Policy and
+# Cross-Origin-Opener-Policy; XFrameOptionsMiddleware X-Frame-Options: DENY.
+CONTENT_SECURITY_POLICY = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'", "'unsafe-inline'"],
+    "img-src": ["'self'", "data:", "blob:"],
+    "font-src": ["'self'", "data:"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
 
 ROOT_URLCONF = "lab.urls"
 WSGI_APPLICATION = "lab.wsgi.application"
@@ -131,6 +150,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# Username and password checks, refused past the login rate limits (experiments.throttle).
+AUTHENTICATION_BACKENDS = ["experiments.throttle.ThrottledModelBackend"]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "experiment-list"
 LOGOUT_REDIRECT_URL = "login"
@@ -159,6 +180,38 @@ else:
     CELERY_BROKER_URL = "filesystem://"
     for sub in ("queue", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+
+# Rate limits on guessing (experiments.throttle): failed logins per username and client address,
+# unknown API tokens per client address, each count kept LAB_RATE_WINDOW_S seconds; the header a
+# trusted reverse proxy puts the client's address in (empty: the peer's address).
+LAB_LOGIN_FAILURE_LIMIT = int(os.environ.get("LAB_LOGIN_FAILURE_LIMIT", 10))
+LAB_TOKEN_FAILURE_LIMIT = int(os.environ.get("LAB_TOKEN_FAILURE_LIMIT", 20))
+LAB_RATE_WINDOW_S = int(os.environ.get("LAB_RATE_WINDOW_S", 900))
+LAB_CLIENT_IP_HEADER = os.environ.get("LAB_CLIENT_IP_HEADER", "")
+for _name in ("LAB_LOGIN_FAILURE_LIMIT", "LAB_TOKEN_FAILURE_LIMIT", "LAB_RATE_WINDOW_S"):
+    if globals()[_name] < 1:
+        raise ImproperlyConfigured(f"{_name} must be at least 1, not {globals()[_name]}")
+
+# Django's cache holds the rate limits' counts: Redis when REDIS_URL is set (every web process
+# sees the same counts; short timeouts, as the limits fail open when it is down), else files.
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "lab",
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+        }
+    }
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": VAR_DIR / "django-cache",
+            "TIMEOUT": LAB_RATE_WINDOW_S,
+            "OPTIONS": {"MAX_ENTRIES": 10_000},
+        }
+    }
 
 # Run bookkeeping; durations in seconds.
 LAB_DATA_ROOTS = _paths("LAB_DATA_ROOTS", VAR_DIR / "data")

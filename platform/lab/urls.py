@@ -13,7 +13,7 @@ urlpatterns = [
     path("health", views.health, name="health"),
     # Browsers ask for /favicon.ico on pages without our <link rel=icon> (the admin, the API docs).
     path("favicon.ico", RedirectView.as_view(url=static("experiments/favicon.svg"), permanent=True)),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
@@ -51,6 +51,10 @@ urlpatterns = [
     path("account/tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api-token-revoke"),
     path("teams/", views.team_list, name="team-list"),
     path("teams/<int:team_id>/", views.team_detail, name="team-detail"),
+    path("teams/invitations/<int:invitation_id>/accept/", views.invitation_accept, name="invitation-accept"),
+    path(
+        "teams/invitations/<int:invitation_id>/decline/", views.invitation_decline, name="invitation-decline"
+    ),
     path(
         "teams/<int:team_id>/members/<int:membership_id>/remove/",
         views.team_remove_member,

@@ -203,6 +203,28 @@ def worker(worker_env, tmp_path_factory) -> Iterator[WorkerProcess]:
     process.stop()
 
 
+def forget_rate_limit_counts() -> None:
+    """Drop the failed logins and token checks counted so far (experiments.throttle keeps them in
+    the cache for LAB_RATE_WINDOW_S, across tests and test runs)."""
+    from django.conf import settings
+    from django.core.cache import cache
+
+    if settings.REDIS_URL:
+        client = cache._cache.get_client(write=True)
+        keys = list(client.scan_iter(match=cache.make_key("throttle:*")))
+        if keys:
+            client.delete(*keys)
+    else:
+        cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def no_rate_limit_counts() -> Iterator[None]:
+    forget_rate_limit_counts()
+    yield
+    forget_rate_limit_counts()
+
+
 @pytest.fixture
 def team(django_user_model):
     from experiments.models import Membership, Team

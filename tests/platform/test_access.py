@@ -111,14 +111,16 @@ def test_cancel_and_retry_buttons_move_a_queued_run(alice_client, run):
     assert "only failed, cancelled or lost runs can be retried" in response.content.decode()
 
 
-def test_team_admins_add_and_remove_members_and_members_cannot(alice_client, team, bob):
+def test_team_admins_invite_and_remove_members_and_members_cannot(alice_client, team, bob):
     url = reverse("team-detail", args=[team.pk])
     assert alice_client.post(url, {"username": "bob"}).status_code == 302
-    assert team.members.filter(username="bob").exists()
-    assert "no active user is called" in alice_client.post(url, {"username": "carol"}).content.decode()
+    assert not team.members.filter(username="bob").exists(), "bob joins only when he accepts"
 
     bob_browser = Client()
     bob_browser.force_login(bob)
+    invitation = bob.team_invitations.get(team=team)
+    bob_browser.post(reverse("invitation-accept", args=[invitation.pk]))
+    assert team.members.filter(username="bob").exists()
     alice_membership = team.memberships.get(user__username="alice")
     bob_browser.post(reverse("team-remove-member", args=[team.pk, alice_membership.pk]))
     assert team.members.filter(username="alice").exists(), "a plain member cannot remove anyone"

@@ -439,3 +439,36 @@ def test_the_cpu_demo_template_fills_the_form_with_the_demo_grid(alice_client, t
         alice_client.get(reverse("submit-sweep"), {"template": "nope"}).context["form"]["seeds"].value()
         == "0"
     )
+
+
+def nested(depth: int) -> str:
+    """A JSON object `depth` levels deep, written out (json.dumps would itself hit the recursion limit)."""
+    return '{"a": ' * (depth - 1) + "{}" + "}" * (depth - 1)
+
+
+@pytest.mark.parametrize("depth", [500, 900])
+@pytest.mark.parametrize("team_name", ["team-a", "team-b"], ids=["own team", "a team she is not in"])
+def test_a_deeply_nested_config_is_422_naming_the_field_and_the_maximum_depth(api, team_name, depth):
+    body = json.dumps(sweep_body(team=team_name, config={})).replace(
+        '"config": {}', f'"config": {nested(depth)}'
+    )
+    response = api("/api/sweeps", body)
+    assert response.status_code == 422, response.content
+    detail = response.json()["detail"]
+    assert any(d["field"] == "config" and "the maximum depth is 32" in d["msg"] for d in detail), detail
+    assert any(d["field"] == "team" for d in detail) == (team_name == "team-b"), detail
+    assert Run.objects.count() == 0 and queued_messages() == 0
+
+
+def test_a_deeply_nested_staleness_setting_is_422(api):
+    body = json.dumps(sweep_body(staleness=[])).replace('"staleness": []', f'"staleness": [{nested(600)}]')
+    response = api("/api/sweeps", body)
+    assert response.status_code == 422, response.content
+    assert {d["field"] for d in response.json()["detail"]} == {"staleness"}
+    assert "the maximum depth is 32" in response.json()["detail"][0]["msg"]
+
+
+def test_a_config_at_the_maximum_depth_is_judged_by_runconfig(api):
+    body = json.dumps(sweep_body(config={})).replace('"config": {}', f'"config": {nested(32)}')
+    detail = api("/api/sweeps", body).json()["detail"]
+    assert [d["field"] for d in detail] == ["config.a"] and "Extra inputs" in detail[0]["msg"], detail

@@ -1,6 +1,7 @@
 """`python manage.py up` (what `make up` runs): migrate, make a first user, serve, work.
 
-Starts gunicorn (the site, static files through whitenoise) and one Celery worker per queue
+Starts gunicorn (`web_command`: the site on its ASGI worker, so slow clients hold no thread;
+static files through whitenoise) and one Celery worker per queue
 in `settings.UP_WORKER_QUEUES` (a training worker on `cpu`, a rollout worker on `rollout`) as
 child processes, each told to use
 `LAB_TORCH_THREADS` threads, prints the URL, and stops them all on Ctrl-C or when any
@@ -44,6 +45,47 @@ def worker_env() -> dict[str, str]:
     }
 
 
+def web_command(host: str, port: int) -> list[str]:
+    """The web server: gunicorn's ASGI worker serving `lab.asgi`.
+
+    Each worker reads requests on an asyncio event loop and hands Django only a complete request
+    (headers and body), so a client that sends slowly holds a socket, never a thread; up to
+    `--worker-connections` sockets per worker. A request still unanswered after `--timeout` s
+    ends with its connection; header lines, their number and size are capped.
+    """
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "lab.asgi",
+        "--pythonpath",
+        str(Path(settings.REPO_DIR, "platform")),
+        "--bind",
+        f"{host}:{port}",
+        "--worker-class",
+        "asgi",
+        "--workers",
+        "2",
+        "--worker-connections",
+        "1000",
+        "--timeout",
+        "60",
+        "--graceful-timeout",
+        "5",
+        "--keep-alive",
+        "5",
+        "--limit-request-line",
+        "8190",
+        "--limit-request-fields",
+        "100",
+        "--limit-request-field_size",
+        "8190",
+        "--no-control-socket",
+        "--access-logfile",
+        "-",
+    ]
+
+
 def create_first_user() -> tuple[str, str] | None:
     """An admin user and a team on the first start; (username, password), or None if users exist."""
     users = get_user_model()
@@ -77,28 +119,7 @@ class Command(BaseCommand):
 
         repo = settings.REPO_DIR
         children = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "gunicorn",
-                    "lab.wsgi",
-                    "--pythonpath",
-                    str(Path(repo, "platform")),
-                    "--bind",
-                    f"{host}:{port}",
-                    "--workers",
-                    "2",
-                    "--threads",
-                    "4",
-                    "--graceful-timeout",
-                    "5",
-                    "--no-control-socket",
-                    "--access-logfile",
-                    "-",
-                ],
-                cwd=repo,
-            ),
+            subprocess.Popen(web_command(host, port), cwd=repo),
             *(
                 subprocess.Popen(
                     worker_command(queue, f"{queue}-{os.getpid()}@%h"), cwd=repo, env=worker_env()

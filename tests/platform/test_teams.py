@@ -1,0 +1,116 @@
+"""Teams by consent: only a team's admins invite, a user joins only by accepting, the answer to
+an invitation never tells whether an account exists, superusers are never invited, and anyone
+can create a team of which they are the admin."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from experiments.models import Invitation, Membership
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def users(django_user_model):
+    made = {
+        name: django_user_model.objects.create_user(name, password=f"{name}-password-1")
+        for name in ("bob", "carol", "dave")
+    }
+    made["root"] = django_user_model.objects.create_superuser("root", password="root-password-1")
+    made["gone"] = django_user_model.objects.create_user("gone", password="gone-password-1", is_active=False)
+    return made
+
+
+def browser(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def invite(client: Client, team, username: str, **extra) -> tuple[str, list[str]]:
+    """Post the invitation form; where it redirected to and the messages the next page shows."""
+    url = reverse("team-detail", args=[team.pk])
+    response = client.post(url, {"username": username, **extra}, follow=True)
+    return response.redirect_chain[-1][0], [str(m) for m in response.context["messages"]]
+
+
+def test_an_invited_user_joins_only_by_accepting(alice_client, team, users):
+    bob = users["bob"]
+    assert invite(alice_client, team, "bob", is_admin="on")[0] == reverse("team-detail", args=[team.pk])
+    assert not team.members.filter(pk=bob.pk).exists()
+
+    teams_page = browser(bob).get(reverse("team-list")).content.decode()
+    assert 'id="invitations"' in teams_page and team.name in teams_page and "alice" in teams_page
+    invitation = bob.team_invitations.get()
+    response = browser(bob).post(reverse("invitation-accept", args=[invitation.pk]))
+    assert response["Location"] == reverse("team-detail", args=[team.pk])
+    assert Membership.objects.get(team=team, user=bob).is_admin
+    assert not Invitation.objects.exists()
+
+
+def test_a_declined_invitation_leaves_no_membership(alice_client, team, users):
+    carol = users["carol"]
+    invite(alice_client, team, "carol")
+    invitation = carol.team_invitations.get()
+    assert browser(carol).post(reverse("invitation-decline", args=[invitation.pk])).status_code == 302
+    assert not team.members.filter(pk=carol.pk).exists() and not Invitation.objects.exists()
+
+
+def test_the_answer_is_the_same_whether_or_not_an_account_exists(alice_client, team, users):
+    answers = {name: invite(alice_client, team, name) for name in ("bob", "nobody", "root", "gone", "alice")}
+    neutral = {
+        name: (location, [m.replace(repr(name), "NAME") for m in messages])
+        for name, (location, messages) in answers.items()
+    }
+    assert len({repr(answer) for answer in neutral.values()}) == 1, answers
+    location, messages = answers["nobody"]
+    assert location == reverse("team-detail", args=[team.pk]) and messages == [
+        "If 'nobody' is an account that can join team-a, it now has an invitation; "
+        "it becomes a member when its owner accepts it under Teams."
+    ]
+    # Only bob, an active account outside the team that is no superuser, was invited.
+    assert list(Invitation.objects.values_list("user__username", flat=True)) == ["bob"]
+    assert team.members.count() == 1
+
+
+def test_superusers_are_never_invited_nor_added(alice_client, team, users):
+    root = users["root"]
+    invite(alice_client, team, "root", is_admin="on")
+    assert not root.team_invitations.exists() and not team.members.filter(pk=root.pk).exists()
+    assert 'id="invitations"' not in browser(root).get(reverse("team-list")).content.decode()
+
+
+def test_members_who_are_not_admins_cannot_invite_anyone(alice_client, team, users):
+    bob, carol = users["bob"], users["carol"]
+    Membership.objects.create(team=team, user=bob)
+    for username in ("carol", "nobody"):
+        assert invite(browser(bob), team, username)[1] == [
+            "Only team admins can invite members; ask one of them."
+        ]
+    assert not Invitation.objects.exists() and not team.members.filter(pk=carol.pk).exists()
+    page = browser(bob).get(reverse("team-detail", args=[team.pk])).content.decode()
+    assert 'id="invite"' not in page
+
+
+def test_outsiders_cannot_invite_and_only_the_invitee_answers_an_invitation(alice_client, team, users):
+    dave = users["dave"]
+    assert browser(dave).post(reverse("team-detail", args=[team.pk]), {"username": "dave"}).status_code == 404
+    assert not Invitation.objects.exists()
+
+    invite(alice_client, team, "bob")
+    invitation = Invitation.objects.get()
+    for name in ("accept", "decline"):
+        assert browser(dave).post(reverse(f"invitation-{name}", args=[invitation.pk])).status_code == 404
+        assert alice_client.post(reverse(f"invitation-{name}", args=[invitation.pk])).status_code == 404
+    assert browser(users["bob"]).get(reverse("invitation-accept", args=[invitation.pk])).status_code == 405
+    assert Invitation.objects.get() == invitation and not team.members.filter(username="bob").exists()
+
+
+def test_any_user_can_create_a_team_and_is_its_admin(users):
+    dave = users["dave"]
+    response = browser(dave).post(reverse("team-list"), {"name": "dave's team"})
+    team = dave.teams.get()
+    assert response["Location"] == reverse("team-detail", args=[team.pk])
+    assert team.name == "dave's team" and team.is_admin(dave) and team.members.count() == 1
