@@ -4,9 +4,9 @@
 `execute(run_id, attempt)` is the plain entry point (the task only calls it): claim the
 oldest queued run of that run's queue (first in, first out), train it with a `DatabaseSink`
 — and, in the distributed and async execution modes, with a `DatabaseSource` whose batches
-rollout workers make — and end it `succeeded`, `cancelled` or `failed` with the reason. A
-message that finds no queued run on its queue (a duplicate, or one redelivered after its run
-was executed) does nothing. Every worker also runs the reaper in a background thread, so a
+rollout workers make — and end it `succeeded`, `cancelled` or `failed` with the reason (a failed
+run's summary is computed from the points it logged). A message that finds no queued run on its
+queue (a duplicate, or one redelivered after its run was executed) does nothing. Every worker also runs the reaper in a background thread, so a
 run whose worker died is re-queued as soon as any worker is alive; `python manage.py reap`
 does the same once by hand. The same thread records the worker's own heartbeat
 (`Worker.seen`, with the queues it listens on), so the platform can tell a queue no live
@@ -67,7 +67,8 @@ def execute(run_id: int, attempt: int) -> str:
     except Exception as exc:
         log.exception("run %s attempt %s failed", run_id, attempt)
         sink.close()
-        run.fail(worker, f"{type(exc).__name__}: {exc}")
+        # The summary of what it logged before it failed (`Run.summary_from_points`).
+        run.fail(worker, f"{type(exc).__name__}: {exc}", source.summary() if source is not None else None)
         RolloutJob.cancel_for(run)
         return f"run {run_id} attempt {attempt}: failed"
     sink.close()

@@ -110,6 +110,7 @@ class RunOut(Schema):
     finished: datetime | None
     error: str
     summary: dict[str, float | None]
+    collapsed: bool | None
 
 
 class WarmStartOut(Schema):

@@ -25,7 +25,7 @@ from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from experiments import compare, curves, sweeps
+from experiments import collapse, compare, curves, sweeps
 from experiments.forms import TEMPLATES, AddMemberForm, SweepForm, TeamForm
 from experiments.models import (
     ApiToken,
@@ -191,6 +191,11 @@ def _compare_page(request: HttpRequest, context: dict) -> HttpResponse:
             "x_axes": curves.X_AXES,
             "bands": curves.BANDS,
             "rules": curves.RULES,
+            "collapse_rule": {
+                "fraction": collapse.NEAR_ZERO_FRACTION,
+                "min_best": collapse.MIN_BEST,
+                "min_evals": collapse.MIN_EVALS,
+            },
         },
     )
 
@@ -414,6 +419,7 @@ def _run_context(run: Run) -> dict:
     return {
         "run": run,
         "report": run.progress_report(),
+        "collapse": run.collapse() if run.collapsed else None,
         "job_counts": {status: n for status, n in job_counts.items() if n},
         "n_jobs": n_jobs,
         "rollout_jobs": run.latest_rollout_jobs(ROLLOUT_JOBS_SHOWN) if n_jobs else [],
