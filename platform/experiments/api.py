@@ -39,11 +39,13 @@ api = NinjaAPI(title="Off-Policy Lab", version="1", auth=TokenAuth(), urls_names
 
 @api.exception_handler(ValidationError)
 def request_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
-    """Malformed requests get the same 422 shape as invalid sweeps: loc, field, msg."""
+    """Malformed requests get the same 422 shape as invalid sweeps: loc, field, msg. The field is
+    the location without its source (`query`, `path`) and, in a body, without the body's name."""
     detail = [
         {
             "loc": e["loc"],
-            "field": ".".join(str(part) for part in e["loc"][2:]) or e["loc"][0],
+            "field": ".".join(str(part) for part in e["loc"][2 if e["loc"][0] == "body" else 1 :])
+            or e["loc"][0],
             "msg": e["msg"],
         }
         for e in exc.errors
@@ -81,6 +83,48 @@ class ExperimentOut(Schema):
     active: int
 
 
+API_PAGE_LIMIT = 100
+API_MAX_LIMIT = 1000
+MAX_OFFSET = 2**63 - 1  # PostgreSQL's OFFSET is a bigint
+
+
+class PageParams(Schema):
+    limit: int = Field(API_PAGE_LIMIT, ge=1, le=API_MAX_LIMIT, description="items per page")
+    offset: int = Field(0, ge=0, le=MAX_OFFSET, description="items to skip")
+
+
+class PageOut(Schema):
+    count: int = Field(description="items in all, on every page")
+    limit: int
+    offset: int
+    next: str | None = Field(description="URL of the next page; null on the last")
+    previous: str | None = Field(description="URL of the previous page; null on the first")
+
+
+class ExperimentPageOut(PageOut):
+    items: list[ExperimentOut]
+
+
+def _page(request: HttpRequest, items, page: PageParams) -> tuple[list, dict[str, Any]]:
+    """The items of one page of the ordered query `items`, and the page's fields of `PageOut`."""
+    count = items.count()
+    shown = list(items[page.offset : page.offset + page.limit])
+
+    def url(offset: int) -> str:
+        query = request.GET.copy()
+        query["offset"], query["limit"] = str(offset), str(page.limit)
+        return request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+
+    fields = {
+        "count": count,
+        "limit": page.limit,
+        "offset": page.offset,
+        "next": url(page.offset + page.limit) if page.offset + page.limit < count else None,
+        "previous": url(max(0, page.offset - page.limit)) if page.offset > 0 else None,
+    }
+    return shown, fields
+
+
 class CancelledOut(Schema):
     cancelled: int = Field(description="runs cancelled: queued ones at once, running ones at their next step")
 
@@ -111,6 +155,10 @@ class RunOut(Schema):
     error: str
     summary: dict[str, float | None]
     collapsed: bool | None
+
+
+class RunPageOut(PageOut):
+    items: list[RunOut]
 
 
 class WarmStartOut(Schema):
@@ -193,9 +241,10 @@ def submit_sweep(request: HttpRequest, sweep: SweepIn):
     )
 
 
-@api.get("/experiments", response=list[ExperimentOut])
-def list_experiments(request: HttpRequest, archived: bool = False):
-    """Experiments of your teams, newest first; archived ones too with `archived=true`."""
+@api.get("/experiments", response=ExperimentPageOut)
+def list_experiments(request: HttpRequest, page: Query[PageParams], archived: bool = False):
+    """Experiments of your teams, newest first, `limit` at a time from `offset`; archived ones too
+    with `archived=true`."""
     experiments = (
         Experiment.visible_to(request.user)
         .select_related("team", "owner")
@@ -204,12 +253,13 @@ def list_experiments(request: HttpRequest, archived: bool = False):
     )
     if not archived:
         experiments = experiments.filter(archived=None)
+    shown, fields = _page(request, experiments, page)
     active = dict(
-        Run.objects.filter(experiment__in=experiments, status__in=Run.ACTIVE)
+        Run.objects.filter(experiment__in=shown, status__in=Run.ACTIVE)
         .values_list("experiment")
         .annotate(n=Count("id"))
     )
-    return [_experiment_out(e, e.n_runs, active.get(e.pk, 0)) for e in experiments]
+    return {**fields, "items": [_experiment_out(e, e.n_runs, active.get(e.pk, 0)) for e in shown]}
 
 
 def _experiment_out(experiment: Experiment, runs: int, active: int) -> dict[str, Any]:
@@ -274,10 +324,12 @@ def delete_experiment(request: HttpRequest, experiment_id: int):
     return {"experiment": experiment_id, **report}
 
 
-@api.get("/experiments/{experiment_id}/runs", response=list[RunOut])
-def list_runs(request: HttpRequest, experiment_id: int):
+@api.get("/experiments/{experiment_id}/runs", response=RunPageOut)
+def list_runs(request: HttpRequest, experiment_id: int, page: Query[PageParams]):
+    """The experiment's runs in the order they were queued, `limit` at a time from `offset`."""
     experiment = get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
-    return [_run_out(run) for run in experiment.runs.all()]
+    shown, fields = _page(request, experiment.runs.order_by("id"), page)
+    return {**fields, "items": [_run_out(run) for run in shown]}
 
 
 @api.get("/runs/{run_id}", response=RunDetailOut)

@@ -16,6 +16,7 @@ import re
 import numpy as np
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.db import IntegrityError, transaction
 from django.db.models import Case, Count, F, Q, Value, When, Window
 from django.db.models.functions import RowNumber
@@ -44,7 +45,8 @@ RECENT_COMPLETIONS = 20
 SAME_PROMPTS = 5
 SAME_PROMPT_RUNS = 12
 ROLLOUT_JOBS_SHOWN = 50
-RUN_LIST_LIMIT = 500
+EXPERIMENTS_PER_PAGE = 25
+RUNS_PER_PAGE = 100
 
 
 def health(request: HttpRequest) -> JsonResponse:
@@ -52,8 +54,38 @@ def health(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok", "system": platform.system(), "python": platform.python_version()})
 
 
+def _paginate(request: HttpRequest, items, per_page: int) -> dict:
+    """Page `?page=` of `items` (an ordered query) for a template: `page`, and `previous_url` and
+    `next_url` (the same query string with another page, or None). A page that is not a whole
+    number or lies past the last one shows the first or the last page and says so."""
+    paginator = Paginator(items, per_page)
+    text = request.GET.get("page", "1")
+    last = paginator.num_pages
+    number = int(text) if text.isdigit() and len(text) <= 18 else None
+    if number is None or not 1 <= number <= last:
+        shown = 1 if number is None or number < 1 else last
+        messages.error(
+            request,
+            f"page must be a whole number from 1 to {last} (got {text[:50]!r}); showing page {shown}",
+        )
+        number = shown
+    page = paginator.page(number)
+
+    def url(n: int) -> str:
+        query = request.GET.copy()
+        query["page"] = str(n)
+        return "?" + query.urlencode()
+
+    return {
+        "page": page,
+        "previous_url": url(page.previous_page_number()) if page.has_previous() else None,
+        "next_url": url(page.next_page_number()) if page.has_next() else None,
+    }
+
+
 @login_required
 def experiment_list(request: HttpRequest) -> HttpResponse:
+    """Experiments of the user's teams, newest first, `EXPERIMENTS_PER_PAGE` a page."""
     teams = Team.objects.filter(members=request.user)
     experiments = (
         Experiment.visible_to(request.user)
@@ -74,7 +106,12 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "experiments/list.html",
-        {"experiments": experiments, "teams": teams, "team_id": team_id, "show_archived": show_archived},
+        {
+            **_paginate(request, experiments, EXPERIMENTS_PER_PAGE),
+            "teams": teams,
+            "team_id": team_id,
+            "show_archived": show_archived,
+        },
     )
 
 
@@ -302,8 +339,8 @@ def runs_compare_summary(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def run_list(request: HttpRequest) -> HttpResponse:
-    """Runs of the user's teams, filtered by team, experiment, preset, staleness or status, with
-    check boxes to compare any of them."""
+    """Runs of the user's teams, newest first, `RUNS_PER_PAGE` a page, filtered by team, experiment,
+    preset, staleness or status, with check boxes to compare any of them."""
     runs = Run.visible_to(request.user).select_related("experiment__team").order_by("-pk")
     filters = {
         "team": "experiment__team_id",
@@ -330,15 +367,12 @@ def run_list(request: HttpRequest) -> HttpResponse:
             messages.error(request, f"{name} must be at most 100 characters, without NUL; not filtered")
         else:
             runs = runs.filter(**{filters[name]: value})
-    shown = list(runs[: RUN_LIST_LIMIT + 1])
     visible = Run.visible_to(request.user)
     return render(
         request,
         "experiments/runs.html",
         {
-            "runs": shown[:RUN_LIST_LIMIT],
-            "truncated": len(shown) > RUN_LIST_LIMIT,
-            "limit": RUN_LIST_LIMIT,
+            **_paginate(request, runs, RUNS_PER_PAGE),
             "chosen": chosen,
             "teams": Team.objects.filter(members=request.user),
             "experiments": experiments[:200],
