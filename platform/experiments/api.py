@@ -23,7 +23,9 @@ from ninja.security import HttpBearer
 from pydantic import StringConstraints
 
 from experiments import compare, curves, sweeps
+from experiments.api_schemas import ComparisonOut, DocumentedAs, responses
 from experiments.models import ApiToken, Experiment, ExperimentActive, MetricPoint, Run, Team
+from rlcore.config import RunConfig, StalenessConfig
 
 
 class TokenAuth(HttpBearer):
@@ -58,12 +60,18 @@ NoNul = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
 
 class SweepIn(Schema):
     name: Annotated[NoNul, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
-    team: NoNul
+    team: NoNul = Field(description="the name of one of your teams")
     description: NoNul = ""
-    config: dict[str, Any] = {}
-    presets: list[str]
-    staleness: list[dict[str, Any]] = [{}]
-    seeds: list[int] = [0]
+    config: Annotated[dict[str, Any], DocumentedAs(RunConfig)] = Field(
+        {},
+        description="the base RunConfig of every run (any field left out takes its default); "
+        "algorithm.preset, staleness and seed come from presets, staleness and seeds",
+    )
+    presets: list[str] = Field(description="rlcore presets (python -m rlcore presets), one run each")
+    staleness: list[Annotated[dict[str, Any], DocumentedAs(StalenessConfig)]] = Field(
+        [{}], description="staleness settings, one run each; {} is on-policy"
+    )
+    seeds: list[int] = Field([0], description="seeds, one run each")
 
 
 class SweepOut(Schema):
@@ -140,7 +148,10 @@ class RunOut(Schema):
     id: int
     experiment: int
     preset: str
-    staleness: str
+    staleness: str = Field(
+        description="the staleness setting as a label: on-policy, sync_interval=8, sync_offset=4, offline "
+        "(the numbers are in the run's config)"
+    )
     seed: int
     status: str
     attempt: int
@@ -153,8 +164,15 @@ class RunOut(Schema):
     started: datetime | None
     finished: datetime | None
     error: str
-    summary: dict[str, float | None]
-    collapsed: bool | None
+    summary: dict[str, float | None] = Field(
+        description="once it ended: steps, completed, eval/accuracy_initial and the latest eval/accuracy, "
+        "reward/mean and kl/init (from the points it logged if it failed), collapsed (1 or 0) and "
+        "collapsed_step; weights/* and idle/* of distributed and async runs"
+    )
+    collapsed: bool | None = Field(
+        description="its held-out accuracy fell to near zero and stayed there (experiments.collapse); "
+        "null until it ended"
+    )
 
 
 class RunPageOut(PageOut):
@@ -182,7 +200,9 @@ class ProgressOut(Schema):
 
 
 class RunDetailOut(RunOut):
-    config: dict[str, Any]
+    config: Annotated[dict[str, Any], DocumentedAs(RunConfig)] = Field(
+        description="the fully resolved RunConfig"
+    )
     rollout_jobs: dict[str, int] = Field(
         description="how many of the run's rollout jobs are in each status (distributed and async runs)"
     )
@@ -190,6 +210,13 @@ class RunDetailOut(RunOut):
     provenance: dict[str, Any] = Field(
         description="theta0_sha256, dataset_sha256 (jsonl tasks), rlcore_version, git_commit, torch, "
         "transformers, vllm, device, torch_threads, host; empty until a worker loaded θ0"
+    )
+
+
+class MetricsOut(Schema):
+    run: int
+    metrics: dict[str, list[tuple[int, float | None]]] = Field(
+        description="per metric name its [step, value] points in step order; null for NaN or infinity"
     )
 
 
@@ -224,7 +251,7 @@ def _visible_run(request: HttpRequest, run_id: int) -> Run:
     return get_object_or_404(Run.visible_to(request.user).select_related("experiment"), pk=run_id)
 
 
-@api.post("/sweeps", response={201: SweepOut, 422: dict})
+@api.post("/sweeps", response=responses({201: SweepOut}, 422))
 def submit_sweep(request: HttpRequest, sweep: SweepIn):
     """Create an experiment with one run per preset × staleness setting × seed, and queue them."""
     team = Team.objects.filter(name=sweep.team, members=request.user).first()
@@ -241,7 +268,7 @@ def submit_sweep(request: HttpRequest, sweep: SweepIn):
     )
 
 
-@api.get("/experiments", response=ExperimentPageOut)
+@api.get("/experiments", response=responses({200: ExperimentPageOut}, 422))
 def list_experiments(request: HttpRequest, page: Query[PageParams], archived: bool = False):
     """Experiments of your teams, newest first, `limit` at a time from `offset`; archived ones too
     with `archived=true`."""
@@ -288,13 +315,13 @@ def _counted_experiment_out(experiment: Experiment) -> dict[str, Any]:
     )
 
 
-@api.post("/experiments/{experiment_id}/cancel", response=CancelledOut)
+@api.post("/experiments/{experiment_id}/cancel", response=responses({200: CancelledOut}, 404, 422))
 def cancel_experiment(request: HttpRequest, experiment_id: int):
     """Cancel every queued or running run of the experiment (and their rollout jobs)."""
     return {"cancelled": _visible_experiment(request, experiment_id).cancel()}
 
 
-@api.post("/experiments/{experiment_id}/archive", response=ExperimentOut)
+@api.post("/experiments/{experiment_id}/archive", response=responses({200: ExperimentOut}, 404, 422))
 def archive_experiment(request: HttpRequest, experiment_id: int):
     """Hide the experiment from the lists (`GET /experiments` shows it with `archived=true`)."""
     experiment = _visible_experiment(request, experiment_id)
@@ -302,14 +329,14 @@ def archive_experiment(request: HttpRequest, experiment_id: int):
     return _counted_experiment_out(experiment)
 
 
-@api.post("/experiments/{experiment_id}/unarchive", response=ExperimentOut)
+@api.post("/experiments/{experiment_id}/unarchive", response=responses({200: ExperimentOut}, 404, 422))
 def unarchive_experiment(request: HttpRequest, experiment_id: int):
     experiment = _visible_experiment(request, experiment_id)
     experiment.unarchive()
     return _counted_experiment_out(experiment)
 
 
-@api.delete("/experiments/{experiment_id}", response=DeletedOut)
+@api.delete("/experiments/{experiment_id}", response=responses({200: DeletedOut}, 403, 404, 409, 422))
 def delete_experiment(request: HttpRequest, experiment_id: int):
     """Delete the experiment, its runs, everything they logged and their files. Team admins only;
     409 while a run is queued or running (cancel it first)."""
@@ -324,7 +351,7 @@ def delete_experiment(request: HttpRequest, experiment_id: int):
     return {"experiment": experiment_id, **report}
 
 
-@api.get("/experiments/{experiment_id}/runs", response=RunPageOut)
+@api.get("/experiments/{experiment_id}/runs", response=responses({200: RunPageOut}, 404, 422))
 def list_runs(request: HttpRequest, experiment_id: int, page: Query[PageParams]):
     """The experiment's runs in the order they were queued, `limit` at a time from `offset`."""
     experiment = get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
@@ -332,12 +359,24 @@ def list_runs(request: HttpRequest, experiment_id: int, page: Query[PageParams])
     return {**fields, "items": [_run_out(run) for run in shown]}
 
 
-@api.get("/runs/{run_id}", response=RunDetailOut)
+@api.get("/runs/{run_id}", response=responses({200: RunDetailOut}, 404, 422))
 def get_run(request: HttpRequest, run_id: int):
     return _run_detail_out(_visible_run(request, run_id))
 
 
-@api.get("/runs/{run_id}/metrics")
+@api.get(
+    "/runs/{run_id}/metrics",
+    response=responses({200: MetricsOut}, 404, 422),
+    openapi_extra={
+        "responses": {
+            200: {
+                "content": {
+                    "text/csv": {"schema": {"type": "string", "description": "name,step,value,wall_time"}}
+                }
+            }
+        }
+    },
+)
 def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"] = "json", name: NoNul = ""):
     """Every metric point of the run: JSON `{name: [[step, value], ...]}` or CSV `name,step,value,wall_time`."""
     run = _visible_run(request, run_id)
@@ -387,7 +426,9 @@ def _comparison(request: HttpRequest, runs) -> Any:
         return _query_error(exc)
 
 
-@api.get("/experiments/{experiment_id}/compare", response={200: dict, 422: dict})
+@api.get(
+    "/experiments/{experiment_id}/compare", response=responses({200: ComparisonOut}, 404, 422), by_alias=True
+)
 def compare_experiment(request: HttpRequest, experiment_id: int, params: Query[ComparisonParams]):
     """The experiment's comparison dashboard as data: one metric per (preset, staleness) group,
     seeds aggregated (mean, band, seeds per point) and downsampled, the final value of each group
@@ -396,7 +437,7 @@ def compare_experiment(request: HttpRequest, experiment_id: int, params: Query[C
     return _comparison(request, experiment.runs.all())
 
 
-@api.get("/compare", response={200: dict, 422: dict})
+@api.get("/compare", response=responses({200: ComparisonOut}, 422), by_alias=True)
 def compare_runs(request: HttpRequest, runs: str, params: Query[ComparisonParams]):
     """`compare_experiment` for any runs of your teams, `runs=1,2,3`; a line is one preset of one
     experiment, so seeds of different experiments are never averaged together."""
@@ -407,7 +448,7 @@ def compare_runs(request: HttpRequest, runs: str, params: Query[ComparisonParams
     return _comparison(request, picked)
 
 
-@api.post("/runs/{run_id}/cancel", response=RunDetailOut)
+@api.post("/runs/{run_id}/cancel", response=responses({200: RunDetailOut}, 404, 409, 422))
 def cancel_run(request: HttpRequest, run_id: int):
     """Cancel a queued run now, or a running one at its next step."""
     run = _visible_run(request, run_id)
@@ -416,7 +457,7 @@ def cancel_run(request: HttpRequest, run_id: int):
     return _run_detail_out(run)
 
 
-@api.post("/runs/{run_id}/retry", response=RunDetailOut)
+@api.post("/runs/{run_id}/retry", response=responses({200: RunDetailOut}, 404, 409, 422))
 def retry_run(request: HttpRequest, run_id: int):
     """Queue a new attempt of a failed, cancelled or lost run; it resumes from its last checkpoint."""
     run = _visible_run(request, run_id)

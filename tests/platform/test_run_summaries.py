@@ -5,13 +5,14 @@ accuracies that real runs of the built-in tiny model logged at lr 1, 3e-5 and 5e
 real worker: a run at lr 1 collapses and one at the default lr does not, a succeeded run's
 summary is exactly what its points give, and a run that fails at its first checkpoint (its
 checkpoint folder cannot be created) gets a summary of the points it logged, shown on its page
-and in the API.
+and in the API; the comparison page, in a real headless Chromium, lists the collapsed runs.
 """
 
 from __future__ import annotations
 
 import io
 import shutil
+from datetime import UTC, datetime
 
 import pytest
 from conftest import TINY_CONFIG, wait_for
@@ -183,3 +184,34 @@ def test_a_new_attempt_starts_without_the_last_attempts_summary(team, alice):
     assert run.fail("w1", "RuntimeError: boom") and run.summary["reward/mean"] == 0.25
     assert run.retry() and run.summary["reward/mean"] == 0.25  # shown until a worker takes the new attempt
     assert run.claim("w2", 2) and run.summary == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_comparison_page_lists_collapsed_runs(page, live_server, team, alice):
+    """Runs of two experiments (lr 1 and lr 3e-5) ended with the held-out accuracies real runs logged."""
+    ended = []
+    for lr, accuracies in ((1.0, LR_1), (3e-5, LR_3E_5)):
+        grid = expand({**SHIPPED_TINY, "steps": 10, "optimizer": {"lr": lr}}, ["grpo"], [{}], [0])
+        run = create_experiment(team, alice, f"lr {lr}", "", grid).runs.get()
+        assert run.claim("w", 1)
+        MetricPoint.objects.bulk_create(
+            MetricPoint(run=run, name="eval/accuracy", step=step, value=value, wall_time=datetime.now(UTC))
+            for step, value in accuracies
+        )
+        assert run.finish("w", run.summary_from_points())
+        ended.append(run)
+    collapsed, healthy = ended
+    assert (collapsed.collapsed, healthy.collapsed) == (True, False)
+
+    page.goto(f"{live_server.url}{reverse('runs-compare')}?runs={collapsed.pk},{healthy.pk}")
+    page.wait_for_selector("#compare[data-rendered]", state="attached")
+    box = page.locator("#collapsed-runs")
+    assert box.is_visible() and "at most 0.1 of its own earlier best" in box.inner_text()
+    items = box.locator("li")
+    assert items.count() == 1 and items.first.get_attribute("data-run") == str(collapsed.pk)
+    assert "collapsed at step 2, ended succeeded" in items.first.inner_text()
+    cells = page.locator("#summary td[data-staleness]").all_inner_texts()
+    assert sum("1 collapsed" in text for text in cells) == 1
+    items.first.locator("a").click()
+    page.wait_for_selector("#collapsed")
+    assert "fell from its best, 0.5 at step 0" in page.locator("#collapsed").inner_text()
