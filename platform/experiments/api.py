@@ -4,7 +4,9 @@ Every call needs `Authorization: Bearer <token>` (make one with `python manage.p
 create_token USERNAME`; only its hash is stored). Objects of teams the caller is not a
 member of do not exist for them (404). A sweep is validated exactly like the web form,
 through `RunConfig`; problems come back as 422 with one entry per field. The comparison
-endpoints return exactly what the dashboard draws (`experiments.compare`).
+endpoints return exactly what the dashboard draws (`experiments.compare`). The lists of
+experiments and runs come a page at a time (`limit`, `offset`). Every operation declares its
+responses, errors included (`experiments.api_schemas`), so /api/openapi.json describes it all.
 """
 
 from __future__ import annotations
