@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import shutil
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from conftest import TINY_CONFIG, wait_for
@@ -215,3 +215,30 @@ def test_the_comparison_page_lists_collapsed_runs(page, live_server, team, alice
     items.first.locator("a").click()
     page.wait_for_selector("#collapsed")
     assert "fell from its best, 0.5 at step 0" in page.locator("#collapsed").inner_text()
+
+
+@pytest.mark.django_db
+def test_a_run_reaped_with_a_cancel_pending_keeps_a_summary_of_its_points(team, alice):
+    run = create_experiment(team, alice, "gone", "", expand(TINY_CONFIG, ["grpo"], [{}], [0])).runs.get()
+    assert run.claim("w1", 1)
+    MetricPoint.objects.bulk_create(
+        MetricPoint(run=run, name=name, step=step, value=value, wall_time=run.started)
+        for name, step, value in [
+            ("eval/accuracy", 0, 0.25),
+            ("reward/mean", 1, 0.5),
+            ("reward/mean", 2, 0.75),
+        ]
+    )
+    assert run.cancel()
+    Run.objects.filter(pk=run.pk).update(heartbeat=run.started - timedelta(hours=1))
+    assert Run.reap() == [run]
+    run.refresh_from_db()
+    assert run.status == Run.CANCELLED
+    assert run.summary == {
+        "steps": 2.0,
+        "completed": 0.0,
+        "eval/accuracy_initial": 0.25,
+        "eval/accuracy": 0.25,
+        "reward/mean": 0.75,
+        "collapsed": 0.0,
+    }
