@@ -5,9 +5,9 @@
 oldest queued run of that run's queue (first in, first out), train it with a `DatabaseSink`
 — and, in the distributed and async execution modes, with a `DatabaseSource` whose batches
 rollout workers make — under the run's memory ceiling (`LAB_RUN_MEMORY_MB`, `workers.memory`),
-and end it `succeeded`, `cancelled` or `failed` with the reason. A
-message that finds no queued run on its queue (a duplicate, or one redelivered after its run
-was executed) does nothing. Every worker also runs the reaper in a background thread, so a
+and end it `succeeded`, `cancelled` or `failed` with the reason (a failed run's summary is
+computed from the points it logged). A message that finds no queued run on its queue (a
+duplicate, or one redelivered after its run was executed) does nothing. Every worker also runs the reaper in a background thread, so a
 run whose worker died is re-queued as soon as any worker is alive; `python manage.py reap`
 does the same once by hand. The same thread records the worker's own heartbeat
 (`Worker.seen`, with the queues it listens on), so the platform can tell a queue no live
@@ -88,7 +88,14 @@ def execute(run_id: int, attempt: int) -> str:
             connection.close()  # the interruption may have cut a query short: reconnect afresh
         sink.close()
         # Over its memory ceiling: failed with the reason, never re-queued (only a manual retry).
-        retry_db(run.fail)(worker, str(exc) if over_memory else f"{type(exc).__name__}: {exc}")
+        # The summary is what it logged before it failed (`Run.summary_from_points`).
+        execution = None
+        if source is not None:
+            try:
+                execution = source.summary()
+            except Exception:
+                log.exception("run %s: no execution report for the failed attempt", run_id)
+        retry_db(run.fail)(worker, str(exc) if over_memory else f"{type(exc).__name__}: {exc}", execution)
         retry_db(RolloutJob.cancel_for)(run)
         return f"run {run_id} attempt {attempt}: failed"
     sink.close()

@@ -4,7 +4,9 @@ Every call needs `Authorization: Bearer <token>` (make one with `python manage.p
 create_token USERNAME`; only its hash is stored). Objects of teams the caller is not a
 member of do not exist for them (404). A sweep is validated exactly like the web form,
 through `RunConfig`; problems come back as 422 with one entry per field. The comparison
-endpoints return exactly what the dashboard draws (`experiments.compare`).
+endpoints return exactly what the dashboard draws (`experiments.compare`). The lists of
+experiments and runs come a page at a time (`limit`, `offset`). Every operation declares its
+responses, errors included (`experiments.api_schemas`), so /api/openapi.json describes it all.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from ninja.security import HttpBearer
 from pydantic import StringConstraints
 
 from experiments import compare, curves, sweeps, throttle
+from experiments.api_schemas import ComparisonOut, DocumentedAs, responses
 from experiments.models import ApiToken, Experiment, ExperimentActive, MetricPoint, Run, Team
+from rlcore.config import RunConfig, StalenessConfig
 
 
 class TokenAuth(HttpBearer):
@@ -63,11 +67,13 @@ def too_many_requests(request: HttpRequest, exc: TooManyRequests) -> HttpRespons
 
 @api.exception_handler(ValidationError)
 def request_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
-    """Malformed requests get the same 422 shape as invalid sweeps: loc, field, msg."""
+    """Malformed requests get the same 422 shape as invalid sweeps: loc, field, msg. The field is
+    the location without its source (`query`, `path`) and, in a body, without the body's name."""
     detail = [
         {
             "loc": e["loc"],
-            "field": ".".join(str(part) for part in e["loc"][2:]) or e["loc"][0],
+            "field": ".".join(str(part) for part in e["loc"][2 if e["loc"][0] == "body" else 1 :])
+            or e["loc"][0],
             "msg": e["msg"],
         }
         for e in exc.errors
@@ -80,12 +86,18 @@ NoNul = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
 
 class SweepIn(Schema):
     name: Annotated[NoNul, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
-    team: NoNul
+    team: NoNul = Field(description="the name of one of your teams")
     description: NoNul = ""
-    config: dict[str, Any] = {}
-    presets: list[str]
-    staleness: list[dict[str, Any]] = [{}]
-    seeds: list[int] = [0]
+    config: Annotated[dict[str, Any], DocumentedAs(RunConfig)] = Field(
+        {},
+        description="the base RunConfig of every run (any field left out takes its default); "
+        "algorithm.preset, staleness and seed come from presets, staleness and seeds",
+    )
+    presets: list[str] = Field(description="rlcore presets (python -m rlcore presets), one run each")
+    staleness: list[Annotated[dict[str, Any], DocumentedAs(StalenessConfig)]] = Field(
+        [{}], description="staleness settings, one run each; {} is on-policy"
+    )
+    seeds: list[int] = Field([0], description="seeds, one run each")
 
 
 class SweepOut(Schema):
@@ -105,6 +117,48 @@ class ExperimentOut(Schema):
     active: int
 
 
+API_PAGE_LIMIT = 100
+API_MAX_LIMIT = 1000
+MAX_OFFSET = 2**63 - 1  # PostgreSQL's OFFSET is a bigint
+
+
+class PageParams(Schema):
+    limit: int = Field(API_PAGE_LIMIT, ge=1, le=API_MAX_LIMIT, description="items per page")
+    offset: int = Field(0, ge=0, le=MAX_OFFSET, description="items to skip")
+
+
+class PageOut(Schema):
+    count: int = Field(description="items in all, on every page")
+    limit: int
+    offset: int
+    next: str | None = Field(description="URL of the next page; null on the last")
+    previous: str | None = Field(description="URL of the previous page; null on the first")
+
+
+class ExperimentPageOut(PageOut):
+    items: list[ExperimentOut]
+
+
+def _page(request: HttpRequest, items, page: PageParams) -> tuple[list, dict[str, Any]]:
+    """The items of one page of the ordered query `items`, and the page's fields of `PageOut`."""
+    count = items.count()
+    shown = list(items[page.offset : page.offset + page.limit])
+
+    def url(offset: int) -> str:
+        query = request.GET.copy()
+        query["offset"], query["limit"] = str(offset), str(page.limit)
+        return request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+
+    fields = {
+        "count": count,
+        "limit": page.limit,
+        "offset": page.offset,
+        "next": url(page.offset + page.limit) if page.offset + page.limit < count else None,
+        "previous": url(max(0, page.offset - page.limit)) if page.offset > 0 else None,
+    }
+    return shown, fields
+
+
 class CancelledOut(Schema):
     cancelled: int = Field(description="runs cancelled: queued ones at once, running ones at their next step")
 
@@ -120,7 +174,10 @@ class RunOut(Schema):
     id: int
     experiment: int
     preset: str
-    staleness: str
+    staleness: str = Field(
+        description="the staleness setting as a label: on-policy, sync_interval=8, sync_offset=4, offline "
+        "(the numbers are in the run's config)"
+    )
     seed: int
     status: str
     attempt: int
@@ -133,7 +190,19 @@ class RunOut(Schema):
     started: datetime | None
     finished: datetime | None
     error: str
-    summary: dict[str, float | None]
+    summary: dict[str, float | None] = Field(
+        description="once it ended: steps, completed, eval/accuracy_initial and the latest eval/accuracy, "
+        "reward/mean and kl/init (from the points it logged if it failed), collapsed (1 or 0) and "
+        "collapsed_step; weights/* and idle/* of distributed and async runs"
+    )
+    collapsed: bool | None = Field(
+        description="its held-out accuracy fell to near zero and stayed there (experiments.collapse); "
+        "null until it ended"
+    )
+
+
+class RunPageOut(PageOut):
+    items: list[RunOut]
 
 
 class WarmStartOut(Schema):
@@ -157,7 +226,9 @@ class ProgressOut(Schema):
 
 
 class RunDetailOut(RunOut):
-    config: dict[str, Any]
+    config: Annotated[dict[str, Any], DocumentedAs(RunConfig)] = Field(
+        description="the fully resolved RunConfig"
+    )
     rollout_jobs: dict[str, int] = Field(
         description="how many of the run's rollout jobs are in each status (distributed and async runs)"
     )
@@ -165,6 +236,13 @@ class RunDetailOut(RunOut):
     provenance: dict[str, Any] = Field(
         description="theta0_sha256, dataset_sha256 (jsonl tasks), rlcore_version, git_commit, torch, "
         "transformers, vllm, device, torch_threads, host; empty until a worker loaded θ0"
+    )
+
+
+class MetricsOut(Schema):
+    run: int
+    metrics: dict[str, list[tuple[int, float | None]]] = Field(
+        description="per metric name its [step, value] points in step order; null for NaN or infinity"
     )
 
 
@@ -199,7 +277,7 @@ def _visible_run(request: HttpRequest, run_id: int) -> Run:
     return get_object_or_404(Run.visible_to(request.user).select_related("experiment"), pk=run_id)
 
 
-@api.post("/sweeps", response={201: SweepOut, 422: dict})
+@api.post("/sweeps", response=responses({201: SweepOut}, 422))
 def submit_sweep(request: HttpRequest, sweep: SweepIn):
     """Create an experiment with one run per preset × staleness setting × seed, and queue them."""
     team = Team.objects.filter(name=sweep.team, members=request.user).first()
@@ -216,9 +294,10 @@ def submit_sweep(request: HttpRequest, sweep: SweepIn):
     )
 
 
-@api.get("/experiments", response=list[ExperimentOut])
-def list_experiments(request: HttpRequest, archived: bool = False):
-    """Experiments of your teams, newest first; archived ones too with `archived=true`."""
+@api.get("/experiments", response=responses({200: ExperimentPageOut}, 422))
+def list_experiments(request: HttpRequest, page: Query[PageParams], archived: bool = False):
+    """Experiments of your teams, newest first, `limit` at a time from `offset`; archived ones too
+    with `archived=true`."""
     experiments = (
         Experiment.visible_to(request.user)
         .select_related("team", "owner")
@@ -227,12 +306,13 @@ def list_experiments(request: HttpRequest, archived: bool = False):
     )
     if not archived:
         experiments = experiments.filter(archived=None)
+    shown, fields = _page(request, experiments, page)
     active = dict(
-        Run.objects.filter(experiment__in=experiments, status__in=Run.ACTIVE)
+        Run.objects.filter(experiment__in=shown, status__in=Run.ACTIVE)
         .values_list("experiment")
         .annotate(n=Count("id"))
     )
-    return [_experiment_out(e, e.n_runs, active.get(e.pk, 0)) for e in experiments]
+    return {**fields, "items": [_experiment_out(e, e.n_runs, active.get(e.pk, 0)) for e in shown]}
 
 
 def _experiment_out(experiment: Experiment, runs: int, active: int) -> dict[str, Any]:
@@ -261,13 +341,13 @@ def _counted_experiment_out(experiment: Experiment) -> dict[str, Any]:
     )
 
 
-@api.post("/experiments/{experiment_id}/cancel", response=CancelledOut)
+@api.post("/experiments/{experiment_id}/cancel", response=responses({200: CancelledOut}, 404, 422))
 def cancel_experiment(request: HttpRequest, experiment_id: int):
     """Cancel every queued or running run of the experiment (and their rollout jobs)."""
     return {"cancelled": _visible_experiment(request, experiment_id).cancel()}
 
 
-@api.post("/experiments/{experiment_id}/archive", response=ExperimentOut)
+@api.post("/experiments/{experiment_id}/archive", response=responses({200: ExperimentOut}, 404, 422))
 def archive_experiment(request: HttpRequest, experiment_id: int):
     """Hide the experiment from the lists (`GET /experiments` shows it with `archived=true`)."""
     experiment = _visible_experiment(request, experiment_id)
@@ -275,14 +355,14 @@ def archive_experiment(request: HttpRequest, experiment_id: int):
     return _counted_experiment_out(experiment)
 
 
-@api.post("/experiments/{experiment_id}/unarchive", response=ExperimentOut)
+@api.post("/experiments/{experiment_id}/unarchive", response=responses({200: ExperimentOut}, 404, 422))
 def unarchive_experiment(request: HttpRequest, experiment_id: int):
     experiment = _visible_experiment(request, experiment_id)
     experiment.unarchive()
     return _counted_experiment_out(experiment)
 
 
-@api.delete("/experiments/{experiment_id}", response=DeletedOut)
+@api.delete("/experiments/{experiment_id}", response=responses({200: DeletedOut}, 403, 404, 409, 422))
 def delete_experiment(request: HttpRequest, experiment_id: int):
     """Delete the experiment, its runs, everything they logged and their files. Team admins only;
     409 while a run is queued or running (cancel it first)."""
@@ -297,18 +377,32 @@ def delete_experiment(request: HttpRequest, experiment_id: int):
     return {"experiment": experiment_id, **report}
 
 
-@api.get("/experiments/{experiment_id}/runs", response=list[RunOut])
-def list_runs(request: HttpRequest, experiment_id: int):
+@api.get("/experiments/{experiment_id}/runs", response=responses({200: RunPageOut}, 404, 422))
+def list_runs(request: HttpRequest, experiment_id: int, page: Query[PageParams]):
+    """The experiment's runs in the order they were queued, `limit` at a time from `offset`."""
     experiment = get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
-    return [_run_out(run) for run in experiment.runs.all()]
+    shown, fields = _page(request, experiment.runs.order_by("id"), page)
+    return {**fields, "items": [_run_out(run) for run in shown]}
 
 
-@api.get("/runs/{run_id}", response=RunDetailOut)
+@api.get("/runs/{run_id}", response=responses({200: RunDetailOut}, 404, 422))
 def get_run(request: HttpRequest, run_id: int):
     return _run_detail_out(_visible_run(request, run_id))
 
 
-@api.get("/runs/{run_id}/metrics")
+@api.get(
+    "/runs/{run_id}/metrics",
+    response=responses({200: MetricsOut}, 404, 422),
+    openapi_extra={
+        "responses": {
+            200: {
+                "content": {
+                    "text/csv": {"schema": {"type": "string", "description": "name,step,value,wall_time"}}
+                }
+            }
+        }
+    },
+)
 def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"] = "json", name: NoNul = ""):
     """Every metric point of the run: JSON `{name: [[step, value], ...]}` or CSV `name,step,value,wall_time`."""
     run = _visible_run(request, run_id)
@@ -358,7 +452,9 @@ def _comparison(request: HttpRequest, runs) -> Any:
         return _query_error(exc)
 
 
-@api.get("/experiments/{experiment_id}/compare", response={200: dict, 422: dict})
+@api.get(
+    "/experiments/{experiment_id}/compare", response=responses({200: ComparisonOut}, 404, 422), by_alias=True
+)
 def compare_experiment(request: HttpRequest, experiment_id: int, params: Query[ComparisonParams]):
     """The experiment's comparison dashboard as data: one metric per (preset, staleness) group,
     seeds aggregated (mean, band, seeds per point) and downsampled, the final value of each group
@@ -367,7 +463,7 @@ def compare_experiment(request: HttpRequest, experiment_id: int, params: Query[C
     return _comparison(request, experiment.runs.all())
 
 
-@api.get("/compare", response={200: dict, 422: dict})
+@api.get("/compare", response=responses({200: ComparisonOut}, 422), by_alias=True)
 def compare_runs(request: HttpRequest, runs: str, params: Query[ComparisonParams]):
     """`compare_experiment` for any runs of your teams, `runs=1,2,3`; a line is one preset of one
     experiment, so seeds of different experiments are never averaged together."""
@@ -378,7 +474,7 @@ def compare_runs(request: HttpRequest, runs: str, params: Query[ComparisonParams
     return _comparison(request, picked)
 
 
-@api.post("/runs/{run_id}/cancel", response=RunDetailOut)
+@api.post("/runs/{run_id}/cancel", response=responses({200: RunDetailOut}, 404, 409, 422))
 def cancel_run(request: HttpRequest, run_id: int):
     """Cancel a queued run now, or a running one at its next step."""
     run = _visible_run(request, run_id)
@@ -387,7 +483,7 @@ def cancel_run(request: HttpRequest, run_id: int):
     return _run_detail_out(run)
 
 
-@api.post("/runs/{run_id}/retry", response=RunDetailOut)
+@api.post("/runs/{run_id}/retry", response=responses({200: RunDetailOut}, 404, 409, 422))
 def retry_run(request: HttpRequest, run_id: int):
     """Queue a new attempt of a failed, cancelled or lost run; it resumes from its last checkpoint."""
     run = _visible_run(request, run_id)

@@ -6,13 +6,14 @@ parameter that is wrong. `compare` reads only the chosen metric's points of the 
 query (plus the mean response lengths when x is tokens; on PostgreSQL as one binary array per
 run, see `_points_by_run_postgresql`), turns each run into a `curves.Series` on the chosen x
 axis, and returns per group the downsampled mean curve with its band, and per group the final
-value across seeds (`summary`) and the group's trainer throughput across seeds (`throughput`:
-steps per hour = 3600 / the run's mean logged `time/step_s`, and the run's mean logged
-`tokens_per_s`, both aggregated in the database as part of the runs query). A line is one
-preset of one experiment (seeds of different experiments are never averaged together). Groups
-come in a fixed order: experiments by id, presets in `rlcore.presets` order, staleness settings
-from on-policy to the stalest (`staleness_rank`, so the degradation plot reads left to right). Each
-preset has one colour everywhere, keyed by that order. On top, the staleness answer
+value across seeds (`summary`, with how many of its runs collapsed: `experiments.collapse`) and
+the group's trainer throughput across seeds (`throughput`: steps per hour = 3600 / the run's
+mean logged `time/step_s`, and the run's mean logged `tokens_per_s`, both aggregated in the
+database as part of the runs query); per run (`runs`) its final value and whether it collapsed.
+A line is one preset of one experiment (seeds of different experiments are never averaged
+together). Groups come in a fixed order: experiments by id, presets in `rlcore.presets` order,
+staleness settings from on-policy to the stalest (`staleness_rank`, so the degradation plot reads
+left to right). Each preset has one colour everywhere, keyed by that order. On top, the staleness answer
 (`staleness_answer`): each line's drop from its own on-policy runs paired by seed, its tolerance
 within δ (`delta` in the query) and rank, presets that cannot be told apart with the seeds that
 would, and the paper's claims checked (`findings`).
@@ -460,6 +461,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                     "ci_lo": _scalar(result.ci_lo),
                     "ci_hi": _scalar(result.ci_hi),
                     "std": _scalar(result.std),
+                    "n_collapsed": sum(bool(run.collapsed) for run in group_runs),
                 }
             )
             throughput.append({**key, **_throughput(group_runs)})
@@ -470,6 +472,8 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                     "staleness": setting,
                     "seed": run.seed,
                     "status": run.status,
+                    "collapsed": run.collapsed,
+                    "collapsed_step": run.summary.get("collapsed_step"),
                     "final": _scalar(finals.get(run.pk, math.nan)),
                     **{name: getattr(run, f"last_{name}") for name in SCATTER_METRICS},
                     "steps_per_hour": _scalar(_steps_per_hour(run)),

@@ -23,6 +23,8 @@ from django.db import models, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from experiments.collapse import METRIC as COLLAPSE_METRIC
+from experiments.collapse import Collapse, find_collapse
 from experiments.templatetags.units import seconds
 from rlcore.config import RunConfig
 
@@ -288,6 +290,10 @@ class Leased:
         return {}
 
 
+# The metrics whose latest value a summary carries (as `rlcore.trainer.train`'s does).
+SUMMARY_LATEST = ("eval/accuracy", "reward/mean", "kl/init")
+
+
 class Run(Leased, models.Model):
     QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST = (
         "queued",
@@ -397,6 +403,52 @@ class Run(Leased, models.Model):
     def final_accuracy(self) -> float | None:
         """Held-out (greedy) accuracy after the last step: the number a comparison is about."""
         return self.summary.get("eval/accuracy")
+
+    @property
+    def collapsed(self) -> bool | None:
+        """Whether the policy collapsed (`experiments.collapse`), as decided when the run ended;
+        None while it has not ended (or ended before anything was logged)."""
+        flag = self.summary.get("collapsed")
+        return None if flag is None else bool(flag)
+
+    def collapse(self) -> Collapse | None:
+        """Where the run collapsed, from its logged held-out accuracy (None if it did not)."""
+        return find_collapse(
+            MetricPoint.objects.filter(run=self, name=COLLAPSE_METRIC).values_list("step", "value")
+        )
+
+    def collapse_summary(self) -> dict[str, float]:
+        """The summary's collapse keys: `collapsed` (1 or 0) and, if 1, `collapsed_step`."""
+        found = self.collapse()
+        if found is None:
+            return {"collapsed": 0.0}
+        return {"collapsed": 1.0, "collapsed_step": float(found.step)}
+
+    def summary_from_points(self) -> dict[str, float | None]:
+        """The run's summary computed from the metric points it logged: for runs that ended without
+        the trainer's own summary (failed, lost, cancelled while the worker was gone).
+
+        The keys of a succeeded run's summary (`rlcore.trainer.train`) that the points give:
+        `steps` (the last step logged), `completed` (1 if that is the config's last step),
+        `eval/accuracy_initial` (step 0), the latest `eval/accuracy`, `reward/mean` and `kl/init`,
+        and the collapse keys. Empty when nothing was logged.
+        """
+        points = MetricPoint.objects.filter(run=self)
+        last_step = points.aggregate(last=models.Max("step"))["last"]
+        if last_step is None:
+            return {}
+        summary: dict[str, float | None] = {
+            "steps": float(last_step),
+            "completed": float(last_step == self.steps),
+            "eval/accuracy_initial": points.filter(name="eval/accuracy", step=0)
+            .values_list("value", flat=True)
+            .first(),
+        }
+        for name in SUMMARY_LATEST:
+            latest = points.filter(name=name).order_by("-step").values_list("value", flat=True)[:1]
+            if latest:
+                summary[name] = latest[0]
+        return {**summary, **self.collapse_summary()}
 
     @property
     def execution_mode(self) -> str:
@@ -510,8 +562,8 @@ class Run(Leased, models.Model):
             # Another worker claimed it (or it was cancelled) in the meantime: the next one.
 
     def claim_resets(self) -> dict:
-        """A new attempt starts with no phase of its own yet."""
-        return {"phase": "", "phase_detail": {}}
+        """A new attempt starts with no phase of its own yet, and no summary (the last attempt's)."""
+        return {"phase": "", "phase_detail": {}, "summary": {}}
 
     def beat(self, worker: str, progress: int, phase: str = "", phase_detail: dict | None = None) -> bool:
         """Heartbeat from the worker executing the run, with its progress and phase; False once it
@@ -529,19 +581,31 @@ class Run(Leased, models.Model):
             pk=self.pk, status=Run.RUNNING, worker=worker, cancel_requested=None
         ).exists()
 
-    def finish(self, worker: str, summary: dict[str, float]) -> bool:
-        """running → succeeded, or → cancelled if a cancel arrived while it ran."""
+    def finish(self, worker: str, summary: dict[str, float | None]) -> bool:
+        """running → succeeded, or → cancelled if a cancel arrived while it ran; `summary` is the
+        trainer's, to which the collapse keys are added."""
         owned = Q(status=Run.RUNNING, worker=worker)
         now = timezone.now()
+        summary = {**summary, **self.collapse_summary()}
         if self._update(
             owned & Q(cancel_requested=None), status=Run.SUCCEEDED, finished=now, summary=summary
         ):
             return True
         return self._update(owned, status=Run.CANCELLED, finished=now, summary=summary)
 
-    def fail(self, worker: str, error: str) -> bool:
+    def fail(self, worker: str, error: str, execution: dict[str, float] | None = None) -> bool:
+        """running → failed with `error`, and a summary of the points it logged
+        (`summary_from_points`) plus, if given and something was logged, the execution report of a
+        distributed or async run (`DatabaseSource.summary`)."""
+        summary = self.summary_from_points()
+        if summary and execution:
+            summary.update(execution)
         return self._update(
-            Q(status=Run.RUNNING, worker=worker), status=Run.FAILED, finished=timezone.now(), error=error
+            Q(status=Run.RUNNING, worker=worker),
+            status=Run.FAILED,
+            finished=timezone.now(),
+            error=error,
+            summary=summary,
         )
 
     def cancel(self) -> bool:
@@ -592,12 +656,14 @@ class Run(Leased, models.Model):
         return done
 
     def mark_lost(self, stale_before: datetime) -> bool:
-        """running → lost if no heartbeat arrived since `stale_before`."""
+        """running → lost if no heartbeat arrived since `stale_before`, with a summary of the points
+        it logged (kept if it is cancelled or out of attempts; a new attempt starts without)."""
         return self._update(
             Q(status=Run.RUNNING, heartbeat__lt=stale_before),
             status=Run.LOST,
             finished=timezone.now(),
             error=f"worker {self.worker} stopped sending heartbeats",
+            summary=self.summary_from_points(),
         )
 
     @classmethod

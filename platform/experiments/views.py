@@ -18,6 +18,7 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import NON_FIELD_ERRORS
+from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Case, Count, F, Q, Value, When, Window
 from django.db.models.functions import RowNumber
@@ -27,7 +28,7 @@ from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from experiments import compare, curves, sweeps
+from experiments import collapse, compare, curves, sweeps
 from experiments.forms import TEMPLATES, InviteForm, LoginForm, SweepForm, TeamForm
 from experiments.models import (
     ApiToken,
@@ -47,7 +48,8 @@ RECENT_COMPLETIONS = 20
 SAME_PROMPTS = 5
 SAME_PROMPT_RUNS = 12
 ROLLOUT_JOBS_SHOWN = 50
-RUN_LIST_LIMIT = 500
+EXPERIMENTS_PER_PAGE = 25
+RUNS_PER_PAGE = 100
 
 
 def health(request: HttpRequest) -> JsonResponse:
@@ -68,8 +70,38 @@ class LoginView(auth_views.LoginView):
         return response
 
 
+def _paginate(request: HttpRequest, items, per_page: int) -> dict:
+    """Page `?page=` of `items` (an ordered query) for a template: `page`, and `previous_url` and
+    `next_url` (the same query string with another page, or None). A page that is not a whole
+    number or lies past the last one shows the first or the last page and says so."""
+    paginator = Paginator(items, per_page)
+    text = request.GET.get("page", "1")
+    last = paginator.num_pages
+    number = int(text) if text.isdigit() and len(text) <= 18 else None
+    if number is None or not 1 <= number <= last:
+        shown = 1 if number is None or number < 1 else last
+        messages.error(
+            request,
+            f"page must be a whole number from 1 to {last} (got {text[:50]!r}); showing page {shown}",
+        )
+        number = shown
+    page = paginator.page(number)
+
+    def url(n: int) -> str:
+        query = request.GET.copy()
+        query["page"] = str(n)
+        return "?" + query.urlencode()
+
+    return {
+        "page": page,
+        "previous_url": url(page.previous_page_number()) if page.has_previous() else None,
+        "next_url": url(page.next_page_number()) if page.has_next() else None,
+    }
+
+
 @login_required
 def experiment_list(request: HttpRequest) -> HttpResponse:
+    """Experiments of the user's teams, newest first, `EXPERIMENTS_PER_PAGE` a page."""
     teams = Team.objects.filter(members=request.user)
     experiments = (
         Experiment.visible_to(request.user)
@@ -90,7 +122,12 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "experiments/list.html",
-        {"experiments": experiments, "teams": teams, "team_id": team_id, "show_archived": show_archived},
+        {
+            **_paginate(request, experiments, EXPERIMENTS_PER_PAGE),
+            "teams": teams,
+            "team_id": team_id,
+            "show_archived": show_archived,
+        },
     )
 
 
@@ -207,6 +244,11 @@ def _compare_page(request: HttpRequest, context: dict) -> HttpResponse:
             "x_axes": curves.X_AXES,
             "bands": curves.BANDS,
             "rules": curves.RULES,
+            "collapse_rule": {
+                "fraction": collapse.NEAR_ZERO_FRACTION,
+                "min_best": collapse.MIN_BEST,
+                "min_evals": collapse.MIN_EVALS,
+            },
         },
     )
 
@@ -313,8 +355,8 @@ def runs_compare_summary(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def run_list(request: HttpRequest) -> HttpResponse:
-    """Runs of the user's teams, filtered by team, experiment, preset, staleness or status, with
-    check boxes to compare any of them."""
+    """Runs of the user's teams, newest first, `RUNS_PER_PAGE` a page, filtered by team, experiment,
+    preset, staleness or status, with check boxes to compare any of them."""
     runs = Run.visible_to(request.user).select_related("experiment__team").order_by("-pk")
     filters = {
         "team": "experiment__team_id",
@@ -341,15 +383,12 @@ def run_list(request: HttpRequest) -> HttpResponse:
             messages.error(request, f"{name} must be at most 100 characters, without NUL; not filtered")
         else:
             runs = runs.filter(**{filters[name]: value})
-    shown = list(runs[: RUN_LIST_LIMIT + 1])
     visible = Run.visible_to(request.user)
     return render(
         request,
         "experiments/runs.html",
         {
-            "runs": shown[:RUN_LIST_LIMIT],
-            "truncated": len(shown) > RUN_LIST_LIMIT,
-            "limit": RUN_LIST_LIMIT,
+            **_paginate(request, runs, RUNS_PER_PAGE),
             "chosen": chosen,
             "teams": Team.objects.filter(members=request.user),
             "experiments": experiments[:200],
@@ -430,6 +469,7 @@ def _run_context(run: Run) -> dict:
     return {
         "run": run,
         "report": run.progress_report(),
+        "collapse": run.collapse() if run.collapsed else None,
         "job_counts": {status: n for status, n in job_counts.items() if n},
         "n_jobs": n_jobs,
         "rollout_jobs": run.latest_rollout_jobs(ROLLOUT_JOBS_SHOWN) if n_jobs else [],

@@ -67,7 +67,7 @@ def test_other_teams_objects_are_404_on_pages_and_in_the_api(client, run, bob):
     token = ApiToken.issue(bob)
     for method, url in api_calls(run):
         assert getattr(client, method)(url, HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 404, url
-    assert client.get("/api/experiments", HTTP_AUTHORIZATION=f"Bearer {token}").json() == []
+    assert client.get("/api/experiments", HTTP_AUTHORIZATION=f"Bearer {token}").json()["items"] == []
     run.refresh_from_db()
     assert run.status == Run.QUEUED and run.attempt == 1 and run.experiment.archived is None
 

@@ -49,11 +49,11 @@ def test_create_token_prints_a_token_stored_only_as_a_hash(token, alice):
 
 def test_reading_experiments_runs_and_metrics(client, token, run):
     auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
-    experiments = client.get("/api/experiments", **auth).json()
+    experiments = client.get("/api/experiments", **auth).json()["items"]
     assert [(e["id"], e["team"], e["runs"], e["active"]) for e in experiments] == [
         (run.experiment_id, "team-a", 1, 1)
     ]
-    runs = client.get(f"/api/experiments/{run.experiment_id}/runs", **auth).json()
+    runs = client.get(f"/api/experiments/{run.experiment_id}/runs", **auth).json()["items"]
     assert [(r["id"], r["preset"], r["staleness"], r["seed"], r["status"]) for r in runs] == [
         (run.pk, "grpo", "on-policy", 3, "queued")
     ]
@@ -96,7 +96,7 @@ def test_a_distributed_run_has_its_execution_mode_and_rollout_job_counts(client,
         "cancelled": 0,
         "lost": 1,
     }
-    [listed] = client.get(f"/api/experiments/{run.experiment_id}/runs", **auth).json()
+    [listed] = client.get(f"/api/experiments/{run.experiment_id}/runs", **auth).json()["items"]
     assert listed["execution_mode"] == "distributed" and "rollout_jobs" not in listed
     cancelled = client.post(f"/api/runs/{run.pk}/cancel", **auth).json()
     assert cancelled["status"] == Run.CANCELLED and cancelled["rollout_jobs"]["cancelled"] == 1

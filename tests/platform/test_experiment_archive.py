@@ -39,9 +39,11 @@ def test_a_member_archives_and_unarchives_from_the_page(client, team, experiment
     assert "tuck-me-away" in with_archived and "(archived)" in with_archived
 
     run_list = listed(client, reverse("run-list"))
-    assert f'value="{shown.runs.get().pk}"' in run_list
-    assert f'value="{hidden.runs.get().pk}"' not in run_list
-    assert f'value="{hidden.runs.get().pk}"' in listed(client, reverse("run-list") + "?archived=1")
+    assert f'name="runs" value="{shown.runs.get().pk}"' in run_list
+    assert f'name="runs" value="{hidden.runs.get().pk}"' not in run_list
+    assert f'name="runs" value="{hidden.runs.get().pk}"' in listed(
+        client, reverse("run-list") + "?archived=1"
+    )
     detail = listed(client, reverse("experiment-detail", args=[hidden.pk]))
     assert 'id="archived"' in detail and f"?experiment={hidden.pk}&amp;archived=1" in detail
 
@@ -49,7 +51,7 @@ def test_a_member_archives_and_unarchives_from_the_page(client, team, experiment
     hidden.refresh_from_db()
     assert hidden.archived is None
     assert "tuck-me-away" in listed(client, reverse("experiment-list"))
-    assert f'value="{hidden.runs.get().pk}"' in listed(client, reverse("run-list"))
+    assert f'name="runs" value="{hidden.runs.get().pk}"' in listed(client, reverse("run-list"))
     assert Experiment.objects.count() == 2 and hidden.runs.count() == 1
 
 
@@ -67,12 +69,12 @@ def test_the_api_archives_and_lists_archived_on_request(client, alice, experimen
     archived = client.post(f"/api/experiments/{hidden.pk}/archive", **auth).json()
     assert archived["id"] == hidden.pk and archived["archived"] is not None and archived["runs"] == 1
 
-    assert [e["name"] for e in client.get("/api/experiments", **auth).json()] == ["keep-me-shown"]
-    everything = client.get("/api/experiments?archived=true", **auth).json()
+    assert [e["name"] for e in client.get("/api/experiments", **auth).json()["items"]] == ["keep-me-shown"]
+    everything = client.get("/api/experiments?archived=true", **auth).json()["items"]
     assert [(e["name"], e["archived"] is None) for e in everything] == [
         ("tuck-me-away", False),
         ("keep-me-shown", True),
     ]
 
     assert client.post(f"/api/experiments/{hidden.pk}/unarchive", **auth).json()["archived"] is None
-    assert len(client.get("/api/experiments", **auth).json()) == 2
+    assert client.get("/api/experiments", **auth).json()["count"] == 2

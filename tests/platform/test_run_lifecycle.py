@@ -39,7 +39,12 @@ def test_late_and_duplicate_messages_do_nothing(run):
     assert execute(run.pk, 1).endswith("nothing to do")
     assert execute(run.pk + 1000, 1).endswith("nothing to do")
     run.refresh_from_db()
-    assert (run.status, run.worker, run.summary) == (Run.SUCCEEDED, "w1:1", {"reward/mean": 0.5})
+    # finish adds the collapse flag (no eval points logged here: not collapsed).
+    assert (run.status, run.worker, run.summary) == (
+        Run.SUCCEEDED,
+        "w1:1",
+        {"reward/mean": 0.5, "collapsed": 0.0},
+    )
 
 
 def test_a_message_for_an_old_attempt_never_executes_an_attempt_twice(run, team, alice):

@@ -2,6 +2,7 @@
 // A line is one preset of one experiment (`line` in the payload; just the preset for one experiment);
 // its colour is its preset's, and with runs of several experiments the dash tells experiments apart.
 // Changing metric, x axis, band or final-value rule fetches again; view and smoothing only redraw.
+// Runs whose policy collapsed are counted in the final-value table and listed below it.
 // Below the curves, the trade-off: the final value and the trainer's throughput (steps per hour,
 // tokens/s), each against staleness; then the staleness answer: each line's drop from its own
 // on-policy runs (paired by seed), its tolerance within δ and rank, presets the seeds cannot tell apart,
@@ -259,8 +260,32 @@
         if (!row) continue;
         if (row.n_seeds === 0) td.textContent = row.active ? "no points yet" : "no points (its runs ended without any)";
         else td.textContent = bracket(row);
+        if (row.n_collapsed) {
+          const flag = document.createElement("strong");
+          flag.className = "collapsed";
+          flag.textContent = ` · ${row.n_collapsed} collapsed`;
+          td.append(flag);
+        }
       }
     }
+  }
+
+  // Runs whose policy collapsed (held-out accuracy fell to near zero and stayed), each linked to its page.
+  function drawCollapsed() {
+    const box = document.getElementById("collapsed-runs");
+    const runs = payload.runs.filter((r) => r.collapsed);
+    box.hidden = runs.length === 0;
+    box.querySelector("ul").replaceChildren(
+      ...runs.map((r) => {
+        const li = document.createElement("li");
+        li.dataset.run = r.id;
+        const link = document.createElement("a");
+        link.href = `/runs/${r.id}/`;
+        link.textContent = `run ${r.id}`;
+        li.append(link, ` · ${r.line} · ${r.staleness} · seed ${r.seed}: collapsed at step ${r.collapsed_step}, ended ${r.status}`);
+        return li;
+      }),
+    );
   }
 
   // One trace per line over the staleness settings (a category axis): `fields.value` of the line's
@@ -355,6 +380,7 @@
     if (control("view").value === "overlay") drawOverlay();
     else drawGrid();
     drawSummary();
+    drawCollapsed();
     drawStalenessAnswer();
     drawTradeOff();
     drawScatter();

@@ -1,0 +1,182 @@
+"""Schemas of the API's error bodies and of the comparison payload (`experiments.compare`), and
+`DocumentedAs`, which documents a plain JSON field as one of rlcore's config models.
+
+They are the OpenAPI schema's description of what `experiments.api` answers; the comparison
+schemas list every field `compare.compare` returns (the API test checks the API's answer against
+the dashboard's JSON, so a field left out here would show).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ninja import Field, Schema
+from pydantic import BaseModel, ConfigDict
+from pydantic_core import core_schema
+
+
+class DocumentedAs:
+    """For `Annotated[dict[str, Any], DocumentedAs(Model)]`: the field stays a plain JSON object
+    (validated where it is used, e.g. by `sweeps.expand` with the allowed data and model roots),
+    but the OpenAPI schema gives it `Model`'s JSON schema, as a reference to the `Model` component."""
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self.model = model
+
+    def __get_pydantic_json_schema__(self, schema, handler) -> dict[str, Any]:
+        model = self.model.__pydantic_core_schema__
+        return handler(
+            core_schema.definitions_schema(core_schema.definition_reference_schema(model["ref"]), [model])
+        )
+
+
+class ErrorOut(Schema):
+    detail: str = Field(description="what was wrong, in words")
+
+
+class FieldErrorOut(Schema):
+    loc: list[str | int] = Field(description="where: body, query or path, then the field's path")
+    field: str = Field(description="the field, dotted (config.rollout.group_size, limit, seeds.1)")
+    msg: str = Field(description="the rule it broke")
+
+
+class ValidationErrorOut(Schema):
+    detail: list[FieldErrorOut] = Field(description="one entry per field that is wrong")
+
+
+def responses(ok: dict[int, Any], *errors: int) -> dict[int, Any]:
+    """An operation's `response=`: its success schema(s), 401 (every operation needs a token) and
+    the given error statuses, 422 with the field errors' body and the others with `ErrorOut`."""
+    return {**ok, **{code: ValidationErrorOut if code == 422 else ErrorOut for code in (401, *errors)}}
+
+
+# ----- the comparison payload --------------------------------------------------------------------
+
+Numbers = list[int | float | None]
+
+
+class LineOut(Schema):
+    line: str = Field(description="the preset, plus its experiment when runs of several are compared")
+    preset: str
+    experiment: int
+
+
+class CellOut(LineOut):
+    staleness: str
+    n_runs: int
+    active: bool = Field(description="some run of the cell is queued or running")
+
+
+class GroupOut(CellOut):
+    n_seeds: int = Field(description="runs with points of the metric")
+    x: Numbers
+    mean: Numbers
+    lo: Numbers | None = Field(description="lower edge of the band; null for band=none")
+    hi: Numbers | None
+    n: list[int] = Field(description="seeds behind each point")
+    points: int = Field(description="points on the common grid before downsampling")
+    downsampled: bool
+
+
+class FinalValueOut(CellOut):
+    n_seeds: int
+    value: float | None = Field(description="mean over seeds of each run's final value (`rule`)")
+    ci_lo: float | None = Field(description="95% bootstrap CI over seeds")
+    ci_hi: float | None
+    std: float | None
+    n_collapsed: int = Field(description="runs of the cell whose policy collapsed (experiments.collapse)")
+
+
+class ThroughputOut(CellOut):
+    n_seeds: int = Field(description="runs with logged step times")
+    steps_per_hour: float | None
+    steps_per_hour_ci_lo: float | None
+    steps_per_hour_ci_hi: float | None
+    tokens_per_s: float | None
+    tokens_per_s_ci_lo: float | None
+    tokens_per_s_ci_hi: float | None
+
+
+class ComparedRunOut(LineOut):
+    model_config = ConfigDict(populate_by_name=True)
+
+    id: int
+    staleness: str
+    seed: int
+    status: str
+    collapsed: bool | None = Field(description="its policy collapsed; null until it ended")
+    collapsed_step: float | None = Field(description="the step it collapsed at")
+    final: float | None = Field(description="its final value of the metric (`rule`)")
+    last_kl_init: float | None = Field(alias="kl/init", description="its last logged kl/init")
+    last_reward_mean: float | None = Field(alias="reward/mean", description="its last logged reward/mean")
+    steps_per_hour: float | None
+    tokens_per_s: float | None
+
+
+class DropOut(LineOut):
+    staleness: str
+    n_seeds: int = Field(description="seed pairs")
+    value: float | None = Field(description="final value minus the line's on-policy one, paired by seed")
+    ci_lo: float | None
+    ci_hi: float | None
+    std: float | None
+
+
+class RobustnessOut(LineOut):
+    settings: list[str]
+    mean_drop: float | None
+    worst_drop: float | None
+    tolerance: str | None = Field(description="the stalest setting whose drop's CI stays within δ below 0")
+    rank: int | None = Field(description="by mean drop within its experiment; null if not ranked")
+
+
+class TieOut(Schema):
+    experiment: int
+    staleness: str
+    a: str
+    b: str
+    n_seeds: int
+    value: float | None = Field(description="b − a, paired by seed")
+    ci_lo: float | None
+    ci_hi: float | None
+    std: float | None
+    seeds_needed: int | None = Field(description="seeds per preset that would tell them apart")
+
+
+class FindingOut(Schema):
+    experiment: int
+    claim: str
+    verdict: str = Field(description="support, contradict, cannot tell yet or missing cells")
+    text: str
+    missing: list[str]
+
+
+class ExperimentRefOut(Schema):
+    id: int
+    name: str
+
+
+class ComparisonOut(Schema):
+    """What the comparison dashboard draws (`experiments.compare.compare`)."""
+
+    warnings: list[str] = Field(description="differences in θ0, data or versions between the runs")
+    metric: str
+    x: str
+    band: str
+    rule: str
+    k: int
+    delta: float
+    active: bool
+    experiments: list[ExperimentRefOut]
+    presets: list[str]
+    lines: list[LineOut]
+    staleness: list[str] = Field(description="staleness labels, from on-policy to the stalest")
+    colours: dict[str, str] = Field(description="each preset's colour")
+    groups: list[GroupOut]
+    summary: list[FinalValueOut]
+    throughput: list[ThroughputOut]
+    runs: list[ComparedRunOut]
+    drops: list[DropOut]
+    robustness: list[RobustnessOut]
+    ties: list[TieOut]
+    findings: list[FindingOut]
