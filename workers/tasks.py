@@ -4,9 +4,9 @@
 `execute(run_id, attempt)` is the plain entry point (the task only calls it): claim the
 oldest queued run of that run's queue (first in, first out), train it with a `DatabaseSink`
 — and, in the distributed and async execution modes, with a `DatabaseSource` whose batches
-rollout workers make — and end it `succeeded`, `cancelled` or `failed` with the reason (a failed
-run's summary is computed from the points it logged). A message that finds no queued run on its
-queue (a duplicate, or one redelivered after its run was executed) does nothing. Every worker also runs the reaper in a background thread, so a
+rollout workers make — and end it `succeeded`, `cancelled` or `failed` with the reason. A
+message that finds no queued run on its queue (a duplicate, or one redelivered after its run
+was executed) does nothing. Every worker also runs the reaper in a background thread, so a
 run whose worker died is re-queued as soon as any worker is alive; `python manage.py reap`
 does the same once by hand. The same thread records the worker's own heartbeat
 (`Worker.seen`, with the queues it listens on), so the platform can tell a queue no live
