@@ -10,7 +10,9 @@ was executed) does nothing. Every worker also runs the reaper in a background th
 run whose worker died is re-queued as soon as any worker is alive; `python manage.py reap`
 does the same once by hand. The same thread records the worker's own heartbeat
 (`Worker.seen`, with the queues it listens on), so the platform can tell a queue no live
-worker listens on. Before it takes any work, a worker limits torch to `LAB_TORCH_THREADS`
+worker listens on. Another thread, the dispatcher, sends again every `LAB_DISPATCH_INTERVAL_S`
+the messages of queued work that may be missing (`experiments.dispatch`): the database decides,
+the broker only delivers, and it keeps trying while the broker is down. Before it takes any work, a worker limits torch to `LAB_TORCH_THREADS`
 threads (the solo pool trains in the worker's main process), so the workers on one machine
 never oversubscribe its cores.
 """
@@ -27,6 +29,7 @@ import time
 from celery.signals import worker_init, worker_ready
 from django.conf import settings
 from django.db import close_old_connections
+from experiments import dispatch
 from experiments.models import RolloutJob, Run, Worker
 from lab.celery import app
 
@@ -111,6 +114,24 @@ def reap_forever(interval_s: float, queues: list[str]) -> None:
             close_old_connections()
 
 
+def dispatch_forever(interval_s: float) -> None:
+    """Every `interval_s`, send the messages of queued runs and rollout jobs that may be missing."""
+    while True:
+        time.sleep(interval_s)
+        try:
+            for what in dispatch.dispatch():
+                log.warning("re-sent the message of %s: it was not sent or the broker lost it", what)
+        except Exception as exc:
+            log.warning(
+                "dispatching queued work failed (%s: %s); trying again in %.0f s",
+                type(exc).__name__,
+                exc,
+                interval_s,
+            )
+        finally:
+            close_old_connections()
+
+
 def limit_torch_threads(threads: int) -> None:
     """Make this process train with `threads` CPU threads: torch's intra-op pool, its inter-op
     pool while torch still allows setting it, and OpenMP/MKL if torch has not loaded them yet."""
@@ -143,4 +164,7 @@ def _start_reaper(sender, **kwargs) -> None:
     queues = sorted(app.amqp.queues.consume_from)  # what -Q selected
     threading.Thread(
         target=reap_forever, args=(settings.LAB_REAP_INTERVAL_S, queues), name="reaper", daemon=True
+    ).start()
+    threading.Thread(
+        target=dispatch_forever, args=(settings.LAB_DISPATCH_INTERVAL_S,), name="dispatcher", daemon=True
     ).start()
