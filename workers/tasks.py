@@ -2,7 +2,8 @@
 (a rollout job, `workers.rollout`), and the reaper that re-queues lost runs and jobs.
 
 `execute(run_id, attempt)` is the plain entry point (the task only calls it): claim the
-oldest queued run of that run's queue (first in, first out), train it with a `DatabaseSink`
+next queued run of that run's queue (`Run.claim_next`: teams take turns, first in, first out
+within a team), train it with a `DatabaseSink`
 — and, in the distributed and async execution modes, with a `DatabaseSource` whose batches
 rollout workers make — and end it `succeeded`, `cancelled` or `failed` with the reason. A
 message that finds no queued run on its queue (a duplicate, or one redelivered after its run
@@ -12,9 +13,9 @@ does the same once by hand. The same thread records the worker's own heartbeat
 (`Worker.seen`, with the queues it listens on), so the platform can tell a queue no live
 worker listens on. Another thread, the dispatcher, sends again every `LAB_DISPATCH_INTERVAL_S`
 the messages of queued work that may be missing (`experiments.dispatch`): the database decides,
-the broker only delivers, and it keeps trying while the broker is down. Before it takes any work, a worker limits torch to `LAB_TORCH_THREADS`
-threads (the solo pool trains in the worker's main process), so the workers on one machine
-never oversubscribe its cores.
+the broker only delivers, and it keeps trying while the broker is down. Before it takes any
+work, a worker limits torch to `LAB_TORCH_THREADS` threads (the solo pool trains in the
+worker's main process), so the workers on one machine never oversubscribe its cores.
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ def worker_identity() -> str:
 
 
 def execute(run_id: int, attempt: int) -> str:
-    """Execute the oldest queued run of run `run_id`'s queue (usually that run itself: a message
+    """Execute the next queued run of run `run_id`'s queue (often that run itself: a message
     says "a run of this queue is waiting", the database says which goes first); return what
-    happened. Nothing to do when that queue has no queued run any more."""
+    happened. Nothing to do when that queue has no queued run that may start."""
     worker = worker_identity()
     hint = Run.objects.filter(pk=run_id).first()
     run = Run.claim_next(hint.queue, worker) if hint is not None else None

@@ -16,7 +16,7 @@ import hashlib
 import secrets
 import shutil
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +228,8 @@ class Experiment(models.Model):
             "eta_s": eta_s if steps_left else None,
         }
 
+
+NEVER = datetime.min.replace(tzinfo=UTC)  # a team never served goes before any that was
 
 DISPATCHED_AT_HELP = (
     "when a message for the current attempt was last sent to the broker; empty while the broker "
@@ -511,7 +513,7 @@ class Run(Leased, models.Model):
             running = cls.running_per_team()
             served = dict(Team.objects.filter(pk__in=heads).values_list("pk", "last_claimed"))
             turns = sorted(
-                (running.get(team, 0), served[team] is not None, served[team] or timezone.now(), oldest, team)
+                (running.get(team, 0), served[team] or NEVER, oldest, team)
                 for team, oldest in heads.items()
                 if not cap or running.get(team, 0) < cap
             )
