@@ -2,18 +2,21 @@
 (a rollout job, `workers.rollout`), and the reaper that re-queues lost runs and jobs.
 
 `execute(run_id, attempt)` is the plain entry point (the task only calls it): claim the
-oldest queued run of that run's queue (first in, first out), train it with a `DatabaseSink`
-— and, in the distributed and async execution modes, with a `DatabaseSource` whose batches
-rollout workers make — under the run's memory ceiling (`LAB_RUN_MEMORY_MB`, `workers.memory`),
-and end it `succeeded`, `cancelled` or `failed` with the reason (a failed run's summary is
-computed from the points it logged). A message that finds no queued run on its queue (a
-duplicate, or one redelivered after its run was executed) does nothing. Every worker also runs the reaper in a background thread, so a
+next queued run of that run's queue (`Run.claim_next`: teams take turns, first in, first out
+within a team), train it with a `DatabaseSink` — and, in the distributed and async execution
+modes, with a `DatabaseSource` whose batches rollout workers make — under the run's memory
+ceiling (`LAB_RUN_MEMORY_MB`, `workers.memory`), and end it `succeeded`, `cancelled` or
+`failed` with the reason (a failed run's summary is computed from the points it logged). A
+message that finds no queued run on its queue (a duplicate, or one redelivered after its run
+was executed) does nothing. Every worker also runs the reaper in a background thread, so a
 run whose worker died is re-queued as soon as any worker is alive; `python manage.py reap`
 does the same once by hand. The same thread records the worker's own heartbeat
 (`Worker.seen`, with the queues it listens on), so the platform can tell a queue no live
-worker listens on. Before it takes any work, a worker limits torch to `LAB_TORCH_THREADS`
-threads (the solo pool trains in the worker's main process), so the workers on one machine
-never oversubscribe its cores.
+worker listens on. Another thread, the dispatcher, sends again every `LAB_DISPATCH_INTERVAL_S`
+the messages of queued work that may be missing (`experiments.dispatch`): the database decides,
+the broker only delivers, and it keeps trying while the broker is down. Before it takes any
+work, a worker limits torch to `LAB_TORCH_THREADS` threads (the solo pool trains in the
+worker's main process), so the workers on one machine never oversubscribe its cores.
 
 A short database outage costs no attempt: the claim, the sink's and source's calls and the
 final `finish`/`fail` are retried for up to `LAB_DB_OUTAGE_S` (`workers.db_outage`), and the
@@ -33,6 +36,7 @@ import time
 from celery.signals import worker_init, worker_ready
 from django.conf import settings
 from django.db import close_old_connections, connection
+from experiments import dispatch
 from experiments.models import RolloutJob, Run, Worker
 from lab.celery import app
 
@@ -49,9 +53,9 @@ def worker_identity() -> str:
 
 
 def execute(run_id: int, attempt: int) -> str:
-    """Execute the oldest queued run of run `run_id`'s queue (usually that run itself: a message
+    """Execute the next queued run of run `run_id`'s queue (often that run itself: a message
     says "a run of this queue is waiting", the database says which goes first); return what
-    happened. Nothing to do when that queue has no queued run any more."""
+    happened. Nothing to do when that queue has no queued run that may start."""
     worker = worker_identity()
     run = claim(run_id, worker)
     if run is None:
@@ -152,6 +156,24 @@ def reap_forever(interval_s: float, queues: list[str]) -> None:
             close_old_connections()
 
 
+def dispatch_forever(interval_s: float) -> None:
+    """Every `interval_s`, send the messages of queued runs and rollout jobs that may be missing."""
+    while True:
+        time.sleep(interval_s)
+        try:
+            for what in dispatch.dispatch():
+                log.warning("re-sent the message of %s: it was not sent or the broker lost it", what)
+        except Exception as exc:
+            log.warning(
+                "dispatching queued work failed (%s: %s); trying again in %.0f s",
+                type(exc).__name__,
+                exc,
+                interval_s,
+            )
+        finally:
+            close_old_connections()
+
+
 def limit_torch_threads(threads: int) -> None:
     """Make this process train with `threads` CPU threads: torch's intra-op pool, its inter-op
     pool while torch still allows setting it, and OpenMP/MKL if torch has not loaded them yet."""
@@ -184,4 +206,7 @@ def _start_reaper(sender, **kwargs) -> None:
     queues = sorted(app.amqp.queues.consume_from)  # what -Q selected
     threading.Thread(
         target=reap_forever, args=(settings.LAB_REAP_INTERVAL_S, queues), name="reaper", daemon=True
+    ).start()
+    threading.Thread(
+        target=dispatch_forever, args=(settings.LAB_DISPATCH_INTERVAL_S,), name="dispatcher", daemon=True
     ).start()

@@ -24,7 +24,7 @@ from ninja.errors import HttpError, ValidationError
 from ninja.security import HttpBearer
 from pydantic import StringConstraints
 
-from experiments import compare, curves, sweeps, throttle
+from experiments import compare, curves, dispatch, sweeps, throttle
 from experiments.api_schemas import ComparisonOut, DocumentedAs, responses
 from experiments.models import ApiToken, Experiment, ExperimentActive, MetricPoint, Run, Team
 from rlcore.config import RunConfig, StalenessConfig
@@ -103,6 +103,10 @@ class SweepIn(Schema):
 class SweepOut(Schema):
     experiment: int
     runs: list[int]
+    message: str = Field(
+        description="that the runs are queued, and whether the message broker could not be reached "
+        "(then they are sent to workers as soon as it is back)"
+    )
 
 
 class ExperimentOut(Schema):
@@ -182,6 +186,10 @@ class RunOut(Schema):
     status: str
     attempt: int
     queue: str
+    dispatched_at: datetime | None = Field(
+        description="when the current attempt's message was last sent to the broker; null while the "
+        "broker could not be reached (a worker's dispatcher sends it when the broker is back)"
+    )
     execution_mode: str
     worker: str
     progress: int
@@ -279,7 +287,9 @@ def _visible_run(request: HttpRequest, run_id: int) -> Run:
 
 @api.post("/sweeps", response=responses({201: SweepOut}, 422))
 def submit_sweep(request: HttpRequest, sweep: SweepIn):
-    """Create an experiment with one run per preset × staleness setting × seed, and queue them."""
+    """Create an experiment with one run per preset × staleness setting × seed, and queue them
+    (also while the message broker is down: `message` says so). 422 when the team would have more
+    queued runs than LAB_TEAM_MAX_QUEUED."""
     team = Team.objects.filter(name=sweep.team, members=request.user).first()
     errors = [] if team else [("team", f"you are not a member of a team called {sweep.team!r}")]
     try:
@@ -288,10 +298,15 @@ def submit_sweep(request: HttpRequest, sweep: SweepIn):
         errors += exc.errors
     if errors:
         return Status(422, {"detail": _field_errors(errors)})
-    experiment = sweeps.create_experiment(team, request.user, sweep.name, sweep.description, grid)
-    return Status(
-        201, {"experiment": experiment.pk, "runs": list(experiment.runs.values_list("pk", flat=True))}
-    )
+    try:
+        experiment = sweeps.create_experiment(team, request.user, sweep.name, sweep.description, grid)
+    except sweeps.SweepError as exc:  # the team's queued cap
+        return Status(422, {"detail": _field_errors(exc.errors)})
+    runs = list(experiment.runs.values_list("pk", flat=True))
+    message = f"{len(runs)} run{'s' if len(runs) != 1 else ''} queued"
+    if experiment.runs.filter(dispatched_at=None).exists():
+        message += f"; {dispatch.NOT_SENT}"
+    return Status(201, {"experiment": experiment.pk, "runs": runs, "message": message})
 
 
 @api.get("/experiments", response=responses({200: ExperimentPageOut}, 422))
@@ -485,7 +500,9 @@ def cancel_run(request: HttpRequest, run_id: int):
 
 @api.post("/runs/{run_id}/retry", response=responses({200: RunDetailOut}, 404, 409, 422))
 def retry_run(request: HttpRequest, run_id: int):
-    """Queue a new attempt of a failed, cancelled or lost run; it resumes from its last checkpoint."""
+    """Queue a new attempt of a failed, cancelled or lost run; it resumes from its last checkpoint
+    (also while the message broker is down: then `dispatched_at` is null). 409 when the run has no
+    attempts left or its team already has LAB_TEAM_MAX_QUEUED queued runs."""
     run = _visible_run(request, run_id)
     refusal = run.retry_refusal()
     if refusal or not run.retry():

@@ -19,7 +19,7 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
 from experiments import sweeps, throttle
-from experiments.models import Team, Worker
+from experiments.models import Team, Worker, queued_cap_refusal
 from rlcore.config import RunConfig, StalenessConfig
 from rlcore.presets import PRESETS
 
@@ -298,14 +298,20 @@ class SweepForm(forms.Form):
             )
             # Not an error: runs wait in their queue until a worker starts.
             self.queue_warnings = Worker.missing_for(self.sweep.configs)
+            if refusal := queued_cap_refusal(data["team"], self.sweep.size):
+                self.add_error("team", refusal)
         except sweeps.SweepError as exc:
-            for field, message in exc.errors:
-                field = AXIS_ERROR_FIELDS.get(field, field)
-                if field in self.fields:
-                    self.add_error(field, message)
-                else:
-                    self.add_error(None, f"{field}: {message}")
+            self.add_sweep_errors(exc)
         return data
+
+    def add_sweep_errors(self, exc: sweeps.SweepError) -> None:
+        """Show each of the sweep's problems next to the field it concerns."""
+        for field, message in exc.errors:
+            field = AXIS_ERROR_FIELDS.get(field, field)
+            if field in self.fields:
+                self.add_error(field, message)
+            else:
+                self.add_error(None, f"{field}: {message}")
 
 
 class TeamForm(forms.ModelForm):

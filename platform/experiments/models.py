@@ -5,7 +5,9 @@ plus `lost` when its worker stopped heartbeating. Every transition is one condit
 UPDATE on the row, so two workers can never both claim a run, and a late or duplicate
 message finds nothing to do. Postgres (or SQLite locally) is the source of truth; the
 broker only carries "execute run N, attempt A", and a worker that gets such a message executes
-the oldest queued run of that run's queue (`claim_next`), so runs start first in, first out.
+the next queued run of that run's queue (`claim_next`): teams take turns, and within a team runs
+start first in, first out. Sending a message is best-effort (`experiments.dispatch`): work stays
+queued when the broker is down, and a worker's dispatcher sends what may be missing later.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ import hashlib
 import secrets
 import shutil
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
 from experiments.collapse import METRIC as COLLAPSE_METRIC
@@ -39,6 +41,21 @@ def needed_queues(configs: list[RunConfig]) -> list[str]:
     found = {config.queue: None for config in configs}
     found.update({config.rollout_queue: None for config in configs if config.rollout_queue})
     return list(found)
+
+
+def queued_cap_refusal(team: Team, adding: int) -> str:
+    """Why `team` may not queue `adding` more runs now ("" if it may): `LAB_TEAM_MAX_QUEUED`."""
+    cap = settings.LAB_TEAM_MAX_QUEUED
+    if not cap:
+        return ""
+    queued = Run.objects.filter(experiment__team=team, status=Run.QUEUED).count()
+    if queued + adding <= cap:
+        return ""
+    return (
+        f"team {team} has {queued} queued run{'s' if queued != 1 else ''}; {adding} more would exceed "
+        f"the limit of {cap} queued runs per team (LAB_TEAM_MAX_QUEUED): wait for some to start, "
+        "or cancel some"
+    )
 
 
 class Worker(models.Model):
@@ -85,6 +102,9 @@ class Team(models.Model):
     name = models.CharField(max_length=100, unique=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
     created = models.DateTimeField(auto_now_add=True)
+    last_claimed = models.DateTimeField(
+        null=True, blank=True, help_text="when a worker last started one of its runs (teams take turns)"
+    )
 
     class Meta:
         ordering = ["name"]
@@ -257,6 +277,14 @@ class Experiment(models.Model):
         }
 
 
+NEVER = datetime.min.replace(tzinfo=UTC)  # a team never served goes before any that was
+
+DISPATCHED_AT_HELP = (
+    "when a message for the current attempt was last sent to the broker; empty while the broker "
+    "could not be reached (a worker's dispatcher sends it again)"
+)
+
+
 class Leased:
     """The lease idiom of runs and rollout jobs: every transition is one conditional UPDATE of
     the row (`status`, `attempt`, `worker`, `heartbeat`, `started`, `finished`, `error`), so one
@@ -319,6 +347,9 @@ class Run(Leased, models.Model):
     status = models.CharField(max_length=20, choices=STATUSES, default=QUEUED, db_index=True)
     attempt = models.PositiveIntegerField(default=1)
     cancel_requested = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(
+        null=True, blank=True, default=timezone.now, help_text=DISPATCHED_AT_HELP
+    )
     worker = models.CharField(max_length=200, blank=True)
     heartbeat = models.DateTimeField(null=True, blank=True)
     started = models.DateTimeField(null=True, blank=True)
@@ -503,7 +534,10 @@ class Run(Leased, models.Model):
         if dead:
             report["no_worker"] = f"no worker is listening on queue {' or '.join(dead)}"
         if self.status == Run.QUEUED:
-            report.update(phase="waiting", text="waiting for a worker")
+            text = "waiting for a worker"
+            if self.dispatched_at is None:
+                text += " (the message broker could not be reached: it is sent as soon as the broker is back)"
+            report.update(phase="waiting", text=text)
             return report
         report["phase"] = self.phase or "starting"
         timing = detail.get("timing")
@@ -541,25 +575,59 @@ class Run(Leased, models.Model):
         return list(self.rollout_jobs.order_by("-step", "part")[:limit])
 
     def enqueue(self) -> None:
-        """Send "execute this attempt" to the run's queue once the current transaction commits."""
-        from lab.celery import app
+        """Send "execute this attempt" to the run's queue once the current transaction commits;
+        best-effort (`experiments.dispatch.send`): if the broker cannot be reached, the run stays
+        queued with no `dispatched_at`, and a worker's dispatcher sends it when the broker is back."""
+        from experiments import dispatch
 
         run_id, attempt, queue = self.pk, self.attempt, self.queue
-        transaction.on_commit(
-            lambda: app.send_task("workers.tasks.execute_run", args=[run_id, attempt], queue=queue)
+        transaction.on_commit(lambda: dispatch.send(Run, run_id, attempt, queue))
+
+    @classmethod
+    def running_per_team(cls) -> dict[int, int]:
+        """Team id → how many of its runs are running now (on any queue)."""
+        return dict(
+            cls.objects.filter(status=cls.RUNNING)
+            .values_list("experiment__team")
+            .annotate(n=Count("id"))
+            .order_by()
         )
 
     @classmethod
     def claim_next(cls, queue: str, worker: str) -> Run | None:
-        """Claim the oldest queued run of `queue` for `worker`: first in, first out across
-        experiments, whatever order the broker delivers its messages in. None if none is queued."""
+        """Claim the next queued run of `queue` for `worker`, whatever order the broker delivers
+        its messages in. Teams take turns: the team with the fewest running runs goes first, then
+        the one served least recently (`Team.last_claimed`), then the one whose oldest queued run
+        is oldest; within a team, first in, first out. A team running `LAB_TEAM_MAX_RUNNING` runs
+        waits. None if no run can start."""
+        cap = settings.LAB_TEAM_MAX_RUNNING
         while True:
-            run = cls.objects.filter(status=cls.QUEUED, queue=queue).order_by("id").first()
-            if run is None:
+            heads = dict(
+                cls.objects.filter(status=cls.QUEUED, queue=queue)
+                .values_list("experiment__team")
+                .annotate(oldest=Min("id"))
+                .order_by()
+            )
+            running = cls.running_per_team()
+            served = dict(Team.objects.filter(pk__in=heads).values_list("pk", "last_claimed"))
+            turns = sorted(
+                (running.get(team, 0), served[team] or NEVER, oldest, team)
+                for team, oldest in heads.items()
+                if not cap or running.get(team, 0) < cap
+            )
+            if not turns:
                 return None
-            if run.claim(worker, run.attempt):
-                return run
-            # Another worker claimed it (or it was cancelled) in the meantime: the next one.
+            *_, oldest, team = turns[0]
+            with transaction.atomic():
+                # Claims of one team's runs take turns, so two workers never both take its last slot.
+                Team.objects.select_for_update().filter(pk=team).first()
+                if cap and cls.objects.filter(status=cls.RUNNING, experiment__team=team).count() >= cap:
+                    continue
+                run = cls.objects.get(pk=oldest)
+                if run.claim(worker, run.attempt):
+                    Team.objects.filter(pk=team).update(last_claimed=run.started)
+                    return run
+            # Another worker claimed it (or it was cancelled) in the meantime: look again.
 
     def claim_resets(self) -> dict:
         """A new attempt starts with no phase of its own yet, and no summary (the last attempt's)."""
@@ -634,7 +702,7 @@ class Run(Leased, models.Model):
                 f"run {self.pk} has used all {settings.LAB_MAX_ATTEMPTS} attempts (LAB_MAX_ATTEMPTS); "
                 "start a new sweep to run it again"
             )
-        return ""
+        return queued_cap_refusal(self.experiment.team, 1)
 
     def retry(self) -> bool:
         """failed / cancelled / lost → queued as a new attempt, resuming from its last checkpoint,
@@ -650,9 +718,12 @@ class Run(Leased, models.Model):
                 cancel_requested=None,
                 worker="",
                 finished=None,
+                dispatched_at=timezone.now(),
             )
             if done:
                 self.enqueue()
+        if done:
+            self.refresh_from_db(fields=["dispatched_at"])  # cleared if the message could not be sent
         return done
 
     def mark_lost(self, stale_before: datetime) -> bool:
@@ -715,6 +786,9 @@ class RolloutJob(Leased, models.Model):
     queue = models.CharField(max_length=20, default="rollout")
     status = models.CharField(max_length=20, choices=STATUSES, default=QUEUED, db_index=True)
     attempt = models.PositiveIntegerField(default=1)
+    dispatched_at = models.DateTimeField(
+        null=True, blank=True, default=timezone.now, help_text=DISPATCHED_AT_HELP
+    )
     worker = models.CharField(max_length=200, blank=True)
     heartbeat = models.DateTimeField(null=True, blank=True)
     started = models.DateTimeField(null=True, blank=True)
@@ -740,13 +814,12 @@ class RolloutJob(Leased, models.Model):
         return (self.finished - self.started).total_seconds()
 
     def enqueue(self) -> None:
-        """Send "generate this attempt" to the job's queue once the current transaction commits."""
-        from lab.celery import app
+        """Send "generate this attempt" to the job's queue once the current transaction commits;
+        best-effort, like `Run.enqueue`."""
+        from experiments import dispatch
 
         job_id, attempt, queue = self.pk, self.attempt, self.queue
-        transaction.on_commit(
-            lambda: app.send_task("workers.tasks.generate_batch", args=[job_id, attempt], queue=queue)
-        )
+        transaction.on_commit(lambda: dispatch.send(RolloutJob, job_id, attempt, queue))
 
     def beat(self, worker: str, attempt: int) -> bool:
         return (
@@ -775,6 +848,7 @@ class RolloutJob(Leased, models.Model):
                 attempt=F("attempt") + 1,
                 worker="",
                 error=error,
+                dispatched_at=timezone.now(),
             ):
                 self.enqueue()
                 return True
@@ -797,6 +871,7 @@ class RolloutJob(Leased, models.Model):
                 path="",
                 sha256="",
                 error=error,
+                dispatched_at=timezone.now(),
             )
             if done:
                 self.enqueue()

@@ -5,7 +5,8 @@ a run's fields, defaults and bounds live) and returns the resolved configs, or r
 `SweepError` listing each problem once as `(field, message)`. Fields are named the way the
 submitter wrote them: `presets`, `seeds`, `staleness.sync_offset`, or the dotted path inside
 the base config (`rollout.group_size`, `task.path`). The form and the API both create runs through
-`create_experiment`, which enqueues them only after the transaction commits.
+`create_experiment`, which refuses a sweep that would take its team over `LAB_TEAM_MAX_QUEUED`
+queued runs and enqueues the runs only after the transaction commits.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from pydantic import ValidationError
 
-from experiments.models import Experiment, Run, Team, validation_context
+from experiments.models import Experiment, Run, Team, queued_cap_refusal, validation_context
 from rlcore import presets as rl_presets
 from rlcore.config import RunConfig, StalenessConfig, error_list
 
@@ -236,8 +237,14 @@ def expand(
 
 
 def create_experiment(team: Team, owner, name: str, description: str, sweep: Sweep) -> Experiment:
-    """Store the experiment and one queued run per cell; enqueue them after commit."""
+    """Store the experiment and one queued run per cell; enqueue them after commit.
+
+    Raises `SweepError` (field `team`) when the team would have more than `LAB_TEAM_MAX_QUEUED`
+    queued runs; the team's row stays locked meanwhile, so two submissions cannot both pass."""
     with transaction.atomic():
+        Team.objects.select_for_update().filter(pk=team.pk).first()
+        if refusal := queued_cap_refusal(team, len(sweep.configs)):
+            raise SweepError([("team", refusal)])
         experiment = Experiment.objects.create(
             team=team, owner=owner, name=name, description=description, spec=sweep.as_spec()
         )

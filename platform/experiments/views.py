@@ -28,7 +28,7 @@ from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from experiments import collapse, compare, curves, sweeps
+from experiments import collapse, compare, curves, dispatch, sweeps
 from experiments.forms import TEMPLATES, InviteForm, LoginForm, SweepForm, TeamForm
 from experiments.models import (
     ApiToken,
@@ -42,6 +42,7 @@ from experiments.models import (
     Team,
 )
 
+UNDISPATCHED = dispatch.NOT_SENT[:1].upper() + dispatch.NOT_SENT[1:] + "."
 RECENT_STEPS = 10
 RECENT_COMPLETIONS = 20
 # The run page's side-by-side table: this many of the run's latest prompts, this many other runs each.
@@ -137,14 +138,20 @@ def submit_sweep(request: HttpRequest) -> HttpResponse:
     form = SweepForm(request.POST or None, user=request.user, initial=template)
     if request.method == "POST" and form.is_valid() and "preview" not in request.POST:
         data = form.cleaned_data
-        experiment = sweeps.create_experiment(
-            data["team"], request.user, data["name"], data["description"], form.sweep
-        )
-        queued = experiment.runs.count()
-        messages.success(request, f"Queued {queued} run{'' if queued == 1 else 's'}.")
-        for warning in form.queue_warnings:
-            messages.warning(request, warning)
-        return redirect("experiment-detail", experiment.pk)
+        try:
+            experiment = sweeps.create_experiment(
+                data["team"], request.user, data["name"], data["description"], form.sweep
+            )
+        except sweeps.SweepError as exc:  # the team's queued cap, reached since the form was checked
+            form.add_sweep_errors(exc)
+        else:
+            queued = experiment.runs.count()
+            messages.success(request, f"Queued {queued} run{'' if queued == 1 else 's'}.")
+            if experiment.runs.filter(dispatched_at=None).exists():
+                messages.warning(request, UNDISPATCHED)
+            for warning in form.queue_warnings:
+                messages.warning(request, warning)
+            return redirect("experiment-detail", experiment.pk)
     status = 422 if request.method == "POST" and form.errors else 200
     return render(request, "experiments/submit.html", {"form": form}, status=status)
 
@@ -535,6 +542,8 @@ def run_retry(request: HttpRequest, run_id: int) -> HttpResponse:
     refusal = run.retry_refusal()
     if not refusal and run.retry():
         messages.success(request, f"Run {run.pk} queued again as attempt {run.attempt}.")
+        if run.dispatched_at is None:
+            messages.warning(request, UNDISPATCHED)
     else:
         refusal = refusal or run.retry_refusal()
         messages.error(request, refusal[:1].upper() + refusal[1:] + ".")

@@ -9,6 +9,10 @@ started from the repository root cannot import `lab`. The broker is Redis when `
 is set, else kombu's filesystem transport under `var/broker/`. One worker executes one run
 at a time (solo pool, prefetch 1); messages are acknowledged only after the run ends, and
 the run's own row in the database, not the message, decides whether it executes.
+
+The broker only delivers: publishing gives up quickly when it is unreachable (the caller logs it
+and a worker's dispatcher sends the message later, `experiments.dispatch`), and a worker whose
+broker went away keeps reconnecting, however long it takes.
 """
 
 import os
@@ -28,8 +32,14 @@ app = Celery("lab", include=["workers.tasks"])
 
 def _transport_options() -> dict:
     if settings.REDIS_URL:
-        # An unacknowledged run must not be handed to a second worker while the first still trains.
-        return {"visibility_timeout": settings.LAB_MAX_RUN_S + 3600}
+        return {
+            # An unacknowledged run must not be handed to a second worker while the first still trains.
+            "visibility_timeout": settings.LAB_MAX_RUN_S + 3600,
+            # A broker that cannot be reached holds neither a request nor the dispatcher for long;
+            # reads wait longer than a worker's 1 s BRPOP poll.
+            "socket_connect_timeout": settings.LAB_BROKER_TIMEOUT_S,
+            "socket_timeout": 2 * settings.LAB_BROKER_TIMEOUT_S + 1,
+        }
     queue_dir = str(settings.BROKER_DIR / "queue")
     return {
         "data_folder_in": queue_dir,
@@ -47,6 +57,23 @@ app.conf.update(
     broker_url=settings.CELERY_BROKER_URL,
     broker_transport_options=_transport_options(),
     broker_connection_retry_on_startup=True,
+    # A worker reconnects to a broker that went away (a Redis restart loses its messages; the
+    # dispatcher re-sends them) for as long as it takes, instead of exiting after 100 tries.
+    broker_connection_retry=True,
+    broker_connection_max_retries=None,
+    broker_connection_timeout=settings.LAB_BROKER_TIMEOUT_S,
+    # Publishing tries three times within about a second, then raises: the caller logs it, the
+    # database keeps the work queued, and the dispatcher sends it once the broker is back.
+    task_publish_retry=True,
+    task_publish_retry_policy={
+        "max_retries": 2,
+        "interval_start": 0,
+        "interval_step": 0.5,
+        "interval_max": 1,
+    },
+    # The solo pool notices a lost connection only after the run it executes has ended; that run
+    # is not cancelled (its row, not the message, says it is done).
+    worker_cancel_long_running_tasks_on_connection_loss=False,
     task_queues=[Queue(name) for name in QUEUES],
     task_default_queue="cpu",
     task_acks_late=True,

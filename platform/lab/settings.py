@@ -63,6 +63,17 @@ def _paths(name: str, default: Path) -> list[str]:
     return [str(Path(p).resolve()) for p in value.split(":") if p] if value else [str(default)]
 
 
+def _number(name: str, kind: type, default: float, minimum: float):
+    """Setting `name` from the environment as an int or float, at least `minimum`."""
+    try:
+        value = kind(os.environ.get(name) or default)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, not {os.environ.get(name)!r}") from exc
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}")
+    return value
+
+
 SECRET_KEY = _secret_key()
 DEBUG = os.environ.get("DEBUG", "") in ("1", "true", "yes")
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
@@ -228,6 +239,17 @@ LAB_MAX_SWEEP_RUNS = int(os.environ.get("LAB_MAX_SWEEP_RUNS", 512))
 LAB_DB_OUTAGE_S = float(os.environ.get("LAB_DB_OUTAGE_S", 120))
 if LAB_DB_OUTAGE_S < 0:
     raise ImproperlyConfigured(f"LAB_DB_OUTAGE_S must be at least 0 seconds, not {LAB_DB_OUTAGE_S}")
+# Fair sharing: per team, at most this many runs queued (a submission or retry over it is refused)
+# and running (workers pass over a team at its cap); 0 means no cap.
+LAB_TEAM_MAX_QUEUED = _number("LAB_TEAM_MAX_QUEUED", int, 1024, minimum=0)
+LAB_TEAM_MAX_RUNNING = _number("LAB_TEAM_MAX_RUNNING", int, 0, minimum=0)
+# The broker only delivers: sending a message is best-effort and gives up after about
+# LAB_BROKER_TIMEOUT_S per connection attempt; every worker's dispatcher checks every
+# LAB_DISPATCH_INTERVAL_S for queued work whose message may be missing (never sent, or lost with
+# a broker restart) once it has waited LAB_DISPATCH_GRACE_S, and sends it again.
+LAB_BROKER_TIMEOUT_S = _number("LAB_BROKER_TIMEOUT_S", float, 2, minimum=0.1)
+LAB_DISPATCH_INTERVAL_S = _number("LAB_DISPATCH_INTERVAL_S", float, 5, minimum=0.1)
+LAB_DISPATCH_GRACE_S = _number("LAB_DISPATCH_GRACE_S", float, 10, minimum=0)
 
 # The queues of the Celery workers `manage.py up` (`make up`) starts on this machine, one worker
 # each: a training worker and a rollout worker, so simulated, distributed and async runs all run.

@@ -1,5 +1,6 @@
-"""Fixtures for the platform tests: settings for a test var/ folder, users and teams, and
-real Celery worker processes that share the test database.
+"""Fixtures for the platform tests: settings for a test var/ folder, users and teams, real
+Celery worker processes that share the test database, and a redis-server of a test's own
+(`redis_server`, with `use_broker` pointing this process's Celery app at it) for broker outages.
 
 The tests run against whatever `DATABASE_URL` / `REDIS_URL` say (CI: real PostgreSQL and
 Redis) or, with neither set, against the embedded defaults (SQLite file, filesystem broker).
@@ -9,10 +10,12 @@ torch thread (`LAB_TORCH_THREADS=1`, and OpenMP/MKL told the same), as two cores
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +31,8 @@ os.environ["LAB_VAR_DIR"] = str(TEST_VAR)
 os.environ["LAB_DATA_ROOTS"] = str(TEST_VAR / "data")
 os.environ["LAB_HEARTBEAT_TIMEOUT_S"] = "3"
 os.environ["LAB_REAP_INTERVAL_S"] = "1"
+os.environ["LAB_DISPATCH_INTERVAL_S"] = "1"
+os.environ["LAB_DISPATCH_GRACE_S"] = "2"
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
 django.setup()  # this conftest is not an initial one, so pytest-django has not set Django up yet
 
@@ -110,6 +115,87 @@ def purge_queue(queue: str = "cpu") -> None:
 
     with app.connection_for_write() as conn:
         conn.default_channel.queue_purge(queue)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def use_broker(url: str) -> Iterator[None]:
+    """Point this process's Celery app (what the pages and the API send with) at `url` meanwhile."""
+    from lab.celery import app
+
+    def switch(to: str) -> None:
+        # kombu keeps one connection pool per broker URL for the process: switching back finds
+        # the old one again, so it is left open.
+        app.conf.broker_url = to
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    before = app.conf.broker_url
+    switch(url)
+    try:
+        yield
+    finally:
+        switch(before)
+
+
+class RedisServer:
+    """`redis-server` on a free loopback port, keeping nothing on disk (a restart loses every
+    message, like a Redis without persistence); bounded by `timeout`, in its own process group."""
+
+    def __init__(self, log_path: Path):
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._log = log_path.open("a")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                *f"timeout -s KILL {WORKER_LIMIT_S} redis-server --port {self.port} --bind 127.0.0.1".split(),
+                *("--save", "", "--appendonly", "no"),
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(self.ping, 20, f"redis-server on port {self.port}")
+
+    def ping(self) -> bool:
+        import redis
+
+        try:
+            return redis.Redis(port=self.port, socket_connect_timeout=1).ping()
+        except redis.ConnectionError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: the server goes away at once, and every message with it."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_group(self.proc, signal.SIGTERM, timeout_s=10)
+        self._log.close()
+
+
+@pytest.fixture
+def redis_server(tmp_path) -> Iterator[RedisServer]:
+    """A started redis-server of this test's own; stopped at teardown."""
+    if not os.environ.get("REDIS_URL"):
+        pytest.skip("the tests run with the filesystem broker (no REDIS_URL): there is no Redis to take down")
+    server = RedisServer(tmp_path / "redis.log")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
 
 
 class WorkerProcess:

@@ -409,7 +409,11 @@ def test_valid_api_sweep_returns_the_experiment_and_its_runs(api):
     assert response.status_code == 201, response.content
     body = response.json()
     experiment = Experiment.objects.get()
-    assert body == {"experiment": experiment.pk, "runs": sorted(experiment.runs.values_list("pk", flat=True))}
+    assert body == {
+        "experiment": experiment.pk,
+        "runs": sorted(experiment.runs.values_list("pk", flat=True)),
+        "message": "4 runs queued",
+    }
     assert len(body["runs"]) == 4 and queued_messages() == 4
 
 
