@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
+from pydantic import ValidationError
 
 from experiments.collapse import METRIC as COLLAPSE_METRIC
 from experiments.collapse import Collapse, find_collapse
@@ -503,8 +504,13 @@ class Run(Leased, models.Model):
 
     @property
     def needed_queues(self) -> list[str]:
-        """The queues this run's jobs go to: its training queue, and its rollout queue if it has one."""
-        return needed_queues([RunConfig.model_validate(self.config)])
+        """The queues this run's jobs go to: its training queue, and its rollout queue if it has one.
+        A stored config today's rules refuse (stored before a bound was added: its run fails with
+        the reason when it starts) still shows, with its training queue."""
+        try:
+            return needed_queues([RunConfig.model_validate(self.config)])
+        except ValidationError:
+            return [self.queue]
 
     def progress_report(self, live_queues: set[str] | None = None) -> dict[str, Any]:
         """What the run is doing now, for its row, its page and the API.

@@ -8,7 +8,6 @@ Screenshots land in var/test/screenshots/."""
 from __future__ import annotations
 
 import csv
-import time
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlencode
@@ -22,7 +21,6 @@ from sample_experiments import START, make_finished_experiment
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCREENSHOTS = TEST_VAR / "screenshots"
-INTERACTIVE_S = 3.0
 
 # Per panel: [kind, preset] of every trace, and the mean lines' colours.
 TRACES_JS = """() => [...document.querySelectorAll('#plots .panel')].map(panel => ({
@@ -61,11 +59,9 @@ def download(page, selector: str) -> list[dict[str, str]]:
 def test_the_grid_controls_permalink_and_csv_of_a_finished_experiment(page, live_server, team, alice):
     experiment = make_finished_experiment(team, alice)
     page.goto(live_server.url + reverse("experiment-detail", args=[experiment.pk]))
-    started = time.monotonic()
     page.click("#compare-link")
+    # How fast it gets there is bench/dashboard.py's business; tests never time anything.
     rendered(page, metric="eval/accuracy", x="step", band="std", view="grid")
-    interactive_s = time.monotonic() - started
-    assert interactive_s <= INTERACTIVE_S, f"interactive after {interactive_s:.2f} s"
     page.select_option("select[name=metric]", "reward/mean")
     rendered(page, metric="reward/mean")
     page.screenshot(path=SCREENSHOTS / "compare-grid.png", full_page=True)

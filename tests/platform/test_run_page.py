@@ -369,3 +369,18 @@ def test_the_rollout_jobs_table_is_bounded_and_a_simulated_run_has_none(alice_cl
     assert (
         'id="rollout-jobs"' not in page and "Rollout jobs" not in page and 'id="execution-report"' not in page
     )
+
+
+def test_a_run_whose_stored_config_todays_bounds_refuse_still_has_its_page(alice_client, team, alice):
+    """A config stored before a bound existed (here: more steps than allowed now) must not turn
+    the run's page, its row and the experiment page into a 500; the run fails with the reason
+    when a worker starts it."""
+    experiment = make_finished_experiment(team, alice, seeds=(0,), steps=4)
+    run = experiment.runs.first()
+    Run.objects.filter(pk=run.pk).update(status=Run.QUEUED, config={**run.config, "steps": 10**9})
+    for url in (
+        reverse("run-detail", args=[run.pk]),
+        reverse("experiment-detail", args=[experiment.pk]),
+    ):
+        response = alice_client.get(url)
+        assert response.status_code == 200, (url, response.status_code)
