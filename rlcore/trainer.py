@@ -303,6 +303,11 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
     }
 
 
+# θ0 logits scored at once in an evaluation (2^27 floats: 512 MiB): with a real vocabulary and
+# long responses a chunk holds a few prompts, with the built-in model the whole held-out set.
+EVAL_LOGITS = 2**27
+
+
 def evaluate(
     config: RunConfig,
     lm: models.LoadedModel,
@@ -311,27 +316,39 @@ def evaluate(
     problems: list[tasks.Problem],
     step: int,
 ) -> dict[str, float]:
-    """Greedy held-out accuracy, plus `eval/kl_init`: k3 on fresh samples of the current policy."""
+    """Greedy held-out accuracy, plus `eval/kl_init`: k3 on fresh samples of the current policy.
+
+    Both go through the problems in chunks sized for memory (`models.EVAL_ROWS` prompts, at most
+    `EVAL_LOGITS` θ0 logits); problem i samples with its own generator, so the chunking changes
+    no sample."""
     result = models.evaluate(lm, task, problems, config.rollout.max_new_tokens)
+    prompts = lm.encode([p.prompt for p in problems])
+    generators = group_rngs(config.seed, step, "eval", range(len(problems)))
+    width = max(len(ids) for ids in prompts) + config.rollout.max_new_tokens
+    vocab = lm.model.get_output_embeddings().weight.shape[0]
+    rows = max(1, min(models.EVAL_ROWS, EVAL_LOGITS // (width * vocab)))
+    device = next(initial.parameters()).device
+    k3_sum, tokens = 0.0, 0.0
     with torch.inference_mode():
-        sampled = decode(
-            lm.model,
-            lm.encode([p.prompt for p in problems]),
-            config.rollout.max_new_tokens,
-            config.rollout.temperature,
-            config.rollout.top_p,
-            group_rngs(config.seed, step, "eval", range(len(problems))),
-            lm.eos_id,
-            lm.pad_id,
-        )
-        device = next(initial.parameters()).device
-        sampled_dev = sampled.to(device)
-        init_logp, _ = token_logprobs(
-            score_responses(initial, sampled_dev), sampled_dev.response_ids, config.rollout.temperature
-        )
-        delta = sampled_dev.logp - init_logp
-        m = sampled_dev.response_mask
-        k3 = float(((torch.exp(-delta) - 1 + delta) * m).sum() / m.sum().clamp(min=1))
+        for lo in range(0, len(problems), rows):
+            sampled = decode(
+                lm.model,
+                prompts[lo : lo + rows],
+                config.rollout.max_new_tokens,
+                config.rollout.temperature,
+                config.rollout.top_p,
+                generators[lo : lo + rows],
+                lm.eos_id,
+                lm.pad_id,
+            ).to(device)
+            init_logp, _ = token_logprobs(
+                score_responses(initial, sampled), sampled.response_ids, config.rollout.temperature
+            )
+            delta = sampled.logp - init_logp
+            m = sampled.response_mask
+            k3_sum += float(((torch.exp(-delta) - 1 + delta) * m).sum())
+            tokens += float(m.sum())
+    k3 = k3_sum / max(tokens, 1.0)
     return {"eval/accuracy": result.accuracy, "eval/reward": result.reward, "eval/kl_init": k3}
 
 

@@ -142,6 +142,30 @@ def test_micro_batches_give_the_same_update(small_config, cache_dir):
             assert a[name] == pytest.approx(b[name], rel=1e-4, abs=1e-6), name
 
 
+def test_an_evaluation_in_chunks_equals_one_in_one_piece(small_config, cache_dir, monkeypatch):
+    """Evaluations go through the held-out set in chunks sized for memory (a real vocabulary's θ0
+    logits of a whole held-out set do not fit): the chunks change no sample and no metric."""
+    config = small_config(steps=2, eval_size=24, optimizer={"lr": 1e-3})
+    learner = trainer.prepare(config, cache_dir)
+    source = trainer.local_source(learner, cache_dir)
+    for step in (1, 2):  # a policy that moved away from θ0, so eval/kl_init is not ~0
+        trainer.run_step(learner, source, step)
+    whole = learner.evaluate(step=2)
+    monkeypatch.setattr(models, "EVAL_ROWS", 5)
+    monkeypatch.setattr(trainer, "EVAL_LOGITS", 1)  # one prompt per θ0 chunk
+    scored_rows = []
+    score = trainer.score_responses
+    monkeypatch.setattr(
+        trainer,
+        "score_responses",
+        lambda model, r, *a: scored_rows.append(r.response_ids.shape[0]) or score(model, r, *a),
+    )
+    chunked = learner.evaluate(step=2)
+    assert scored_rows == [1] * 24
+    assert whole["eval/kl_init"] > 1e-6
+    assert chunked == pytest.approx(whole, rel=1e-5, abs=1e-9)
+
+
 def test_nan_weights_stop_the_run_as_diverged_and_keep_what_was_logged(small_config, cache_dir, tmp_path):
     config = small_config()
     task = tasks.build(config.task)
