@@ -112,7 +112,16 @@ def execute(run_id: int, attempt: int) -> str:
 
 @retry_db
 def claim(run_id: int, worker: str) -> Run | None:
-    """The oldest queued run of run `run_id`'s queue, claimed by `worker`; None if there is none."""
+    """The next queued run of run `run_id`'s queue, claimed by `worker`; None if there is none.
+
+    A run already running under this worker's name comes first: a worker executes one run at a
+    time, so that is a claim whose UPDATE committed but whose answer the database dropped (an
+    outage between the two: this is `retry_db`'s retry). Claiming another would leave that one
+    claimed, without a heartbeat, until the reaper took an attempt from it."""
+    held = Run.objects.filter(status=Run.RUNNING, worker=worker).order_by("id").first()
+    if held is not None:
+        log.warning("run %s attempt %s: already claimed by this worker; executing it", held.pk, held.attempt)
+        return held
     hint = Run.objects.filter(pk=run_id).first()
     return Run.claim_next(hint.queue, worker) if hint is not None else None
 

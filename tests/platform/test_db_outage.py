@@ -84,3 +84,26 @@ def test_reachable_for_counts_from_the_last_failure(monkeypatch):
     assert reachable_for(3600)
     db_outage.note_unreachable()
     assert not reachable_for(3600) and reachable_for(0)
+
+
+def test_a_claim_whose_answer_was_lost_is_taken_back_not_doubled(postgres_only, team, alice):
+    """The database drops between a claim's commit and its answer: the retried claim finds the run
+    this worker already holds and executes it, instead of claiming the next one and leaving the
+    first claimed without a heartbeat (the reaper would take an attempt from it)."""
+    from conftest import TINY_CONFIG
+    from experiments.sweeps import create_experiment, expand
+
+    from workers import tasks
+
+    experiment = create_experiment(
+        team, alice, "claims", "", expand(TINY_CONFIG, ["grpo", "reinforce"], [{}], [0])
+    )
+    first, second = experiment.runs.order_by("id")
+    worker = "host:1234"
+    assert Run.claim_next(first.queue, worker).pk == first.pk  # committed; its answer "lost"
+
+    drop_this_connection()
+    assert tasks.claim(second.pk, worker).pk == first.pk
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.status, first.attempt, second.status) == (Run.RUNNING, 1, Run.QUEUED)
