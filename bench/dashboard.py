@@ -207,7 +207,7 @@ def report(
         f"{args.runs // (len(PRESETS) * len(STALENESS))} seeds) × {args.steps:,} steps × {len(METRICS)} metrics "
         f"= {args.runs * args.steps * len(METRICS):,} points, written through the worker's `DatabaseSink` "
         f"in {ingest_s:.0f} s, then `VACUUM ANALYZE` (`ANALYZE` on SQLite) of the table, as autovacuum "
-        "would. Each metric: one warm-up call, then the median of {args.calls} calls of "
+        f"would. Each metric: one warm-up call, then the median of {args.calls} calls of "
         "`GET /experiments/<id>/compare/data?metric=…` (defaults: x step, band std, rule last) through "
         'Django\'s test client; "ORM read" is the median time of one `values_list` query of that '
         "metric's points (a Python tuple per point), the reference: on PostgreSQL the view reads one "
