@@ -1,6 +1,7 @@
 """The admin: teams with their members inline, invitations, experiments, runs, rollout jobs and
 API tokens."""
 
+from django import forms
 from django.contrib import admin
 
 from experiments.forms import AdminLoginForm
@@ -10,10 +11,33 @@ from experiments.models import ApiToken, Experiment, Invitation, Membership, Rol
 admin.site.login_form = AdminLoginForm
 
 
+class MembershipForm(forms.ModelForm):
+    """A membership row of the admin: staff never put a superuser into a team (teams by consent:
+    a superuser joins by accepting an invitation, or adds themselves)."""
+
+    request_user = None  # the admin user of this request (MembershipInline.get_formset)
+
+    def clean_user(self):
+        user = self.cleaned_data["user"]
+        added = self.instance.pk is None or self.instance.user_id != user.pk
+        if added and user.is_superuser and user != self.request_user:
+            raise forms.ValidationError(
+                "user: a superuser is never added to a team by someone else; they join by accepting "
+                "an invitation or add themselves"
+            )
+        return user
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
+    form = MembershipForm
     extra = 1
     autocomplete_fields = ["user"]
+
+    def get_formset(self, request, obj=None, **kwargs):
+        formset = super().get_formset(request, obj, **kwargs)
+        formset.form = type(formset.form.__name__, (formset.form,), {"request_user": request.user})
+        return formset
 
 
 @admin.register(Team)

@@ -114,3 +114,39 @@ def test_any_user_can_create_a_team_and_is_its_admin(users):
     team = dave.teams.get()
     assert response["Location"] == reverse("team-detail", args=[team.pk])
     assert team.name == "dave's team" and team.is_admin(dave) and team.members.count() == 1
+
+
+def test_the_admin_never_puts_a_superuser_into_a_team_but_their_own_doing(users, django_user_model):
+    """Staff editing a team in the admin cannot add a superuser (teams by consent); a superuser may
+    add themselves, and other users are added as before."""
+    from experiments.models import Team
+
+    staff = django_user_model.objects.create_superuser("ops", password="ops-password-1")
+    team = Team.objects.create(name="lab-ops")
+    url = reverse("admin:experiments_team_change", args=[team.pk])
+
+    def add(client: Client, user):
+        return client.post(
+            url,
+            {
+                "name": team.name,
+                "memberships-TOTAL_FORMS": "1",
+                "memberships-INITIAL_FORMS": "0",
+                "memberships-MIN_NUM_FORMS": "0",
+                "memberships-MAX_NUM_FORMS": "1000",
+                "memberships-0-user": str(user.pk),
+                "memberships-0-team": str(team.pk),
+            },
+        )
+
+    refused = add(browser(staff), users["root"])
+    assert refused.status_code == 200  # the form again, with the error
+    assert "a superuser is never added to a team by someone else" in refused.content.decode()
+    assert not Membership.objects.filter(team=team).exists()
+
+    assert add(browser(staff), users["bob"]).status_code == 302
+    assert add(browser(users["root"]), users["root"]).status_code == 302
+    assert set(Membership.objects.filter(team=team).values_list("user__username", flat=True)) == {
+        "bob",
+        "root",
+    }
