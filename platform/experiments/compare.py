@@ -612,14 +612,15 @@ def curves_csv(payload: dict[str, Any]) -> str:
 
 
 def summary_csv(payload: dict[str, Any]) -> str:
-    """The summary table as CSV: one row per (preset, staleness), the final value and then the
-    group's throughput (`throughput_n_seeds`: the runs with logged step times)."""
+    """The summary table as CSV: one row per (preset, staleness), the final value, how many of
+    its runs collapsed, and then the group's throughput (`throughput_n_seeds`: the runs with
+    logged step times)."""
     out = io.StringIO()
     writer = csv.writer(out)
     several = len(payload["experiments"]) > 1
     columns = [
         *(["experiment"] if several else []),
-        *("preset", "staleness", "n_runs", "n_seeds", "value", "ci_lo", "ci_hi", "std"),
+        *("preset", "staleness", "n_runs", "n_seeds", "value", "ci_lo", "ci_hi", "std", "n_collapsed"),
     ]
     writer.writerow([*columns, *THROUGHPUT_COLUMNS, "throughput_n_seeds"])
     for row, speed in zip(payload["summary"], payload["throughput"], strict=True):

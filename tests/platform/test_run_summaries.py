@@ -10,6 +10,7 @@ and in the API; the comparison page, in a real headless Chromium, lists the coll
 
 from __future__ import annotations
 
+import csv
 import io
 import shutil
 from datetime import UTC, datetime, timedelta
@@ -118,6 +119,11 @@ def test_a_run_at_lr_1_collapses_and_one_at_the_default_lr_does_not(worker, team
         healthy.pk: (False, None),
     }
     assert sorted(row["n_collapsed"] for row in data["summary"]) == [0, 1]
+    table = alice_client.get(
+        reverse("runs-compare-summary"),
+        {"runs": f"{collapsed.pk},{healthy.pk}", "metric": "eval/accuracy", "format": "csv"},
+    ).content.decode()
+    assert sorted(row["n_collapsed"] for row in csv.DictReader(io.StringIO(table))) == ["0", "1"]
     detail = alice_client.get(f"/api/runs/{collapsed.pk}", HTTP_AUTHORIZATION=f"Bearer {token}").json()
     assert detail["collapsed"] is True
 
