@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from conftest import TINY_CONFIG
 from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from experiments.models import Run
+from experiments.sweeps import create_experiment, expand
 
-from workers import db_outage
+from workers import db_outage, tasks
 from workers.db_outage import reachable_for, retry_db
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -90,11 +92,6 @@ def test_a_claim_whose_answer_was_lost_is_taken_back_not_doubled(postgres_only, 
     """The database drops between a claim's commit and its answer: the retried claim finds the run
     this worker already holds and executes it, instead of claiming the next one and leaving the
     first claimed without a heartbeat (the reaper would take an attempt from it)."""
-    from conftest import TINY_CONFIG
-    from experiments.sweeps import create_experiment, expand
-
-    from workers import tasks
-
     experiment = create_experiment(
         team, alice, "claims", "", expand(TINY_CONFIG, ["grpo", "reinforce"], [{}], [0])
     )
