@@ -169,3 +169,6 @@ STEP_METRICS = (
 )
 # Logged at step 0 and every `eval_every` steps, and after the last step.
 EVAL_METRICS = ("eval/accuracy", "eval/reward", "eval/kl_init")
+# The metrics whose latest value a run's summary carries (the trainer's, and the platform's for
+# runs that ended without one).
+SUMMARY_LATEST = ("eval/accuracy", "reward/mean", "kl/init")

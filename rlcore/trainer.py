@@ -27,7 +27,16 @@ from rlcore.batch import Batch, group_rngs, seeded_rng
 from rlcore.config import RunConfig
 from rlcore.produce import Producer, make_engine
 from rlcore.rollout import decode, score_responses, token_logprobs
-from rlcore.sinks import CHECKPOINTING, EVALUATING, PREPARING, TRAINING, Sample, Sink, ignore_phase
+from rlcore.sinks import (
+    CHECKPOINTING,
+    EVALUATING,
+    PREPARING,
+    SUMMARY_LATEST,
+    TRAINING,
+    Sample,
+    Sink,
+    ignore_phase,
+)
 
 CHECKPOINT_GLOB = "step-*.pt"
 
@@ -211,7 +220,7 @@ def train(
         "steps": float(steps_done),
         "completed": float(steps_done == config.steps),
         "eval/accuracy_initial": progress.initial_eval.get("eval/accuracy", float("nan")),
-        **{k: progress.last[k] for k in ("eval/accuracy", "reward/mean", "kl/init") if k in progress.last},
+        **{k: progress.last[k] for k in SUMMARY_LATEST if k in progress.last},
     }
 
 

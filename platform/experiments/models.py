@@ -30,6 +30,7 @@ from experiments.collapse import METRIC as COLLAPSE_METRIC
 from experiments.collapse import Collapse, find_collapse
 from experiments.templatetags.units import seconds
 from rlcore.config import RunConfig
+from rlcore.sinks import SUMMARY_LATEST
 
 
 def validation_context() -> dict[str, list[str]]:
@@ -317,10 +318,6 @@ class Leased:
     def claim_resets(self) -> dict:
         """More fields a claim resets (none by default)."""
         return {}
-
-
-# The metrics whose latest value a summary carries (as `rlcore.trainer.train`'s does).
-SUMMARY_LATEST = ("eval/accuracy", "reward/mean", "kl/init")
 
 
 class Run(Leased, models.Model):
