@@ -63,6 +63,8 @@ def retry_db(fn: Callable[P, T]) -> Callable[P, T]:
             try:
                 result = fn(*args, **kwargs)
             except UNREACHABLE as exc:
+                if connection.vendor == "sqlite":
+                    raise  # "database is locked" is contention, not an outage; SQLite has no server to lose
                 note_unreachable()
                 if connection.in_atomic_block or time.monotonic() + pause > deadline:
                     raise
