@@ -6,7 +6,8 @@ tasks themselves live in `workers/` and register on this app when a worker impor
 (`include`). Workers start as `celery -A workers worker -Q cpu` (or `-Q gpu`): `workers`
 puts `platform/` on `sys.path` and re-exports this app, since a bare `python -m celery`
 started from the repository root cannot import `lab`. The broker is Redis when `REDIS_URL`
-is set, else kombu's filesystem transport under `var/broker/`. One worker executes one run
+is set, else kombu's filesystem transport under `var/broker/` (`lab.broker`: messages written
+whole). One worker executes one run
 at a time (solo pool, prefetch 1); messages are acknowledged only after the run ends, and
 the run's own row in the database, not the message, decides whether it executes.
 
@@ -23,6 +24,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
 from celery import Celery  # noqa: E402
 from django.conf import settings  # noqa: E402
 from kombu import Queue  # noqa: E402
+from kombu.transport import TRANSPORT_ALIASES  # noqa: E402
+
+TRANSPORT_ALIASES["labfs"] = "lab.broker:Transport"  # the embedded broker (settings.CELERY_BROKER_URL)
 
 # Training jobs go to cpu/gpu; the rollout jobs of distributed and async runs to rollout/rollout-gpu.
 QUEUES = ("cpu", "gpu", "rollout", "rollout-gpu")

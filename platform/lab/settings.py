@@ -188,7 +188,7 @@ BROKER_DIR = VAR_DIR / "broker"
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
 else:
-    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_URL = "labfs://"  # kombu's filesystem transport, fixed (lab.broker)
     for sub in ("queue", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
 

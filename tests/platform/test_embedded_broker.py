@@ -1,0 +1,89 @@
+"""The embedded broker (`lab.broker`, kombu's filesystem transport with whole messages): a
+consumer polling while producers write never sees a partial message, and a file that cannot be
+decoded is dropped instead of stopping the worker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lab
+import pytest
+from kombu import Connection
+
+
+@pytest.fixture
+def connection(tmp_path):
+    import lab.celery  # noqa: F401  (registers labfs://)
+
+    folders = {
+        "data_folder_in": str(tmp_path),
+        "data_folder_out": str(tmp_path),
+        "store_processed": False,
+        "control_folder": str(tmp_path / "control"),
+    }
+    with Connection("labfs://", transport_options={**folders, "polling_interval": 0}) as conn:
+        yield conn, tmp_path
+
+
+PRODUCER = """
+import sys
+sys.path[:0] = sys.argv[1:3]
+import lab.celery  # registers labfs://
+from kombu import Connection
+folder = sys.argv[3]
+options = {"data_folder_in": folder, "data_folder_out": folder, "store_processed": False,
+           "control_folder": folder + "/control"}
+with Connection("labfs://", transport_options=options) as conn, conn.SimpleQueue("q") as queue:
+    for i in range(int(sys.argv[5])):
+        queue.put({"who": int(sys.argv[4]), "i": i, "body": "x" * 1000})
+"""
+
+
+def test_a_consumer_polling_while_producers_write_gets_every_message_whole(connection):
+    """Producer processes write while the consumer polls without pause (kombu's own filesystem
+    transport fails this at once: its consumer reads a message file created but not yet written)."""
+    conn, folder = connection
+    n_producers, per_producer = 3, 300
+    platform = str(Path(lab.__file__).resolve().parents[1])
+    producers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                PRODUCER,
+                str(Path(platform).parent),
+                platform,
+                str(folder),
+                str(who),
+                str(per_producer),
+            ],
+            env={**os.environ, "DJANGO_SETTINGS_MODULE": "lab.settings"},
+        )
+        for who in range(n_producers)
+    ]
+    received = []
+    try:
+        with conn.SimpleQueue("q") as queue:
+            while len(received) < n_producers * per_producer:
+                message = queue.get(timeout=60)  # a partial message would raise JSONDecodeError here
+                received.append((message.payload["who"], message.payload["i"], len(message.payload["body"])))
+                message.ack()
+    finally:
+        for p in producers:
+            p.wait(timeout=60)
+    assert [p.returncode for p in producers] == [0] * n_producers
+    assert sorted(received) == [(w, i, 1000) for w in range(n_producers) for i in range(per_producer)]
+
+
+def test_an_unreadable_message_is_dropped_and_the_next_one_delivered(connection):
+    conn, folder = connection
+    with conn.SimpleQueue("unreadable") as queue:
+        (folder / "1_broken.unreadable.msg").write_bytes(b"")  # what kombu's own transport could leave to read
+        queue.put({"ok": 1})
+        message = queue.get(timeout=10)
+        assert message.payload == {"ok": 1}
+        message.ack()
+    assert not (folder / "1_broken.unreadable.msg").exists()
