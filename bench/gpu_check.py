@@ -80,7 +80,7 @@ def main() -> int:
         wall = time.perf_counter() - started
     finally:
         stop_workers(procs)
-    from experiments.models import RolloutJob
+    from experiments.models import PolicyVersion
 
     from rlcore import models, tasks
     from rlcore.batch import seeded_rng
@@ -91,7 +91,7 @@ def main() -> int:
     print(f"run {run.pk}: {run.status}, {STEPS} steps in {wall:.1f} s (including loading)")
     print(f"on-policy agreement: max |kl/behavior| {max(abs(v) for v in kl.values()):.2e},")
     print(f"  max is_ratio/max {max(ratio.values()):.4f} (1 = vLLM's and the trainer's log-probs agree)")
-    versions = max(1, RolloutJob.objects.filter(run=run).values("version").distinct().count())
+    versions = max(1, PolicyVersion.objects.filter(run=run).count())
     print(
         f"weights: {run.summary['weights/publish_bytes'] / versions / 1e6:.2f} MB per version, "
         f"publish {1000 * run.summary['weights/publish_s_mean']:.1f} ms"

@@ -122,9 +122,12 @@ def series(run, name: str) -> dict[int, float]:
     return dict(MetricPoint.objects.filter(run=run, name=name).values_list("step", "value"))
 
 
-def seconds_between_steps(run, first: int, last: int) -> float:
-    """Wall time from step `first`'s metrics to step `last`'s."""
+def seconds_to_end(run, first: int) -> float:
+    """Wall time from step `first`'s metrics to the run's last point (the final evaluation,
+    which rollout workers may finish after the last step)."""
+    from django.db.models import Max
     from experiments.models import MetricPoint
 
-    wall = dict(MetricPoint.objects.filter(run=run, name="loss").values_list("step", "wall_time"))
-    return (wall[last] - wall[first]).total_seconds()
+    points = MetricPoint.objects.filter(run=run)
+    start = points.get(name="loss", step=first).wall_time
+    return (points.aggregate(end=Max("wall_time"))["end"] - start).total_seconds()

@@ -242,22 +242,42 @@ def supervised_batch(
 
 @dataclass(frozen=True)
 class EvalResult:
-    accuracy: float
-    reward: float
+    """Greedy held-out results over `n` problems, as sums so that parts of one held-out set
+    evaluated apart (rollout workers) add up to exactly the whole."""
+
+    n: int
+    correct: float
+    reward_sum: float
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n
+
+    @property
+    def reward(self) -> float:
+        return self.reward_sum / self.n
 
 
 # Prompts decoded at once in an evaluation: its KV cache, not the held-out set, sets the memory.
 EVAL_ROWS = 256
 
 
-def evaluate(lm: LoadedModel, task: Task, problems: list[Problem], max_new_tokens: int) -> EvalResult:
-    """Greedy held-out accuracy and mean reward, `EVAL_ROWS` prompts at a time."""
+def evaluate(
+    lm: LoadedModel,
+    task: Task,
+    problems: list[Problem],
+    max_new_tokens: int,
+    model: torch.nn.Module | None = None,
+) -> EvalResult:
+    """Greedy held-out accuracy and mean reward of `model` (default `lm.model`), `EVAL_ROWS`
+    prompts at a time."""
+    model = model if model is not None else lm.model
     scores = []
     for lo in range(0, len(problems), EVAL_ROWS):
         chunk = problems[lo : lo + EVAL_ROWS]
         with torch.inference_mode():
             rollout = decode(
-                lm.model,
+                model,
                 lm.encode([p.prompt for p in chunk]),
                 max_new_tokens,
                 temperature=1.0,
@@ -269,8 +289,9 @@ def evaluate(lm: LoadedModel, task: Task, problems: list[Problem], max_new_token
         texts = lm.decode_responses(rollout)
         scores += [task.score(p, t, bool(f)) for p, t, f in zip(chunk, texts, rollout.finished, strict=True)]
     return EvalResult(
-        accuracy=sum(s.correct for s in scores) / len(scores),
-        reward=sum(s.reward for s in scores) / len(scores),
+        n=len(scores),
+        correct=float(sum(s.correct for s in scores)),
+        reward_sum=float(sum(s.reward for s in scores)),
     )
 
 

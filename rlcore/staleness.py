@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from rlcore.batch import Batch
     from rlcore.produce import Producer
+    from rlcore.trainer import Learner
 
 
 def behavior_version(step: int, sync_interval: int = 1, sync_offset: int = 0, offline: bool = False) -> int:
@@ -52,8 +53,9 @@ class Stopped(Exception):
 
 
 class BatchSource(Protocol):
-    """Where the trainer's batches come from; the trainer calls, in every step t,
-    `publish(t − 1, policy)` and then `take(t)`."""
+    """Where the trainer's batches come from, and where its held-out evaluations run; the
+    trainer calls, in every step t, `publish(t − 1, policy)` and then `take(t)`, and at an
+    evaluation step `evaluate(t, learner)`."""
 
     def publish(self, version: int, policy: torch.nn.Module) -> None:
         """The policy's weights are now version `version` (optimiser steps applied)."""
@@ -66,6 +68,14 @@ class BatchSource(Protocol):
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore `state()` after a resume."""
+
+    def evaluate(self, step: int, learner: Learner) -> dict[str, float] | None:
+        """The held-out evaluation of the policy after step `step`'s update: its metrics, or
+        None when it is made elsewhere and comes back later through `evaluations`."""
+
+    def evaluations(self, wait: bool) -> list[tuple[int, dict[str, float]]]:
+        """(step, metrics) of evaluations made elsewhere that came back since the last call;
+        `wait`: wait for every one asked for (may raise `Stopped`)."""
 
 
 class LocalSource:
@@ -116,3 +126,10 @@ class LocalSource:
         self.producer.engine.load_snapshot(state["weights"])
         self.version = state["version"]
         self.queue = dict(state["queue"])
+
+    def evaluate(self, step: int, learner: Learner) -> dict[str, float]:
+        """Here, in the trainer's process, with the trainer's policy."""
+        return learner.evaluate(step)
+
+    def evaluations(self, wait: bool) -> list[tuple[int, dict[str, float]]]:
+        return []

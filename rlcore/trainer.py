@@ -13,6 +13,7 @@ same step.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -51,6 +52,7 @@ class Progress:
 
     initial_eval: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
+    eval_step: int = -1  # the newest evaluation's step in `last`
 
 
 def resolve_device(name: str) -> torch.device:
@@ -188,6 +190,7 @@ def train(
         sink.log(0, progress.initial_eval)
 
     steps_done = start - 1
+    deferred = False  # an evaluation of this attempt is made elsewhere
     for step in range(start, config.steps + 1):
         if sink.should_stop():
             break
@@ -198,7 +201,9 @@ def train(
             break
         if step == config.steps or (config.eval_every and step % config.eval_every == 0):
             sink.phase(EVALUATING, step=step)
-            metrics.update(learner.evaluate(step))
+            evaluated = source.evaluate(step, learner)
+            deferred = deferred or evaluated is None
+            metrics.update(evaluated or {})
         sink.log(step, metrics)
         if config.samples_per_step:
             examples = zip(batch.problems, batch.completions, batch.rewards.tolist(), strict=True)
@@ -210,18 +215,35 @@ def train(
                 ],
             )
         progress.last.update(metrics)
+        log_evaluations(source.evaluations(wait=False), sink, progress)
         steps_done = step
         if checkpoint_dir and config.checkpoint_every and step % config.checkpoint_every == 0:
             sink.phase(CHECKPOINTING, step=step)
             sink.flush()  # a run resumed from this checkpoint must find every earlier point
             save_checkpoint(checkpoint_dir, step, learner, source, progress)
 
+    if steps_done == config.steps:
+        # Evaluations made elsewhere (rollout workers) end the run once they are all in.
+        if deferred:
+            sink.phase(EVALUATING, step=steps_done)
+        with contextlib.suppress(staleness.Stopped):  # cancelled meanwhile: what came back is logged
+            log_evaluations(source.evaluations(wait=True), sink, progress)
     return {
         "steps": float(steps_done),
         "completed": float(steps_done == config.steps),
         "eval/accuracy_initial": progress.initial_eval.get("eval/accuracy", float("nan")),
         **{k: progress.last[k] for k in SUMMARY_LATEST if k in progress.last},
     }
+
+
+def log_evaluations(done: list[tuple[int, dict[str, float]]], sink: Sink, progress: Progress) -> None:
+    """Log evaluations that came back from elsewhere at their own step; the summary keeps the
+    newest step's."""
+    for step, metrics in sorted(done):
+        sink.log(step, metrics)
+        if step >= progress.eval_step:
+            progress.eval_step = step
+            progress.last.update(metrics)
 
 
 def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
@@ -317,6 +339,34 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
 EVAL_LOGITS = 2**27
 
 
+@dataclass(frozen=True)
+class EvalSums:
+    """An evaluation of some of the held-out problems, as sums: parts evaluated apart (by
+    rollout workers) add up to the evaluation of the whole set."""
+
+    n: int = 0  # problems
+    correct: float = 0.0
+    reward: float = 0.0
+    k3: float = 0.0  # Σ over sampled tokens of k3(θ ‖ θ0)
+    tokens: float = 0.0
+
+    def __add__(self, other: EvalSums) -> EvalSums:
+        return EvalSums(
+            self.n + other.n,
+            self.correct + other.correct,
+            self.reward + other.reward,
+            self.k3 + other.k3,
+            self.tokens + other.tokens,
+        )
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "eval/accuracy": self.correct / self.n,
+            "eval/reward": self.reward / self.n,
+            "eval/kl_init": self.k3 / max(self.tokens, 1.0),
+        }
+
+
 def evaluate(
     config: RunConfig,
     lm: models.LoadedModel,
@@ -325,23 +375,38 @@ def evaluate(
     problems: list[tasks.Problem],
     step: int,
 ) -> dict[str, float]:
-    """Greedy held-out accuracy, plus `eval/kl_init`: k3 on fresh samples of the current policy.
+    """Greedy held-out accuracy, plus `eval/kl_init`: k3 on fresh samples of the current policy."""
+    return evaluate_part(config, lm, lm.model, initial, task, problems, step).metrics()
 
-    Both go through the problems in chunks sized for memory (`models.EVAL_ROWS` prompts, at most
-    `EVAL_LOGITS` θ0 logits); problem i samples with its own generator, so the chunking changes
-    no sample."""
-    result = models.evaluate(lm, task, problems, config.rollout.max_new_tokens)
+
+def evaluate_part(
+    config: RunConfig,
+    lm: models.LoadedModel,
+    policy: torch.nn.Module,
+    initial: torch.nn.Module,
+    task: tasks.Task,
+    problems: list[tasks.Problem],
+    step: int,
+    first: int = 0,
+) -> EvalSums:
+    """`policy` evaluated on `problems`, held-out problems `first`, `first` + 1, …: greedy
+    accuracy and reward, and k3 to θ0 (`initial`, with `lm`'s tokenizer) on fresh samples.
+
+    Goes through the problems in chunks sized for memory (`models.EVAL_ROWS` prompts, at most
+    `EVAL_LOGITS` θ0 logits); held-out problem i samples with its own generator, so neither the
+    chunking nor the split into parts changes a sample."""
+    greedy = models.evaluate(lm, task, problems, config.rollout.max_new_tokens, policy)
     prompts = lm.encode([p.prompt for p in problems])
-    generators = group_rngs(config.seed, step, "eval", range(len(problems)))
+    generators = group_rngs(config.seed, step, "eval", range(first, first + len(problems)))
     width = max(len(ids) for ids in prompts) + config.rollout.max_new_tokens
-    vocab = lm.model.get_output_embeddings().weight.shape[0]
+    vocab = policy.get_output_embeddings().weight.shape[0]
     rows = max(1, min(models.EVAL_ROWS, EVAL_LOGITS // (width * vocab)))
     device = next(initial.parameters()).device
     k3_sum, tokens = 0.0, 0.0
     with torch.inference_mode():
         for lo in range(0, len(problems), rows):
             sampled = decode(
-                lm.model,
+                policy,
                 prompts[lo : lo + rows],
                 config.rollout.max_new_tokens,
                 config.rollout.temperature,
@@ -357,8 +422,7 @@ def evaluate(
             m = sampled.response_mask
             k3_sum += float(((torch.exp(-delta) - 1 + delta) * m).sum())
             tokens += float(m.sum())
-    k3 = k3_sum / max(tokens, 1.0)
-    return {"eval/accuracy": result.accuracy, "eval/reward": result.reward, "eval/kl_init": k3}
+    return EvalSums(greedy.n, greedy.correct, greedy.reward_sum, k3_sum, tokens)
 
 
 # ----- checkpoints -----------------------------------------------------------------------------
@@ -408,4 +472,5 @@ def restore(path: Path, learner: Learner, source: staleness.BatchSource, progres
     source.load_state(state["source"])
     progress.initial_eval = state["progress"].initial_eval
     progress.last = state["progress"].last
+    progress.eval_step = getattr(state["progress"], "eval_step", -1)  # older checkpoints lack it
     return int(state["step"])

@@ -50,6 +50,7 @@ class DatabaseSink:
         self._points: dict[tuple[str, int], tuple[float | None, datetime]] = {}
         self._samples: dict[int, list[Sample]] = {}
         self._progress = run.progress
+        self._latest = -1  # the newest step logged in this attempt
         self._phase = ""
         self._phase_detail: dict = {}
         # {"from_step", "from", "to_step", "to"}: steps done and when (Unix time) in this attempt.
@@ -63,7 +64,9 @@ class DatabaseSink:
         with self._lock:
             for name, value in metrics.items():
                 self._points[(name, step)] = (finite_or_none(value), now)
-            self._progress = step
+            if step < self._latest:
+                return  # an evaluation that came back from a rollout worker: progress stays
+            self._latest = self._progress = step
             if step > 0 and self._timing:
                 self._timing.update(to_step=step, to=time.time())
 

@@ -11,7 +11,14 @@ version allows and sends them to the run's rollout queue:
   while its batch could end up more than `max_staleness` versions behind when trained
   (AReaL's admission rule), so nothing is ever dropped.
 
-`take(step)` waits for the step's jobs to be done and reads their batch files. The buffer
+`take(step)` waits for the step's jobs to be done and reads their batch files.
+
+Held-out evaluations run on the rollout workers too, as Trinity-RFT's explorer runs them:
+`evaluate(step, learner)` publishes version `step` and creates its eval jobs (one in
+distributed execution, computing exactly what the trainer would; in async, parts of about half
+a batch each, which a rollout worker fits in between batches); `evaluations()` hands the
+trainer the evaluations whose parts are all done, to log at their step. The trainer does not
+wait for an evaluation, except for the ones still out when its last step is done. The buffer
 (weights and batch files) is durable: a trainer resumed after its worker died finds every
 batch already made, and a lost rollout job is simply made again. Every database call rides
 out a short outage (`retry_db`); publishing records a version and its jobs in one transaction,
@@ -35,6 +42,7 @@ from experiments.models import PolicyVersion, RolloutJob, Run
 from rlcore.batch import Batch
 from rlcore.config import RunConfig
 from rlcore.staleness import Stopped, behavior_version, steps_by_version
+from rlcore.trainer import EvalSums, Learner
 from rlcore.weights import Published, WeightStore
 from workers.db_outage import retry_db
 
@@ -50,6 +58,17 @@ def group_slices(groups: int, parts: int) -> list[range]:
     """`groups` prompt groups split into `parts` consecutive slices, sizes differing by at most one."""
     bounds = [round(i * groups / parts) for i in range(parts + 1)]
     return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+
+
+def eval_slices(config: RunConfig) -> list[range]:
+    """The held-out problems of one evaluation split into eval jobs: distributed, one job (the
+    trainer's evaluation exactly); async, parts of about half a batch's sequences (a part
+    decodes each problem twice, greedy and sampled), so that a rollout worker fits them in
+    between the batches it makes and the trainer never waits on a whole evaluation."""
+    if config.execution.mode != "async":
+        return [range(config.eval_size)]
+    per_part = max(1, config.rollout.prompts_per_step * config.rollout.group_size // 2)
+    return group_slices(config.eval_size, max(1, -(-config.eval_size // per_part)))
 
 
 def weight_store(run: Run) -> WeightStore:
@@ -80,6 +99,9 @@ class DatabaseSource:
         self.should_stop = should_stop
         self.store = weight_store(run)
         self.slices = group_slices(config.rollout.prompts_per_step, config.execution.rollout_workers)
+        self.eval_slices = eval_slices(config)
+        self.evals_logged: set[int] = set()  # a new attempt logs every done evaluation again
+        self._published: tuple[int, Published] | None = None  # the last version written
         s = config.staleness
         self._steps_of = steps_by_version(config.steps, s.sync_interval, s.sync_offset, s.offline)
         self.last_taken = 0
@@ -107,12 +129,41 @@ class DatabaseSource:
             steps = [t for t in self._steps_of.get(version, ()) if t > version]
             if not steps:
                 return
-        published = self.store.publish(version, policy.state_dict())
-        self.publish_s.append(published.seconds)
-        self.publish_bytes += published.size_bytes
-        self._record_version(version, published, steps)
+        self._record_version(version, self._publish_weights(version, policy), steps)
         self.created_upto = max([self.created_upto, *steps])
         self.wait_s += time.perf_counter() - started
+
+    def evaluate(self, step: int, learner: Learner) -> None:
+        """Publish version `step` and create its eval jobs; the result comes back through
+        `evaluations`."""
+        started = time.perf_counter()
+        self._record_version(step, self._publish_weights(step, learner.policy), (), evaluate=True)
+        self.wait_s += time.perf_counter() - started
+
+    def evaluations(self, wait: bool) -> list[tuple[int, dict[str, float]]]:
+        """The evaluations whose eval jobs are all done and that this attempt has not handed out
+        yet, by step; `wait`: until every eval job of the run is done (a job given up raises)."""
+        started = time.perf_counter()
+        pause, next_stop_check = POLL_S, started + STOP_CHECK_S
+        done: list[tuple[int, dict[str, float]]] = []
+        while True:
+            ready, pending, given_up = self._eval_results()
+            done += ready
+            self.evals_logged.update(step for step, _ in ready)
+            if not wait or not (pending or given_up):
+                break
+            now = time.perf_counter()
+            if given_up or now >= next_stop_check:
+                if self.should_stop():
+                    raise Stopped("stopped while waiting for the evaluations")
+                next_stop_check = now + STOP_CHECK_S
+            if given_up:
+                job = given_up[0]
+                raise RuntimeError(f"eval job of step {job.step} (part {job.part}) {job.status}: {job.error}")
+            time.sleep(pause)
+            pause = min(MAX_POLL_S, pause * 1.5)
+        self.wait_s += time.perf_counter() - started
+        return done
 
     def take(self, step: int) -> Batch:
         started = time.perf_counter()
@@ -174,6 +225,36 @@ class DatabaseSource:
 
     # ----- internals ----------------------------------------------------------------------------
 
+    def _publish_weights(self, version: int, policy: torch.nn.Module) -> Published:
+        """Write `version`'s weights once (an evaluation and the next step both publish it)."""
+        if self._published is None or self._published[0] != version:
+            published = self.store.publish(version, policy.state_dict())
+            self.publish_s.append(published.seconds)
+            self.publish_bytes += published.size_bytes
+            self._published = (version, published)
+        return self._published[1]
+
+    @retry_db
+    def _eval_results(self) -> tuple[list[tuple[int, dict[str, float]]], set[int], list[RolloutJob]]:
+        """(evaluations done and not handed out yet, steps still pending, eval jobs given up)."""
+        jobs = RolloutJob.objects.filter(run=self.run, kind=RolloutJob.EVAL).exclude(
+            step__in=self.evals_logged
+        )
+        by_step: dict[int, list[RolloutJob]] = {}
+        for job in jobs:
+            by_step.setdefault(job.step, []).append(job)
+        ready, pending, given_up = [], set(), []
+        for step, parts in sorted(by_step.items()):
+            if all(j.status == RolloutJob.DONE for j in parts):
+                total = sum((EvalSums(**j.result) for j in parts), EvalSums())
+                ready.append((step, total.metrics()))
+            else:
+                pending.add(step)
+                given_up += [
+                    j for j in parts if j.status in (RolloutJob.FAILED, RolloutJob.LOST, RolloutJob.CANCELLED)
+                ]
+        return ready, pending, given_up
+
     @retry_db
     def _start_attempt(self) -> int:
         """Give every unfinished step's jobs of earlier attempts a fresh chance; return the last
@@ -182,11 +263,15 @@ class DatabaseSource:
             run=self.run, status__in=(RolloutJob.CANCELLED, RolloutJob.FAILED, RolloutJob.LOST)
         ):
             job.requeue(Q(status=job.status, attempt=job.attempt), "re-queued by a new trainer attempt")
-        return RolloutJob.objects.filter(run=self.run).aggregate(t=Max("step"))["t"] or 0
+        batches = RolloutJob.objects.filter(run=self.run, kind=RolloutJob.BATCH)
+        return batches.aggregate(t=Max("step"))["t"] or 0
 
     @retry_db
-    def _record_version(self, version: int, published: Published, steps: Iterable[int]) -> None:
-        """Record published `version` and create the jobs of `steps` (sent once committed)."""
+    def _record_version(
+        self, version: int, published: Published, steps: Iterable[int], evaluate: bool = False
+    ) -> None:
+        """Record published `version` and create the batch jobs of `steps` and, if `evaluate`,
+        the eval jobs of `version` (sent once committed)."""
         with transaction.atomic():
             row, created = PolicyVersion.objects.get_or_create(
                 run=self.run,
@@ -199,29 +284,55 @@ class DatabaseSource:
             )
             if not created and row.sha256 != published.sha256:
                 # A resumed trainer republished other bytes (e.g. on another machine): what the
-                # old bytes generated and nobody has trained yet is made again.
+                # old bytes generated and nobody has trained yet is made again, and evaluated.
                 PolicyVersion.objects.filter(pk=row.pk).update(sha256=published.sha256)
+                redo = Q(kind=RolloutJob.EVAL)
                 if self.mode == "distributed":
-                    for job in RolloutJob.objects.filter(run=self.run, version=version, step__gt=version):
-                        job.requeue(Q(attempt=job.attempt), "weights republished with other bytes")
+                    redo |= Q(kind=RolloutJob.BATCH, step__gt=version)
+                for job in RolloutJob.objects.filter(redo, run=self.run, version=version):
+                    job.requeue(Q(attempt=job.attempt), "weights republished with other bytes")
+                self.evals_logged.discard(version)  # its evaluation is logged again once re-made
             for step in steps:
                 self._create_jobs(step, version)
+            if evaluate:
+                self._create_eval_jobs(version)
 
     @retry_db
     def _jobs_of(self, step: int) -> list[RolloutJob]:
-        return list(RolloutJob.objects.filter(run=self.run, step=step).order_by("part"))
+        return list(
+            RolloutJob.objects.filter(run=self.run, kind=RolloutJob.BATCH, step=step).order_by("part")
+        )
 
     def _create_jobs(self, step: int, version: int) -> None:
         """The jobs of `step` (async: the version is chosen at claim), sent once created."""
         for part, groups in enumerate(self.slices):
             job, created = RolloutJob.objects.get_or_create(
                 run=self.run,
+                kind=RolloutJob.BATCH,
                 step=step,
                 part=part,
                 defaults={
                     "groups_start": groups.start,
                     "groups_stop": groups.stop,
                     "version": version if self.mode == "distributed" else None,
+                    "queue": self.config.rollout_queue,
+                },
+            )
+            if created:
+                job.enqueue()
+
+    def _create_eval_jobs(self, version: int) -> None:
+        """The eval jobs of `version`, at step `version`: held-out problems in parts."""
+        for part, problems in enumerate(self.eval_slices):
+            job, created = RolloutJob.objects.get_or_create(
+                run=self.run,
+                kind=RolloutJob.EVAL,
+                step=version,
+                part=part,
+                defaults={
+                    "groups_start": problems.start,
+                    "groups_stop": problems.stop,
+                    "version": version,
                     "queue": self.config.rollout_queue,
                 },
             )

@@ -90,9 +90,9 @@ class RunAdmin(admin.ModelAdmin):
 
 @admin.register(RolloutJob)
 class RolloutJobAdmin(admin.ModelAdmin):
-    list_display = ["id", "run", "step", "part", "version", "status", "attempt", "worker", "finished"]
-    list_filter = ["status", "queue"]
-    readonly_fields = ["heartbeat", "started", "finished", "worker", "path", "sha256"]
+    list_display = ["id", "run", "kind", "step", "part", "version", "status", "attempt", "worker", "finished"]
+    list_filter = ["kind", "status", "queue"]
+    readonly_fields = ["heartbeat", "started", "finished", "worker", "path", "sha256", "result"]
 
 
 @admin.register(ApiToken)

@@ -575,7 +575,7 @@ class Run(Leased, models.Model):
 
     def latest_rollout_jobs(self, limit: int) -> list[RolloutJob]:
         """The run's last `limit` rollout jobs: newest step first, parts in order within a step."""
-        return list(self.rollout_jobs.order_by("-step", "part")[:limit])
+        return list(self.rollout_jobs.order_by("-step", "kind", "part")[:limit])
 
     def enqueue(self) -> None:
         """Send "execute this attempt" to the run's queue once the current transaction commits;
@@ -760,8 +760,12 @@ class Run(Leased, models.Model):
 
 
 class RolloutJob(Leased, models.Model):
-    """Generate part `part` of trainer step `step`'s batch (prompt groups [groups_start,
-    groups_stop)) with policy version `version`, on a rollout worker.
+    """Work a rollout worker does for a run's trainer, of one of two kinds:
+    - `batch`: generate part `part` of trainer step `step`'s batch (prompt groups
+      [groups_start, groups_stop)) with policy version `version`;
+    - `eval`: evaluate policy version `version` (= `step`, the policy after that step's update)
+      on held-out problems [groups_start, groups_stop); the sums go to `result` and the trainer
+      logs the evaluation at `step` once every part is done.
 
     The same lease idiom as `Run`: a conditional UPDATE claims an attempt, the worker beats a
     heartbeat while it generates, the reaper re-queues a job whose worker vanished, and a late
@@ -779,8 +783,10 @@ class RolloutJob(Leased, models.Model):
     )
     STATUSES = [(s, s) for s in (QUEUED, RUNNING, DONE, FAILED, CANCELLED, LOST)]
     UNFINISHED = (QUEUED, RUNNING)
+    BATCH, EVAL = "batch", "eval"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rollout_jobs")
+    kind = models.CharField(max_length=10, choices=[(BATCH, BATCH), (EVAL, EVAL)], default=BATCH)
     step = models.IntegerField()
     part = models.IntegerField(default=0)
     groups_start = models.IntegerField()
@@ -799,16 +805,19 @@ class RolloutJob(Leased, models.Model):
     error = models.TextField(blank=True)
     path = models.CharField(max_length=500, blank=True, help_text="the batch file, once done")
     sha256 = models.CharField(max_length=64, blank=True)
+    result = models.JSONField(null=True, blank=True, help_text="eval jobs: the evaluation's sums, once done")
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["run", "step", "part"]
+        ordering = ["run", "step", "kind", "part"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "step", "part"], name="one_job_per_run_step_part")
+            models.UniqueConstraint(
+                fields=["run", "kind", "step", "part"], name="one_job_per_run_kind_step_part"
+            )
         ]
 
     def __str__(self) -> str:
-        return f"rollout job {self.pk} (run {self.run_id}, step {self.step}, part {self.part})"
+        return f"rollout job {self.pk} (run {self.run_id}, {self.kind} of step {self.step}, part {self.part})"
 
     @property
     def duration_s(self) -> float | None:
@@ -832,13 +841,22 @@ class RolloutJob(Leased, models.Model):
             == 1
         )
 
-    def finish(self, worker: str, attempt: int, version: int, path: str, sha256: str) -> bool:
+    def finish(
+        self,
+        worker: str,
+        attempt: int,
+        version: int,
+        path: str = "",
+        sha256: str = "",
+        result: dict | None = None,
+    ) -> bool:
         return self._update(
             Q(status=RolloutJob.RUNNING, worker=worker, attempt=attempt),
             status=RolloutJob.DONE,
             version=version,
             path=path,
             sha256=sha256,
+            result=result,
             finished=timezone.now(),
         )
 
@@ -873,6 +891,7 @@ class RolloutJob(Leased, models.Model):
                 finished=None,
                 path="",
                 sha256="",
+                result=None,
                 error=error,
                 dispatched_at=timezone.now(),
             )

@@ -60,14 +60,23 @@ def test_distributed_runs_log_the_simulated_curves_exactly(start_worker, team, a
         for key, value in reference.items():
             assert mine[key] == pytest.approx(value, abs=1e-5, rel=0), (run.staleness, key)
 
-        jobs = list(RolloutJob.objects.filter(run=run))
+        jobs = list(RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH))
         assert sorted((j.step, j.part) for j in jobs) == [(t, p) for t in range(1, steps + 1) for p in (0, 1)]
         schedule = run.run_config().staleness
         for job in jobs:
             assert job.status == RolloutJob.DONE and job.attempt == 1
             assert job.version == behavior_version(job.step, schedule.sync_interval, schedule.sync_offset)
+        # The evaluations (steps 5 and 6) ran on the rollout workers, one job each: the values
+        # above are the trainer's evaluation exactly.
+        evals = RolloutJob.objects.filter(run=run, kind=RolloutJob.EVAL)
+        assert sorted(
+            evals.values_list("step", "part", "version", "status", "groups_start", "groups_stop")
+        ) == [
+            (5, 0, 5, RolloutJob.DONE, 0, 20),
+            (6, 0, 6, RolloutJob.DONE, 0, 20),
+        ]
         published = set(PolicyVersion.objects.filter(run=run).values_list("version", flat=True))
-        assert published == {j.version for j in jobs}, "only versions some step needs are published"
+        assert published == {j.version for j in jobs} | {5, 6}, "only versions some step or evaluation needs"
         wait_for(lambda run=run: not run.buffer_dir.exists(), 30, "the buffer to end with the run")
         assert run.summary["weights/publish_bytes"] > 0
         assert 0 <= run.summary["idle/trainer_frac"] <= 1
@@ -160,8 +169,19 @@ def test_async_runs_stay_within_max_staleness_and_survive_a_killed_rollout_worke
         assert max(lags.values()) <= 2, "no batch older than max_staleness versions"
         assert lags[1] == 0, "step 1 can only train on θ0's batch"
         for step, lag in lags.items():
-            job = RolloutJob.objects.get(run=run, step=step)
+            job = RolloutJob.objects.get(run=run, kind=RolloutJob.BATCH, step=step)
             assert lag == step - 1 - job.version, "the logged staleness is the measured one"
+        # Evaluations of steps 8 and 16 in parts of half a batch (8 of the 20 held-out problems).
+        evals = RolloutJob.objects.filter(run=run, kind=RolloutJob.EVAL)
+        assert sorted(evals.values_list("step", "groups_start", "groups_stop", "version")) == [
+            (step, lo, hi, step) for step in (8, 16) for lo, hi in ((0, 7), (7, 13), (13, 20))
+        ]
+        assert not evals.exclude(status=RolloutJob.DONE).exists()
+        accuracy = MetricPoint.objects.filter(run=run, name="eval/accuracy")
+        assert sorted(accuracy.values_list("step", flat=True)) == [0, 8, 16]
+        assert run.summary["eval/accuracy"] == accuracy.get(step=16).value, (
+            "the summary has the last evaluation"
+        )
         assert_one_point_per_name_and_step(run)
     killed_job.refresh_from_db()
     assert killed_job.status == RolloutJob.DONE

@@ -298,18 +298,20 @@ def test_a_distributed_runs_page_shows_its_rollout_jobs_latest_first_and_escaped
     add_job(run, 3, 1, RolloutJob.FAILED, version=2, worker="rollout1@b", attempt=3, error=SCRIPT)
     add_job(run, 4, 0, RolloutJob.QUEUED)
 
+    add_job(run, 2, 0, RolloutJob.QUEUED, kind=RolloutJob.EVAL, version=2)
     page = alice_client.get(reverse("run-detail", args=[run.pk])).content.decode()
     assert "execution distributed" in page
     assert rollout_jobs(page) == [
-        ["4", "0", "queued", "–", "–", "1", "–"],
-        ["3", "0", "running", "2", SCRIPT, "2", "–"],
-        ["3", "1", "failed", "2", "rollout1@b", "3", "–"],
-        ["2", "0", "done", "1", "rollout0@b", "1", "250.0 ms"],
-        ["2", "1", "done", "1", "rollout1@b", "1", "1.50 s"],
-        ["1", "0", "done", "0", "rollout0@b", "1", "250.0 ms"],
-        ["1", "1", "done", "0", "rollout1@b", "1", "1.50 s"],
+        ["4", "batch", "0", "queued", "–", "–", "1", "–"],
+        ["3", "batch", "0", "running", "2", SCRIPT, "2", "–"],
+        ["3", "batch", "1", "failed", "2", "rollout1@b", "3", "–"],
+        ["2", "batch", "0", "done", "1", "rollout0@b", "1", "250.0 ms"],
+        ["2", "batch", "1", "done", "1", "rollout1@b", "1", "1.50 s"],
+        ["2", "eval", "0", "queued", "2", "–", "1", "–"],
+        ["1", "batch", "0", "done", "0", "rollout0@b", "1", "250.0 ms"],
+        ["1", "batch", "1", "done", "0", "rollout1@b", "1", "1.50 s"],
     ]
-    assert text_of(page, "rollout-job-counts") == "7 jobs: 1 queued · 1 running · 4 done · 1 failed"
+    assert text_of(page, "rollout-job-counts") == "8 jobs: 2 queued · 1 running · 4 done · 1 failed"
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and SCRIPT not in page
     assert 'title="&lt;script&gt;alert(1)&lt;/script&gt;"' in page, "a failed job's error, escaped"
     assert 'id="execution-report"' not in page, "nothing to report before the run finishes"
@@ -346,7 +348,7 @@ def test_a_finished_async_runs_execution_report_is_in_units_people_read(alice_cl
         "weights publish time, mean 12.3 ms weights published, in all 4.5 MB "
         "trainer idle, waiting for batches 25.0% rollout workers idle 40.0%"
     )
-    assert rollout_jobs(page) == [["1", "0", "done", "0", "w", "1", "1 min 15 s"]]
+    assert rollout_jobs(page) == [["1", "batch", "0", "done", "0", "w", "1", "1 min 15 s"]]
     assert 'data-active="false"' in page
 
 
@@ -360,7 +362,11 @@ def test_the_rollout_jobs_table_is_bounded_and_a_simulated_run_has_none(alice_cl
     page = alice_client.get(reverse("run-detail", args=[run.pk])).content.decode()
     rows = rollout_jobs(page)
     assert len(rows) == 50
-    assert [row[:2] for row in (rows[0], rows[1], rows[-1])] == [["30", "0"], ["30", "1"], ["6", "1"]]
+    assert [row[:3] for row in (rows[0], rows[1], rows[-1])] == [
+        ["30", "batch", "0"],
+        ["30", "batch", "1"],
+        ["6", "batch", "1"],
+    ]
     assert text_of(page, "rollout-job-counts") == "60 jobs: 60 done · the latest 50 shown"
 
     simulated = make_finished_experiment(team, alice, presets=("grpo",), staleness=({},), seeds=(0,))

@@ -1,5 +1,7 @@
 """The trainer: every metric every step, determinism, resume, cancellation, divergence."""
 
+import copy
+
 import pytest
 import torch
 
@@ -164,6 +166,36 @@ def test_an_evaluation_in_chunks_equals_one_in_one_piece(small_config, cache_dir
     assert scored_rows == [1] * 24
     assert whole["eval/kl_init"] > 1e-6
     assert chunked == pytest.approx(whole, rel=1e-5, abs=1e-9)
+
+
+def test_an_evaluation_made_in_parts_elsewhere_adds_up_to_the_trainers(small_config, cache_dir):
+    """Rollout workers evaluate parts of the held-out set with a copy of the policy loaded from
+    published weights and their own θ0: the sums of the parts give the trainer's metrics."""
+    config = small_config(steps=2, eval_size=24, optimizer={"lr": 1e-3})
+    learner = trainer.prepare(config, cache_dir)
+    source = trainer.local_source(learner, cache_dir)
+    for step in (1, 2):
+        trainer.run_step(learner, source, step)
+    whole = learner.evaluate(step=2)
+
+    elsewhere = trainer.prepare(config, cache_dir)  # another process: θ0 only
+    policy = copy.deepcopy(elsewhere.policy)
+    policy.load_state_dict({k: v.clone() for k, v in learner.policy.state_dict().items()})
+    problems = elsewhere.task.eval_problems(config.eval_size)
+    parts = [
+        trainer.evaluate_part(
+            config, elsewhere.lm, policy, elsewhere.initial, elsewhere.task, problems[lo:hi], 2, lo
+        )
+        for lo, hi in ((0, 7), (7, 16), (16, 24))
+    ]
+    total = sum(parts, trainer.EvalSums())
+    assert total.n == 24 and whole["eval/kl_init"] > 1e-6
+    assert total.metrics() == pytest.approx(whole, rel=1e-5, abs=1e-9)
+    # A part evaluated with the wrong first index samples other responses: the index matters.
+    shifted = trainer.evaluate_part(
+        config, elsewhere.lm, policy, elsewhere.initial, elsewhere.task, problems[7:16], 2, 0
+    )
+    assert shifted.k3 != pytest.approx(parts[1].k3, rel=1e-6)
 
 
 def test_nan_weights_stop_the_run_as_diverged_and_keep_what_was_logged(small_config, cache_dir, tmp_path):
