@@ -15,9 +15,14 @@ is trained three ways on this machine, one after the other, from the same cached
 Time is measured from step 1's metrics to the run's last (step 100's evaluation, which on
 workers a rollout worker may finish after the trainer's last step); the initial evaluation,
 loading and the one-off warm start are outside it, the same for all three. On workers the
-evaluations every 10 steps run on the rollout worker, in parts it fits between batches. The ratio simulated / mode is
-written to BENCHMARKS.md with where each mode's time goes (means per step of
-`time/rollout_s`, `time/update_s`, `time/wait_s`, and the weight publish time).
+evaluations every 10 steps run on the rollout worker, in parts it fits between batches.
+
+Written to BENCHMARKS.md: the ratio simulated / mode, and where each mode's time goes (means
+per step of `time/rollout_s`, `time/update_s`, `time/wait_s`, and the weight publish time). The
+verdict on the 1.3× target takes the faster of the simulated run with 2 threads and with 1 as
+its reference: where torch's second thread slows a run down, the 2-thread run alone would
+flatter the workers. The same run measures what two processes at once get done on this
+machine (`two_process_ceiling`), the most any two workers can gain here.
 
     .venv/bin/python bench/async_speedup.py
 """
@@ -63,6 +68,38 @@ def base_config(steps: int) -> dict:
     config = yaml.safe_load(EXAMPLE.read_text())
     config.update(steps=steps, checkpoint_every=0, samples_per_step=0)
     return config
+
+
+# A fixed amount of 1-thread torch work (the update's kind of work: matrix products); printed: seconds.
+WORK = """
+import sys, time, torch
+torch.set_num_threads(1)
+a = torch.randn(256, 256)
+start = time.perf_counter()
+for _ in range(int(sys.argv[1])):
+    a = torch.tanh(a @ a)
+print(time.perf_counter() - start)
+"""
+WORK_ROUNDS = 4000
+
+
+def two_process_ceiling() -> float:
+    """How much 1-thread torch work two processes get done at once, relative to one process alone:
+    what any split into a training and a rollout worker can gain on this machine, at most (2.0 on
+    two independent cores)."""
+
+    def start() -> subprocess.Popen:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        return subprocess.Popen(
+            [sys.executable, "-c", WORK, str(WORK_ROUNDS)], env=env, stdout=subprocess.PIPE, text=True
+        )
+
+    def seconds(procs: list[subprocess.Popen]) -> list[float]:
+        return [float(p.communicate(timeout=300)[0]) for p in procs]
+
+    [alone] = seconds([start()])
+    together = seconds([start(), start()])
+    return 2 * alone / max(together)
 
 
 SIMULATED = """
@@ -136,6 +173,9 @@ def main() -> None:
     args = parser.parse_args()
 
     env = setup_django(SCRATCH)
+    print("two processes at once vs one ...", flush=True)
+    quiet()
+    ceiling = two_process_ceiling()
     reference_config = {**base_config(args.steps), "staleness": {"sync_offset": 1}}
     print("simulated (1 process, 2 threads) ...", flush=True)
     busy_before = {"simulated": quiet()}
@@ -155,6 +195,9 @@ def main() -> None:
     finally:
         stop_workers(procs)
 
+    # The verdict's reference is the faster single process: on a machine where torch's second thread
+    # slows the run down, beating the 2-thread run alone would credit the overlap with that loss.
+    best = min(("simulated", "simulated, 1 thread"), key=lambda m: results[m]["seconds"])
     reference = results["simulated"]["seconds"]
     rows = []
     for mode, result in results.items():
@@ -173,9 +216,11 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
     speedup = reference / results["async"]["seconds"]
-    verdict = "PASS" if speedup >= TARGET else "FAIL"
+    fair = results[best]["seconds"] / results["async"]["seconds"]
+    verdict = "PASS" if fair >= TARGET else "FAIL"
     one_thread = results["simulated, 1 thread"]
     overlap = one_thread["seconds"] / results["async"]["seconds"]
+    distributed = one_thread["seconds"] / results["distributed"]["seconds"]
     update_scaling = one_thread["parts"]["time/update_s"] / results["simulated"]["parts"]["time/update_s"]
     import torch
 
@@ -203,11 +248,15 @@ def main() -> None:
             "|---|---|---|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
-            f"Speed-up of async at `max_staleness: 1`: **{speedup:.2f}×**; target ≥ {TARGET}×: **{verdict}**.",
+            f"Speed-up of async at `max_staleness: 1` against the simulated run with 2 threads: "
+            f"**{speedup:.2f}×**; against the faster single process ({best}): **{fair:.2f}×**; "
+            f"target ≥ {TARGET}× against the faster: **{verdict}**.",
             "",
-            f"What the overlap buys at equal threads per process: async vs simulated with 1 thread "
-            f"**{overlap:.2f}×**. What splitting the cores costs: one thread runs the update "
-            f"{update_scaling:.2f}× slower than two.",
+            f"What the overlap buys at equal threads per process (against simulated with 1 thread): async "
+            f"**{overlap:.2f}×**, distributed **{distributed:.2f}×**. What the machine allows: two 1-thread "
+            f"torch processes at once get **{ceiling:.2f}×** the work of one done (2.0 on two independent "
+            f"cores), the most any split into two workers can gain here. Torch's second thread: the "
+            f"update runs {update_scaling:.2f}× as fast with two threads as with one.",
             "",
         ]
     )
