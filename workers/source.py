@@ -304,34 +304,23 @@ class DatabaseSource:
         )
 
     def _create_jobs(self, step: int, version: int) -> None:
-        """The jobs of `step` (async: the version is chosen at claim), sent once created."""
-        for part, groups in enumerate(self.slices):
-            job, created = RolloutJob.objects.get_or_create(
-                run=self.run,
-                kind=RolloutJob.BATCH,
-                step=step,
-                part=part,
-                defaults={
-                    "groups_start": groups.start,
-                    "groups_stop": groups.stop,
-                    "version": version if self.mode == "distributed" else None,
-                    "queue": self.config.rollout_queue,
-                },
-            )
-            if created:
-                job.enqueue()
+        """The batch jobs of `step` (async: the version is chosen at claim), sent once created."""
+        self._create(RolloutJob.BATCH, step, self.slices, version if self.mode == "distributed" else None)
 
     def _create_eval_jobs(self, version: int) -> None:
         """The eval jobs of `version`, at step `version`: held-out problems in parts."""
-        for part, problems in enumerate(self.eval_slices):
+        self._create(RolloutJob.EVAL, version, self.eval_slices, version)
+
+    def _create(self, kind: str, step: int, parts: list[range], version: int | None) -> None:
+        for part, rows in enumerate(parts):
             job, created = RolloutJob.objects.get_or_create(
                 run=self.run,
-                kind=RolloutJob.EVAL,
-                step=version,
+                kind=kind,
+                step=step,
                 part=part,
                 defaults={
-                    "groups_start": problems.start,
-                    "groups_stop": problems.stop,
+                    "groups_start": rows.start,
+                    "groups_stop": rows.stop,
                     "version": version,
                     "queue": self.config.rollout_queue,
                 },
