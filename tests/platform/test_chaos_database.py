@@ -245,7 +245,8 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
                 (run_id,),
             )
         jobs = postgres.query(
-            "SELECT status, attempt, count(*) FROM experiments_rolloutjob WHERE run_id = %s GROUP BY status, attempt",
+            "SELECT status, attempt, count(*) FROM experiments_rolloutjob WHERE run_id = %s AND kind = 'batch' "
+            "GROUP BY status, attempt",
             (runs["async"],),
         )
     finally:
@@ -267,7 +268,7 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
     ]
     print(
         f"chaos database: cases {len(CASES)}, PostgreSQL down {OUTAGE_S} s in each; {'; '.join(per_case)}; "
-        f"async rollout jobs (status, attempt, count) {sorted(jobs)}"
+        f"async batch jobs (status, attempt, count) {sorted(jobs)}"
     )
     logs = "\n".join(w.log() for w in workers)
     for name in CASES:
