@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from django.conf import settings
@@ -50,9 +50,9 @@ class Held:
 @dataclass
 class Loaded:
     producer: Producer
-    engine: Held  # the policy version the rollout engine holds
+    engine: Held = field(default_factory=Held)  # the policy version the rollout engine holds
     evaluator: torch.nn.Module | None = None  # a copy of the policy for evaluations, made on demand
-    evaluated: Held | None = None
+    evaluated: Held = field(default_factory=Held)  # the version the evaluator holds
 
 
 _producers: OrderedDict[int, Loaded] = OrderedDict()
@@ -70,7 +70,7 @@ def producer_for(run: Run) -> Loaded:
     config = run.run_config()
     task = tasks.build(config.task)
     lm = models.load(config, resolve_device(config.device), settings.LAB_CACHE_DIR, task)
-    loaded = Loaded(Producer(config, task, lm, make_engine(config, lm, settings.LAB_CACHE_DIR, task)), Held())
+    loaded = Loaded(Producer(config, task, lm, make_engine(config, lm, settings.LAB_CACHE_DIR, task)))
     _producers[run.pk] = loaded
     while len(_producers) > CACHED_RUNS:
         _producers.popitem(last=False)
@@ -86,7 +86,6 @@ def load_evaluator(run: Run, loaded: Loaded, job: RolloutJob) -> torch.nn.Module
     """The policy of the eval job's version, in the worker's evaluation copy of the model."""
     if loaded.evaluator is None:
         loaded.evaluator = copy.deepcopy(loaded.producer.lm.model).eval().requires_grad_(False)
-        loaded.evaluated = Held()
     load_into(run, job, loaded.evaluated, loaded.evaluator.load_state_dict, " for evaluation")
     return loaded.evaluator
 

@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 POLL_S = 0.005
 MAX_POLL_S = 0.02
 STOP_CHECK_S = 0.5
+GIVEN_UP = (RolloutJob.FAILED, RolloutJob.LOST, RolloutJob.CANCELLED)
 
 
 def group_slices(groups: int, parts: int) -> list[range]:
@@ -143,53 +144,35 @@ class DatabaseSource:
     def evaluations(self, wait: bool) -> list[tuple[int, dict[str, float]]]:
         """The evaluations whose eval jobs are all done and that this attempt has not handed out
         yet, by step; `wait`: until every eval job of the run is done (a job given up raises)."""
-        started = time.perf_counter()
-        pause, next_stop_check = POLL_S, started + STOP_CHECK_S
         done: list[tuple[int, dict[str, float]]] = []
-        while True:
+
+        def check() -> tuple[bool, RolloutJob | None]:
             ready, pending, given_up = self._eval_results()
-            done += ready
+            done.extend(ready)
             self.evals_logged.update(step for step, _ in ready)
-            if not wait or not (pending or given_up):
-                break
-            now = time.perf_counter()
-            if given_up or now >= next_stop_check:
-                if self.should_stop():
-                    raise Stopped("stopped while waiting for the evaluations")
-                next_stop_check = now + STOP_CHECK_S
-            if given_up:
-                job = given_up[0]
-                raise RuntimeError(f"eval job of step {job.step} (part {job.part}) {job.status}: {job.error}")
-            time.sleep(pause)
-            pause = min(MAX_POLL_S, pause * 1.5)
-        self.wait_s += time.perf_counter() - started
+            return not pending, given_up
+
+        if wait:
+            started = time.perf_counter()
+            self._wait_for(check, "the evaluations")
+            self.wait_s += time.perf_counter() - started
+        else:
+            check()
         return done
 
     def take(self, step: int) -> Batch:
         started = time.perf_counter()
-        pause, next_stop_check = POLL_S, started + STOP_CHECK_S
-        while True:
-            jobs = self._jobs_of(step)
+        jobs: list[RolloutJob] = []
+
+        def check() -> tuple[bool, RolloutJob | None]:
+            jobs[:] = self._jobs_of(step)
             if len(jobs) < len(self.slices):
                 self._ensure_jobs(step)
-                continue
-            given_up = [
-                j for j in jobs if j.status in (RolloutJob.FAILED, RolloutJob.LOST, RolloutJob.CANCELLED)
-            ]
-            if given_up:
-                if self.should_stop():
-                    raise Stopped(f"stopped while waiting for step {step}'s batch")
-                job = given_up[0]
-                raise RuntimeError(f"rollout job of step {step} (part {job.part}) {job.status}: {job.error}")
-            if all(j.status == RolloutJob.DONE for j in jobs):
-                break
-            now = time.perf_counter()
-            if now >= next_stop_check:
-                if self.should_stop():
-                    raise Stopped(f"stopped while waiting for step {step}'s batch")
-                next_stop_check = now + STOP_CHECK_S
-            time.sleep(pause)
-            pause = min(MAX_POLL_S, pause * 1.5)
+                return False, None
+            given_up = next((j for j in jobs if j.status in GIVEN_UP), None)
+            return given_up is None and all(j.status == RolloutJob.DONE for j in jobs), given_up
+
+        self._wait_for(check, f"step {step}'s batch")
         parts = [Batch.load(Path(j.path), j.sha256) for j in jobs]
         batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
         self.last_taken = step
@@ -225,6 +208,25 @@ class DatabaseSource:
 
     # ----- internals ----------------------------------------------------------------------------
 
+    def _wait_for(self, check: Callable[[], tuple[bool, RolloutJob | None]], what: str) -> None:
+        """Call `check()` until it says done, pausing a little longer each time (a short pause
+        here is a step's idle time). Raises `Stopped` once the run is asked to stop, and
+        RuntimeError for a job `check` names as given up (failed, lost or cancelled)."""
+        pause, next_stop_check = POLL_S, time.perf_counter() + STOP_CHECK_S
+        while True:
+            done, given_up = check()
+            if done:
+                return
+            now = time.perf_counter()
+            if given_up is not None or now >= next_stop_check:
+                if self.should_stop():
+                    raise Stopped(f"stopped while waiting for {what}")
+                next_stop_check = now + STOP_CHECK_S
+            if given_up is not None:
+                raise RuntimeError(f"{given_up} {given_up.status}: {given_up.error}")
+            time.sleep(pause)
+            pause = min(MAX_POLL_S, pause * 1.5)
+
     def _publish_weights(self, version: int, policy: torch.nn.Module) -> Published:
         """Write `version`'s weights once (an evaluation and the next step both publish it)."""
         if self._published is None or self._published[0] != version:
@@ -235,24 +237,21 @@ class DatabaseSource:
         return self._published[1]
 
     @retry_db
-    def _eval_results(self) -> tuple[list[tuple[int, dict[str, float]]], set[int], list[RolloutJob]]:
-        """(evaluations done and not handed out yet, steps still pending, eval jobs given up)."""
+    def _eval_results(self) -> tuple[list[tuple[int, dict[str, float]]], set[int], RolloutJob | None]:
+        """(evaluations done and not handed out yet, steps still pending, an eval job given up)."""
         jobs = RolloutJob.objects.filter(run=self.run, kind=RolloutJob.EVAL).exclude(
             step__in=self.evals_logged
         )
         by_step: dict[int, list[RolloutJob]] = {}
         for job in jobs:
             by_step.setdefault(job.step, []).append(job)
-        ready, pending, given_up = [], set(), []
+        ready, pending = [], set()
         for step, parts in sorted(by_step.items()):
             if all(j.status == RolloutJob.DONE for j in parts):
-                total = sum((EvalSums(**j.result) for j in parts), EvalSums())
-                ready.append((step, total.metrics()))
+                ready.append((step, sum((EvalSums(**j.result) for j in parts), EvalSums()).metrics()))
             else:
                 pending.add(step)
-                given_up += [
-                    j for j in parts if j.status in (RolloutJob.FAILED, RolloutJob.LOST, RolloutJob.CANCELLED)
-                ]
+        given_up = next((j for parts in by_step.values() for j in parts if j.status in GIVEN_UP), None)
         return ready, pending, given_up
 
     @retry_db

@@ -88,3 +88,37 @@ def test_cancelling_a_run_cancels_its_unfinished_jobs(run, job):
     assert statuses == {1: RolloutJob.CANCELLED, 2: RolloutJob.CANCELLED, 3: RolloutJob.DONE}
     running.refresh_from_db()
     assert not running.finish("r1:1", 1, 1, "/late", "e" * 64), "a cancelled job's result is dropped"
+
+
+def test_an_evaluations_parts_are_summed_handed_out_once_and_a_given_up_part_fails_the_wait(run):
+    from rlcore.config import RunConfig
+    from rlcore.trainer import EvalSums
+    from workers.source import DatabaseSource
+
+    config = RunConfig.model_validate({**run.config, "execution": {"mode": "async", "max_staleness": 1}})
+    source = DatabaseSource(run, config, should_stop=lambda: False)
+
+    def part(step, index, status, sums=None):
+        return RolloutJob.objects.create(
+            run=run,
+            kind=RolloutJob.EVAL,
+            step=step,
+            part=index,
+            groups_start=0,
+            groups_stop=1,
+            version=step,
+            status=status,
+            result=sums and vars(sums),
+        )
+
+    part(5, 0, RolloutJob.DONE, EvalSums(n=2, correct=1, reward=1.5, k3=0.2, tokens=4))
+    part(5, 1, RolloutJob.DONE, EvalSums(n=3, correct=3, reward=3.0, k3=0.6, tokens=4))
+    waiting = part(6, 0, RolloutJob.RUNNING)
+    assert source.evaluations(wait=False) == [
+        (5, {"eval/accuracy": 4 / 5, "eval/reward": 4.5 / 5, "eval/kl_init": 0.8 / 8})
+    ]
+    assert source.evaluations(wait=False) == [], "each evaluation is handed out once"
+
+    RolloutJob.objects.filter(pk=waiting.pk).update(status=RolloutJob.FAILED, error="out of memory")
+    with pytest.raises(RuntimeError, match=r"eval of step 6, part 0\) failed: out of memory"):
+        source.evaluations(wait=True)
