@@ -198,8 +198,11 @@ def test_the_comparison_page_lists_collapsed_runs(page, live_server, team, alice
     ended = []
     for lr, accuracies in ((1.0, LR_1), (3e-5, LR_3E_5)):
         grid = expand({**SHIPPED_TINY, "steps": 10, "optimizer": {"lr": lr}}, ["grpo"], [{}], [0])
-        run = create_experiment(team, alice, f"lr {lr}", "", grid).runs.get()
-        assert run.claim("w", 1)
+        # Claimed in the transaction that creates it: the module's real worker, alive after the
+        # tests above, must not take it first when the message is sent on commit.
+        with transaction.atomic():
+            run = create_experiment(team, alice, f"lr {lr}", "", grid).runs.get()
+            assert run.claim("w", 1)
         MetricPoint.objects.bulk_create(
             MetricPoint(run=run, name="eval/accuracy", step=step, value=value, wall_time=datetime.now(UTC))
             for step, value in accuracies
