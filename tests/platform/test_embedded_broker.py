@@ -81,10 +81,12 @@ def test_a_consumer_polling_while_producers_write_gets_every_message_whole(conne
 def test_an_unreadable_message_is_dropped_and_the_next_one_delivered(connection):
     conn, folder = connection
     with conn.SimpleQueue("unreadable") as queue:
-        # What kombu's own transport could leave for a consumer to read: an empty message file.
-        (folder / "1_broken.unreadable.msg").write_bytes(b"")
+        # What kombu's own transport could leave for a consumer to read: an empty message file. Its
+        # name sorts before any real message's (those start with the clock in ms, never with 0), so
+        # the consumer meets it first.
+        (folder / "0_broken.unreadable.msg").write_bytes(b"")
         queue.put({"ok": 1})
         message = queue.get(timeout=10)
         assert message.payload == {"ok": 1}
         message.ack()
-    assert not (folder / "1_broken.unreadable.msg").exists()
+    assert not (folder / "0_broken.unreadable.msg").exists()

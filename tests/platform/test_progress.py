@@ -50,7 +50,8 @@ def test_a_running_run_shows_its_training_step_pace_and_eta_then_ends(start_work
     step = int(
         re.fullmatch(r"training step (\d+) of 40 · \d+\.\d\d s/step · ETA .+", report["text"]).group(1)
     )
-    assert 2 <= step <= 40 and report["steps"] == 40 and report["no_worker"] == ""
+    # The pace appears once step 1 is logged, possibly before the trainer announces step 2.
+    assert 1 <= step <= 40 and report["steps"] == 40 and report["no_worker"] == ""
     assert 0 < report["s_per_step"] < 30
     assert report["eta_s"] == pytest.approx(report["s_per_step"] * (40 - report["step"]))
 
