@@ -249,6 +249,10 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
             "GROUP BY status, attempt",
             (runs["async"],),
         )
+        job_errors = postgres.query(
+            "SELECT step, part, attempt, error FROM experiments_rolloutjob WHERE run_id = %s AND error <> ''",
+            (runs["async"],),
+        )
     finally:
         for w in workers:
             w.stop()
@@ -275,7 +279,7 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
         status, _, attempt, error = after[name]
         assert (status, attempt, error) == ("succeeded", 1, ""), f"{name}: {after[name]}\n{logs[-3000:]}"
         assert (lost[name], duplicated[name]) == (0, 0), name
-    assert {(status, attempt) for status, attempt, _ in jobs} == {("done", 1)}, jobs
+    assert {(status, attempt) for status, attempt, _ in jobs} == {("done", 1)}, (jobs, job_errors)
     assert sum(n for _, _, n in jobs) == configs["async"]["steps"], (
         "one rollout job per step, none made twice"
     )

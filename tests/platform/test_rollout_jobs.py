@@ -13,7 +13,7 @@ from django.utils import timezone
 from experiments.models import RolloutJob, Run
 from experiments.sweeps import create_experiment, expand
 
-from workers.rollout import generate
+from workers.rollout import claim, generate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,6 +42,19 @@ def test_a_job_is_claimed_once_per_attempt(job):
     assert generate(job.pk + 1000, 1, "r3:3").endswith("nothing to do")
     job.refresh_from_db()
     assert (job.status, job.worker) == (RolloutJob.RUNNING, "r1:1")
+
+
+def test_a_claimed_job_holds_its_run_so_no_query_waits_outside_the_outage_retry(
+    job, django_assert_num_queries
+):
+    # What the worker reads after the claim must not query the database: only the claim itself
+    # rides out an outage (`retry_db`); a lazy `job.run` there once cost a job an attempt.
+    claimed = claim(job.pk, 1, "r1:1")
+    again = claim(job.pk, 1, "r1:1")  # a retried claim whose UPDATE had committed: still ours
+    with django_assert_num_queries(0):
+        assert claimed.run.pk == again.run.pk == job.run_id
+        assert claimed.run.run_config().execution.mode == "distributed"
+    assert claim(job.pk, 1, "r2:2") is None
 
 
 def test_a_reaped_job_is_requeued_and_the_old_attempt_cannot_finish_it(job):
