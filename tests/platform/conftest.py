@@ -36,6 +36,13 @@ os.environ["LAB_DISPATCH_GRACE_S"] = "2"
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
 django.setup()  # this conftest is not an initial one, so pytest-django has not set Django up yet
 
+from django.conf import settings  # noqa: E402
+
+# The default hasher (PBKDF2, over a million rounds) takes ~0.6 s a password on these cores and
+# most tests create a user or log one in: tests hash with a fast one. Worker and `manage.py`
+# subprocesses keep the default.
+settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
 WORKER_LIMIT_S = 600
 READY_TIMEOUT_S = 90
 WORKER_THREADS = "1"
