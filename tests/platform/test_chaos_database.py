@@ -1,14 +1,14 @@
-"""Chaos: PostgreSQL stopped for 20 s in the middle of a run, twice: a simulated run, then an async
-run whose batches a rollout worker makes. The workers wait and retry their database calls
+"""Chaos: PostgreSQL stopped for 20 s in the middle of two runs at once: a simulated run and an
+async run whose batches a rollout worker makes. The workers wait and retry their database calls
 (workers/db_outage.py), so each run succeeds on its first attempt with every metric point, each
 (name, step) exactly once, and every rollout job is done on its first attempt.
 
 The test starts its own PostgreSQL server (initdb into a temporary folder, listening on a free
 port of 127.0.0.1 only, trust authentication) so that it can stop and start it without touching
 the database other tests use. Everything that talks to that server runs in subprocesses
-(`manage.py migrate`, `manage.py shell` to submit the runs, a real training and a real rollout
-Celery worker); the test reads the results with psycopg. The broker is the one the other tests use. Every process it starts is
-stopped at teardown, even on failure.
+(`manage.py migrate`, `manage.py shell` to submit the runs, real Celery workers: one training
+worker per run and a rollout worker); the test reads the results with psycopg. The broker is the
+one the other tests use. Every process it starts is stopped at teardown, even on failure.
 """
 
 from __future__ import annotations
@@ -167,8 +167,8 @@ def _manage(env: dict[str, str], *args: str) -> str:
 
 
 # A simulated run (the trainer writes its points, heartbeat and progress) and an async run (its
-# trainer also publishes weights and waits for rollout jobs that a rollout worker claims and finishes).
-# One outage each, in turn.
+# trainer also publishes weights and waits for rollout jobs that a rollout worker claims and finishes),
+# both in the middle of their training when the database goes down.
 CASES = {
     "simulated": {"steps": 200},
     "async": {"steps": 80, "execution": {"mode": "async", "rollout_workers": 1, "max_staleness": 1}},
@@ -216,24 +216,28 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
     workers: list[WorkerProcess] = []
     runs, before, after, counts = {}, {}, {}, {}
     try:
-        for n, queue in enumerate(("cpu", "rollout")):
+        # A training worker per run, so both are mid-run when the one outage starts.
+        for n, queue in enumerate(("cpu", "cpu", "rollout")):
             workers.append(WorkerProcess(env, tmp_path / f"worker-{n}.log", f"chaos-db-{n}", queue))
         for name, config in configs.items():
             submitted = _manage(env, "shell", "-c", SUBMIT.format(name=name, config=json.dumps(config)))
-            runs[name] = run_id = int(submitted.split()[-1])
+            runs[name] = int(submitted.split()[-1])
+        for name, run_id in runs.items():
             wait_for(lambda run_id=run_id: state(run_id)[1] >= 2, 240, f"2 training steps of the {name} run")
+        for name, run_id in runs.items():
             before[name] = state(run_id)
-            assert before[name][0] == "running" and before[name][1] < config["steps"], (
-                f"the outage starts mid-run: {before[name]}"
+            assert before[name][0] == "running" and before[name][1] < configs[name]["steps"], (
+                f"the outage starts mid-run: {name} {before[name]}"
             )
 
-            postgres.stop("fast")
-            time.sleep(OUTAGE_S)
-            for w in workers:
-                assert w.proc.poll() is None, f"a worker died during the outage:\n{w.log()}"
-            why_not = postgres.start()
-            assert not why_not, why_not
+        postgres.stop("fast")
+        time.sleep(OUTAGE_S)
+        for w in workers:
+            assert w.proc.poll() is None, f"a worker died during the outage:\n{w.log()}"
+        why_not = postgres.start()
+        assert not why_not, why_not
 
+        for name, run_id in runs.items():
             wait_for(
                 lambda run_id=run_id: state(run_id)[0] not in ("queued", "running"),
                 300,
@@ -271,7 +275,7 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
         for case in CASES
     ]
     print(
-        f"chaos database: cases {len(CASES)}, PostgreSQL down {OUTAGE_S} s in each; {'; '.join(per_case)}; "
+        f"chaos database: cases {len(CASES)}, PostgreSQL down {OUTAGE_S} s with both mid-run; {'; '.join(per_case)}; "
         f"async batch jobs (status, attempt, count) {sorted(jobs)}"
     )
     logs = "\n".join(w.log() for w in workers)
