@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import REPO, TINY_CONFIG, WORKER_THREADS, WorkerProcess, purge_queue, wait_for
+from conftest import REPO, TINY_CONFIG, WORKER_THREADS, WorkerProcess, purge_queue, stop_workers, wait_for
 
 from rlcore.sinks import STEP_METRICS
 
@@ -258,8 +258,7 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
             (runs["async"],),
         )
     finally:
-        for w in workers:
-            w.stop()
+        stop_workers(workers)
         for queue in ("cpu", "rollout"):
             purge_queue(queue)
 

@@ -69,14 +69,14 @@ def test_example_run_raises_eval_accuracy_by_ten_points(cache_dir, tmp_path):
 def test_example_staleness_variants_log_the_right_lag(cache_dir, tmp_path, change, schedule):
     config = yaml.safe_load(EXAMPLE.read_text())
     config["staleness"].update(change)
-    config.update(steps=20, eval_every=0, eval_size=20)
+    config.update(steps=10, eval_every=0, eval_size=20)
     path = tmp_path / "variant.yaml"
     path.write_text(yaml.safe_dump(config))
     out = rlcore("run", path, "--out", tmp_path / "m.jsonl", "--cache-dir", cache_dir)
     assert out.returncode == 0, out.stderr[-2000:]
     metrics = read_metrics(tmp_path / "m.jsonl")
-    logged = [metrics[t]["staleness"] for t in range(1, 21)]
-    assert logged == [staleness(t, *schedule) for t in range(1, 21)]
+    logged = [metrics[t]["staleness"] for t in range(1, 11)]
+    assert logged == [staleness(t, *schedule) for t in range(1, 11)]
     assert max(logged) > 0
 
 
