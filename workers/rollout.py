@@ -197,19 +197,13 @@ def evaluate(loaded: Loaded, job: RolloutJob, policy: torch.nn.Module):
 def claim(job_id: int, attempt: int, worker: str) -> RolloutJob | None:
     """The job, claimed for `attempt` by `worker`; None if it is not queued for that attempt. A
     claim retried after its UPDATE committed but the answer was lost finds the job already ours."""
-    job = RolloutJob.objects.filter(pk=job_id).first()
+    job = RolloutJob.objects.select_related("run").filter(pk=job_id).first()
     if job is None:
         return None
-    if not job.claim(worker, attempt) and (job.status, job.worker, job.attempt) != (
-        RolloutJob.RUNNING,
-        worker,
-        attempt,
-    ):
-        return None
-    # The claim's reload dropped the cached run: fetch it here, where an outage is retried, and
-    # not on first use outside (which cost the job an attempt when PostgreSQL was down).
-    job.run = Run.objects.get(pk=job.run_id)
-    return job
+    if job.claim(worker, attempt):
+        return job
+    mine = (job.status, job.worker, job.attempt) == (RolloutJob.RUNNING, worker, attempt)
+    return job if mine else None
 
 
 def _beat(job: RolloutJob, worker: str, attempt: int, done: threading.Event) -> None:

@@ -296,9 +296,13 @@ class Leased:
     QUEUED, RUNNING = "queued", "running"
 
     def _update(self, condition: Q, **changes) -> bool:
-        """Apply `changes` iff the row still matches `condition`; either way, reload self."""
+        """Apply `changes` iff the row still matches `condition`; either way, reload self.
+
+        Only the row's own columns are reloaded: no transition changes a foreign key, so the
+        related objects already fetched (a job's run) stay cached instead of costing a query on
+        next use (outside any outage retry the caller wraps this in)."""
         done = type(self).objects.filter(condition, pk=self.pk).update(**changes) == 1
-        self.refresh_from_db()
+        self.refresh_from_db(fields=[f.attname for f in self._meta.concrete_fields if not f.is_relation])
         return done
 
     def claim(self, worker: str, attempt: int) -> bool:
