@@ -36,3 +36,39 @@ def test_republishing_the_same_weights_gives_the_same_hash_and_prune_keeps_what_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v000001.safetensors", "v000003.safetensors"]
     with pytest.raises(FileNotFoundError):
         store.load(0, first[0])
+
+
+def test_the_written_file_is_plain_safetensors_of_every_dtype_and_its_hash_is_the_files(tmp_path):
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    from rlcore.weights import write_safetensors
+
+    tensors = {
+        "f32": torch.randn(4, 3),
+        "bf16": torch.randn(2, 5).to(torch.bfloat16),
+        "f16": torch.randn(3).half(),
+        "i64": torch.arange(7),
+        "flag": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+        "strided": torch.randn(6, 6)[:, ::2],  # not contiguous
+    }
+    sha256, size = write_safetensors(tmp_path / "w.safetensors", tensors)
+    data = (tmp_path / "w.safetensors").read_bytes()
+    assert (sha256, size) == (hashlib.sha256(data).hexdigest(), len(data))
+    loaded = load_file(tmp_path / "w.safetensors")
+    assert set(loaded) == set(tensors)
+    for name, tensor in tensors.items():
+        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
+    with pytest.raises(ValueError, match="'c'.*cannot be published"):
+        write_safetensors(tmp_path / "x.safetensors", {"c": torch.zeros(2, dtype=torch.complex64)})
+
+
+def test_remove_deletes_only_the_versions_named(tmp_path):
+    store = WeightStore(tmp_path)
+    for v in (1, 2, 3):
+        store.publish(v, {"w": torch.ones(1) * v})
+    store.remove({1, 3, 9})
+    assert store.versions() == [2]
