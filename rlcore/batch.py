@@ -52,6 +52,10 @@ class Batch:
     generate_s: float = 0.0  # seconds spent generating and scoring it, wherever that happened
     ready_at: float = 0.0  # wall clock (time.time()) when it was complete
     row_versions: torch.Tensor | None = None  # [N] long; None: every row is `version`
+    # [N, T', V] float32: frozen θ0's tempered log-softmax at each response position (T' ≥ the
+    # longest response), made with the batch where it fits (`rlcore.produce.INIT_LOGP_FLOATS`);
+    # None: the trainer computes it.
+    init_logp: torch.Tensor | None = None
 
     def versions(self) -> torch.Tensor:
         """[N] long: the policy version that generated each row."""
@@ -67,6 +71,8 @@ class Batch:
         tensors["rewards"] = self.rewards.contiguous()
         tensors["correct"] = self.correct.contiguous()
         tensors["row_versions"] = self.versions().contiguous()
+        if self.init_logp is not None:
+            tensors["init_logp"] = self.init_logp.contiguous()
         meta = {
             "step": self.step,
             "version": self.version,
@@ -102,6 +108,7 @@ class Batch:
             generate_s=meta["generate_s"],
             ready_at=meta["ready_at"],
             row_versions=tensors["row_versions"],
+            init_logp=tensors.get("init_logp"),
         )
 
     @classmethod
@@ -136,7 +143,19 @@ class Batch:
             generate_s=sum(p.generate_s for p in parts),
             ready_at=max(p.ready_at for p in parts),
             row_versions=torch.cat([p.versions() for p in parts]),
+            init_logp=_concat_init_logp(parts),
         )
+
+
+def _concat_init_logp(parts: list[Batch]) -> torch.Tensor | None:
+    """The parts' θ0 log-probs in one tensor, response columns padded to the widest part's
+    (padding positions are masked out); None unless every part has them."""
+    if any(p.init_logp is None for p in parts):
+        return None
+    width = max(p.init_logp.shape[1] for p in parts)
+    return torch.cat(
+        [torch.nn.functional.pad(p.init_logp, (0, 0, 0, width - p.init_logp.shape[1])) for p in parts]
+    )
 
 
 def _metadata(data: bytes) -> dict[str, str]:

@@ -410,6 +410,15 @@ class ExecutionConfig(_Strict):
         title="Staleness bound",
         description="async only (default 1): no batch is trained more than this many versions behind",
     )
+    init_logprobs: Literal["trainer", "rollout"] = Field(
+        "trainer",
+        title="θ0 log-probs",
+        description=(
+            "where frozen θ0's log-probs for kl/init are computed: trainer (in its update), or rollout "
+            "(with each batch, wherever it is made, as verl's reference worker; while a batch's rows × "
+            "response tokens × vocabulary fit 2^22 floats, else by the trainer). Curves are the same"
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -1,8 +1,12 @@
 """Batch production: task + tokenizer + rollout engine → the scored batch of a trainer step.
 
 `Producer.batch(step, version)` generates with whatever weights the engine holds (the caller
-has loaded version `version` into it) and scores the responses. It needs neither θ0, nor the
-optimiser, nor the algorithm, so a rollout worker runs it as well as the trainer's process.
+has loaded version `version` into it), scores the responses and, where they fit, computes
+frozen θ0's next-token log-probs over the batch's responses (what `kl/init` and its k1/k3
+estimators need from θ0, as verl's reference worker does): that forward pass, about a
+quarter of a trainer step, then runs wherever the batch is made, on a rollout worker in
+distributed and async execution. It needs neither the optimiser nor the algorithm, so a
+rollout worker runs it as well as the trainer's process.
 `groups` selects a slice of the step's prompt groups: a step split across rollout jobs
 produces, group for group, the same responses as one job producing it whole.
 """
@@ -18,7 +22,12 @@ import torch
 from rlcore import models, tasks
 from rlcore.batch import Batch, group_rngs, seeded_rng
 from rlcore.config import RunConfig
-from rlcore.rollout import HFEngine, RolloutEngine, VLLMEngine
+from rlcore.rollout import HFEngine, RolloutEngine, VLLMEngine, score_responses
+
+# θ0 log-probs go with a batch while they are at most this many floats (rows × response
+# positions × vocabulary: 16 MiB); with a real vocabulary and long responses the trainer computes
+# them itself, in chunks, as ALGORITHMS.md §7 asks.
+INIT_LOGP_FLOATS = 2**22
 
 
 @dataclass
@@ -29,6 +38,7 @@ class Producer:
     task: tasks.Task
     lm: models.LoadedModel  # the tokenizer and token ids; its weights are not the behaviour's
     engine: RolloutEngine
+    initial: torch.nn.Module | None = None  # frozen θ0; None: batches carry no θ0 log-probs
 
     def batch(self, step: int, version: int, groups: range | None = None) -> Batch:
         started = time.perf_counter()
@@ -52,6 +62,7 @@ class Producer:
             for p, c, f in zip(problems, completions, rollout.finished, strict=True)
         ]
         return Batch(
+            init_logp=self.init_logp(rollout),
             step=step,
             version=version,
             problems=problems,
@@ -63,6 +74,22 @@ class Producer:
             generate_s=time.perf_counter() - started,
             ready_at=time.time(),
         )
+
+    def init_logp(self, rollout) -> torch.Tensor | None:
+        """θ0's tempered log-softmax [N, T', V] at the rollout's response positions (T' its
+        longest response), or None when there is no θ0 here or it would not fit
+        `INIT_LOGP_FLOATS`. Each prompt runs once for its group, as in the trainer's forward."""
+        if self.initial is None:
+            return None
+        trimmed = rollout.trimmed()
+        n, t = trimmed.response_ids.shape
+        vocab = self.initial.get_output_embeddings().weight.shape[0]
+        if n * t * vocab > INIT_LOGP_FLOATS:
+            return None
+        device = next(self.initial.parameters()).device
+        with torch.inference_mode():
+            logits = score_responses(self.initial, trimmed.to(device), self.config.rollout.group_size)
+            return torch.log_softmax(logits / self.config.rollout.temperature, dim=-1).cpu().clone()
 
 
 def make_engine(

@@ -128,9 +128,10 @@ def local_source(learner: Learner, cache_dir: Path | None = None) -> staleness.L
     """The exact simulated schedule in this process: a rollout engine holding a copy of θ0."""
     config = learner.config
     engine = make_engine(config, learner.lm, cache_dir, learner.task)
+    initial = learner.initial if config.execution.init_logprobs == "rollout" else None
     s = config.staleness
     return staleness.LocalSource(
-        Producer(config, learner.task, learner.lm, engine),
+        Producer(config, learner.task, learner.lm, engine, initial),
         config.steps,
         s.sync_interval,
         s.sync_offset,
@@ -257,6 +258,9 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
     )
     device = next(policy.parameters()).device
     rollout = batch.rollout.to(device).trimmed()
+    init_given = batch.init_logp  # θ0's log-probs, when they came with the batch
+    if init_given is not None:
+        init_given = init_given[:, : rollout.response_ids.shape[1]].to(device)
     temperature = config.rollout.temperature
     group_size = config.rollout.group_size
     advantages, keep = algorithm.advantages_and_keep(
@@ -292,7 +296,10 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
             m = part.response_mask
             logp_all = logp_all.detach()
             probs = logp_all.exp()
-            init_all = torch.log_softmax(score_responses(initial, part, shared) / temperature, dim=-1)
+            if init_given is not None:
+                init_all = init_given[rows]
+            else:
+                init_all = torch.log_softmax(score_responses(initial, part, shared) / temperature, dim=-1)
             init_logp = init_all.gather(-1, part.response_ids[..., None]).squeeze(-1)
             delta = logp.detach() - init_logp
             sums["entropy"] += float((-(probs * logp_all).sum(-1) * m).sum())

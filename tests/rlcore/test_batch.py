@@ -49,3 +49,27 @@ def test_a_batch_file_round_trips_exactly_and_checks_its_hash(producer, tmp_path
 def test_parts_of_different_steps_do_not_concatenate(producer):
     with pytest.raises(ValueError, match="share one step"):
         Batch.concat([producer.batch(1, 0, range(0, 1)), producer.batch(2, 0, range(1, 2))])
+
+
+def test_theta0_logprobs_travel_with_the_batch_and_its_parts(small_config, cache_dir, tmp_path):
+    config = small_config(seed=5, execution={"init_logprobs": "rollout"})
+    task = tasks.build(config.task)
+    lm = models.load(config, torch.device("cpu"), cache_dir, task)
+    producer = Producer(config, task, lm, make_engine(config, lm, cache_dir, task), initial=lm.model)
+    whole = producer.batch(step=3, version=0)
+    vocab = lm.model.get_output_embeddings().weight.shape[0]
+    longest = whole.rollout.trimmed().response_ids.shape[1]
+    assert whole.init_logp.shape == (16, longest, vocab)
+    # θ0 generated it (version 0): its own log-probs of the sampled tokens are the behaviour's.
+    sampled = whole.init_logp.gather(-1, whole.rollout.response_ids[:, :longest, None]).squeeze(-1)
+    mask = whole.rollout.response_mask[:, :longest]
+    assert ((sampled - whole.rollout.logp[:, :longest]) * mask).abs().max() < 1e-5
+    digest = whole.save(tmp_path / "b.safetensors")
+    assert torch.equal(Batch.load(tmp_path / "b.safetensors", digest).init_logp, whole.init_logp)
+    parts = Batch.concat([producer.batch(3, 0, range(0, 1)), producer.batch(3, 0, range(1, 4))])
+    width = min(parts.init_logp.shape[1], longest)
+    real = mask[:, :width, None].bool()
+    assert torch.allclose(parts.init_logp[:, :width] * real, whole.init_logp[:, :width] * real, atol=1e-5)
+    without = producer.batch(3, 0, range(0, 1))
+    without.init_logp = None
+    assert Batch.concat([without, producer.batch(3, 0, range(1, 4))]).init_logp is None

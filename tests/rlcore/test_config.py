@@ -70,6 +70,11 @@ def errors_of(data, **context):
             "the rollout-gpu queue",
         ),
         (
+            {"execution": {"init_logprobs": "elsewhere"}},
+            "execution.init_logprobs",
+            "Input should be 'trainer' or 'rollout'",
+        ),
+        (
             {"execution": {"mode": "async", "max_staleness": -1}},
             "execution.max_staleness",
             "greater than or equal to 0",

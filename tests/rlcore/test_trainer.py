@@ -225,3 +225,36 @@ def test_lr_schedules():
     assert linear[0] == 1.0 and linear[5] == pytest.approx(0.5)
     cosine = factors(schedule="cosine", warmup_steps=2)
     assert cosine[2] == 1.0 and cosine[-1] < 0.1
+
+
+def test_theta0_logprobs_made_with_the_batch_give_the_same_curve(small_config, cache_dir):
+    """`execution.init_logprobs: rollout` moves θ0's forward pass from the update to wherever the
+    batch is made (a rollout worker in distributed and async execution); kl/init and its k1/k3
+    estimators come out the same, and so does everything else."""
+    curves, given = [], []
+    for where in ("trainer", "rollout"):
+        config = small_config(steps=4, optimizer={"lr": 1e-3}, execution={"init_logprobs": where})
+        learner = trainer.prepare(config, cache_dir)
+        source = trainer.local_source(learner, cache_dir)
+        points = []
+        for step in range(1, 5):
+            batch, metrics = trainer.run_step(learner, source, step)
+            given.append(batch.init_logp is not None)
+            points.append(metrics)
+        curves.append(points)
+    assert given == [False] * 4 + [True] * 4
+    assert curves[0][-1]["kl/init"] > 1e-4, "the policy moved away from θ0"
+    for a, b in zip(*curves, strict=True):
+        for name in set(a) - TIMING:
+            assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-7), name
+
+
+def test_theta0_logprobs_too_large_for_a_batch_are_left_to_the_trainer(small_config, cache_dir, monkeypatch):
+    from rlcore import produce
+
+    learner = trainer.prepare(small_config(execution={"init_logprobs": "rollout"}), cache_dir)
+    source = trainer.local_source(learner, cache_dir)
+    monkeypatch.setattr(produce, "INIT_LOGP_FLOATS", 10)
+    batch, metrics = trainer.run_step(learner, source, 1)
+    assert batch.init_logp is None
+    assert metrics["kl/init"] == pytest.approx(0.0, abs=1e-7), "the trainer computed it: step 1 trains θ0"
