@@ -1,18 +1,22 @@
 """The rollout worker's jobs: part of one step's batch, or part of one evaluation, made with
 published weights.
 
-`generate(job_id, attempt)` is the plain entry point (the Celery task only calls it): claim
-the job for this attempt, load the policy version it needs (distributed: the job's; async:
-the newest published) from the run's buffer, generate and score its prompt groups with
-`rlcore.produce.Producer`, write the batch file and mark the job done. An eval job evaluates
-its version on its held-out problems (`rlcore.trainer.evaluate_part`, with a copy of the
-policy next to the rollout engine) and stores the sums on the job. Batches come first: before
-an eval job the worker makes the run's queued batch jobs, which the trainer is or will soon be
-waiting for (their own messages then find them taken and do nothing). A heartbeat thread
-keeps the lease while it generates; if the worker dies, the reaper re-queues the job and
-another worker makes the same batch. A worker keeps the producers (tokenizer, θ0, engine)
-of the runs it served last, so consecutive jobs of one run load only new weights. Its database
-calls ride out a short outage (`retry_db`).
+`generate(job_id, attempt)` is the plain entry point (the Celery task only calls it). A
+message wakes the worker and the database says what to make: the worker makes every job queued
+on the message's queue, batch jobs first (a trainer is or will soon be waiting for them), then
+the oldest, until none is left; the messages of the jobs it made that way find them taken and
+do nothing, and a late message (its attempt is over) does nothing at all. Each job is claimed
+for its attempt (`execute`), then made under its lease (`make`: a heartbeat thread beats while
+it runs; if the worker dies, the reaper re-queues the job and another worker makes the same
+batch): a batch job loads the policy version it needs (distributed: the job's; async: the
+newest published) from the run's buffer, generates and scores its prompt groups with
+`rlcore.produce.Producer` (with θ0's log-probs when the run's `execution.init_logprobs` is
+`rollout`) and writes the batch file; an eval job evaluates its version on its held-out
+problems (`rlcore.trainer.evaluate_part`, with a copy of the policy next to the rollout engine)
+and stores the sums on the job. A waiting trainer makes eval parts of its own run through the
+same `make` (`workers.source`). A worker keeps the producers (tokenizer, θ0, engine) of the runs
+it served last, so consecutive jobs of one run load only new weights. Its database calls ride
+out a short outage (`retry_db`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -47,6 +52,17 @@ class Held:
     sha256: str = ""
 
 
+@dataclass(frozen=True)
+class Made:
+    """What a rollout job made: the version it used, and the batch file (a batch part) or the
+    evaluation's sums (an eval part)."""
+
+    version: int
+    path: str = ""
+    sha256: str = ""
+    result: dict | None = None
+
+
 @dataclass
 class Loaded:
     producer: Producer
@@ -70,7 +86,10 @@ def producer_for(run: Run) -> Loaded:
     config = run.run_config()
     task = tasks.build(config.task)
     lm = models.load(config, resolve_device(config.device), settings.LAB_CACHE_DIR, task)
-    loaded = Loaded(Producer(config, task, lm, make_engine(config, lm, settings.LAB_CACHE_DIR, task)))
+    # `lm.model` stays θ0 here: the engine and the evaluator hold copies of their own.
+    engine = make_engine(config, lm, settings.LAB_CACHE_DIR, task)
+    initial = lm.model if config.execution.init_logprobs == "rollout" else None
+    loaded = Loaded(Producer(config, task, lm, engine, initial))
     _producers[run.pk] = loaded
     while len(_producers) > CACHED_RUNS:
         _producers.popitem(last=False)
@@ -95,7 +114,9 @@ def load_into(run: Run, job: RolloutJob, held: Held, load, purpose: str) -> int:
     """Load the version `job` needs with `load(weights)` unless `held` says it is there; return it."""
     for _ in range(LOAD_TRIES):
         if job.version is not None:
-            row = PolicyVersion.objects.get(run=run, version=job.version)
+            row = PolicyVersion.objects.filter(run=run, version=job.version).first()
+            if row is None:
+                raise RuntimeError(f"policy version {job.version} of run {run.pk} was never published")
         else:
             row = newest_version(run)
             if row is None:
@@ -122,22 +143,47 @@ def load_into(run: Run, job: RolloutJob, held: Held, load, purpose: str) -> int:
 
 
 def generate(job_id: int, attempt: int, worker: str) -> str:
-    """Execute `attempt` of rollout job `job_id` if it is still queued, after the queued batch
-    jobs of its run if it is an eval job; return what happened."""
-    for other_id, other_attempt in batches_first(job_id):
-        log.info(execute(other_id, other_attempt, worker))
-    return execute(job_id, attempt, worker)
+    """If `attempt` of rollout job `job_id` is still queued, make the jobs queued on its queue,
+    most urgent first (`next_queued`), until none is left (it among them, unless another worker
+    takes it first); return what happened.
+
+    A message wakes the worker; the database says what to make. Draining the queue here, instead
+    of one job a message, saves the broker's delivery between consecutive jobs (in an async run
+    a trainer step's worth of time on a small model); the messages of jobs made this way then
+    find them taken and do nothing. A late message (its attempt is over) does nothing at all."""
+    queue = queued_on(job_id, attempt)
+    if queue is None:
+        return f"rollout job {job_id} attempt {attempt}: not queued any more, nothing to do"
+    made = []
+    while (job := next_queued(queue)) is not None:
+        outcome = execute(*job, worker)
+        log.info(outcome)
+        made.append(outcome)
+    return f"rollout job {job_id} attempt {attempt}: woke the worker; {len(made)} jobs of queue {queue} made"
 
 
 @retry_db
-def batches_first(job_id: int) -> list[tuple[int, int]]:
-    """(id, attempt) of the queued batch jobs of an eval job's run, oldest step first; none for
-    a batch job."""
-    job = RolloutJob.objects.filter(pk=job_id, kind=RolloutJob.EVAL).values("run_id").first()
-    if job is None:
-        return []
-    queued = RolloutJob.objects.filter(run_id=job["run_id"], kind=RolloutJob.BATCH, status=RolloutJob.QUEUED)
-    return list(queued.order_by("step", "part").values_list("pk", "attempt"))
+def queued_on(job_id: int, attempt: int) -> str | None:
+    """The queue of job `job_id` if its `attempt` is queued, else None."""
+    row = (
+        RolloutJob.objects.filter(pk=job_id, attempt=attempt, status=RolloutJob.QUEUED)
+        .values("queue")
+        .first()
+    )
+    return row["queue"] if row is not None else None
+
+
+@retry_db
+def next_queued(queue: str) -> tuple[int, int] | None:
+    """(id, attempt) of the most urgent queued job of `queue`: batch jobs before eval jobs (a
+    trainer is or will soon be waiting for a batch, never for an evaluation), then the oldest
+    (first created: across runs first come, first served; within a run, step order)."""
+    return (
+        RolloutJob.objects.filter(queue=queue, status=RolloutJob.QUEUED)
+        .order_by("kind", "pk")
+        .values_list("pk", "attempt")
+        .first()
+    )
 
 
 def execute(job_id: int, attempt: int, worker: str) -> str:
@@ -145,52 +191,57 @@ def execute(job_id: int, attempt: int, worker: str) -> str:
     job = claim(job_id, attempt, worker)
     if job is None:
         return f"rollout job {job_id} attempt {attempt}: not queued any more, nothing to do"
+    return make(job, worker, lambda: _make_here(job))
+
+
+def make(job: RolloutJob, worker: str, produce: Callable[[], Made]) -> str:
+    """Make claimed `job` with `produce()` under its lease (a heartbeat thread beats while it
+    runs), then finish it, or fail it with the error; return what happened. The rollout worker's
+    jobs and the eval parts a waiting trainer makes itself (`DatabaseSource`) both end here."""
+    attempt = job.attempt
     done = threading.Event()
     beating = threading.Thread(target=_beat, args=(job, worker, attempt, done), daemon=True)
     beating.start()
     try:
-        run = job.run
-        loaded = producer_for(run)
-        if job.kind == RolloutJob.EVAL:
-            version, path, sha256 = job.version, "", ""
-            result = asdict(evaluate(loaded, job, load_evaluator(run, loaded, job)))
-        else:
-            version, result = load_version(run, loaded, job), None
-            batch = loaded.producer.batch(job.step, version, range(job.groups_start, job.groups_stop))
-            path = batch_path(run, job.step, job.part, attempt)
-            sha256 = batch.save(path)
+        made = produce()
     except Exception as exc:
-        log.exception("rollout job %s attempt %s failed", job_id, attempt)
+        log.exception("rollout job %s attempt %s failed", job.pk, attempt)
         done.set()
         beating.join()
         retry_db(job.fail)(worker, attempt, f"{type(exc).__name__}: {exc}")
-        return f"rollout job {job_id} attempt {attempt}: failed"
+        return f"rollout job {job.pk} attempt {attempt}: failed"
     done.set()
     beating.join()
-    if not retry_db(job.finish)(worker, attempt, version, str(path), sha256, result):
-        return f"rollout job {job_id} attempt {attempt}: no longer this worker's; result dropped"
+    if not retry_db(job.finish)(worker, attempt, made.version, made.path, made.sha256, made.result):
+        return f"rollout job {job.pk} attempt {attempt}: no longer this worker's; result dropped"
     return (
-        f"rollout job {job_id} attempt {attempt}: {job.kind} of step {job.step} part {job.part} "
-        f"done with version {version}"
+        f"rollout job {job.pk} attempt {attempt}: {job.kind} of step {job.step} part {job.part} "
+        f"done with version {made.version}"
     )
 
 
-def evaluate(loaded: Loaded, job: RolloutJob, policy: torch.nn.Module):
-    """The eval job's held-out problems, evaluated as the trainer would (θ0 is the producer's model)."""
-    from rlcore.trainer import evaluate_part
-
+def _make_here(job: RolloutJob) -> Made:
+    """The job's batch part or evaluation part, with this worker's producer of its run."""
+    run = job.run
+    loaded = producer_for(run)
     producer = loaded.producer
-    problems = producer.task.eval_problems(producer.config.eval_size)[job.groups_start : job.groups_stop]
-    return evaluate_part(
-        producer.config,
-        producer.lm,
-        policy,
-        producer.lm.model,
-        producer.task,
-        problems,
-        job.step,
-        job.groups_start,
-    )
+    if job.kind == RolloutJob.EVAL:
+        policy = load_evaluator(run, loaded, job)
+        sums = evaluate_part(job, producer.config, producer.lm, policy, producer.lm.model, producer.task)
+        return Made(job.version, result=asdict(sums))
+    version = load_version(run, loaded, job)
+    batch = producer.batch(job.step, version, range(job.groups_start, job.groups_stop))
+    path = batch_path(run, job.step, job.part, job.attempt)
+    return Made(version, str(path), batch.save(path))
+
+
+def evaluate_part(job: RolloutJob, config, lm, policy: torch.nn.Module, initial: torch.nn.Module, task):
+    """Eval job `job`'s held-out problems, evaluated as the trainer would: `policy` (holding the
+    job's version) against θ0 (`initial`), with `lm`'s tokenizer and the run's task."""
+    from rlcore import trainer
+
+    problems = task.eval_problems(config.eval_size)[job.groups_start : job.groups_stop]
+    return trainer.evaluate_part(config, lm, policy, initial, task, problems, job.step, job.groups_start)
 
 
 @retry_db

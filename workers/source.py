@@ -18,7 +18,12 @@ Held-out evaluations run on the rollout workers too, as Trinity-RFT's explorer r
 distributed execution, computing exactly what the trainer would; in async, parts of about half
 a batch each, which a rollout worker fits in between batches); `evaluations()` hands the
 trainer the evaluations whose parts are all done, to log at their step. The trainer does not
-wait for an evaluation, except for the ones still out when its last step is done. The buffer
+wait for an evaluation, except for the ones still out when its last step is done. While it
+waits (for an async batch, or for the evaluations at the end) it makes queued eval parts of its
+newest evaluation itself, under the same lease as a rollout worker, so that a run which
+evaluates often keeps both kinds of worker busy: with a copy of that version's weights in async
+execution while the model has at most `EVAL_COPY_PARAMS` parameters, else only while its own
+policy still holds that version (the final evaluation, and the wait right after an evaluation). The buffer
 (weights and batch files) is durable: a trainer resumed after its worker died finds every
 batch already made, and a lost rollout job is simply made again. Every database call rides
 out a short outage (`retry_db`); publishing records a version and its jobs in one transaction,
@@ -27,10 +32,12 @@ retried whole.
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +56,14 @@ from workers.db_outage import retry_db
 log = logging.getLogger(__name__)
 
 # How often a waiting trainer looks for its batch: a short wait here is a step's idle time.
-POLL_S = 0.005
+POLL_S = 0.001
 MAX_POLL_S = 0.02
 STOP_CHECK_S = 0.5
+EVALS_CHECK_S = 0.25  # how often a training trainer looks for finished evaluations
 GIVEN_UP = (RolloutJob.FAILED, RolloutJob.LOST, RolloutJob.CANCELLED)
+# Up to this many parameters (512 MiB in float32) an async trainer keeps a copy of its newest
+# evaluated weights, to make that evaluation's parts while it waits for batches.
+EVAL_COPY_PARAMS = 2**27
 
 
 def group_slices(groups: int, parts: int) -> list[range]:
@@ -93,8 +104,9 @@ def clear_buffer(run: Run) -> None:
 class DatabaseSource:
     """A `BatchSource` whose batches are made by rollout jobs (rows in the database)."""
 
-    def __init__(self, run: Run, config: RunConfig, should_stop: Callable[[], bool]):
+    def __init__(self, run: Run, config: RunConfig, should_stop: Callable[[], bool], worker: str = "trainer"):
         self.run = run
+        self.worker = worker  # the training worker: the name on the eval parts it makes
         self.config = config
         self.mode = config.execution.mode
         self.should_stop = should_stop
@@ -102,6 +114,8 @@ class DatabaseSource:
         self.slices = group_slices(config.rollout.prompts_per_step, config.execution.rollout_workers)
         self.eval_slices = eval_slices(config)
         self.evals_logged: set[int] = set()  # a new attempt logs every done evaluation again
+        self.evals_pending: set[int] | None = None  # evaluations out (None: not looked yet)
+        self.evals_checked = 0.0  # when they were last looked for (time.monotonic())
         self._published: tuple[int, Published] | None = None  # the last version written
         s = config.staleness
         self._steps_of = steps_by_version(config.steps, s.sync_interval, s.sync_offset, s.offline)
@@ -111,6 +125,12 @@ class DatabaseSource:
         self.wait_s = 0.0
         self.publish_s: list[float] = []
         self.publish_bytes = 0
+        self.learner: Learner | None = None  # known from the first evaluation on
+        self.policy_version: int | None = None  # the version the trainer's policy holds now
+        self.eval_version: int | None = None  # the newest evaluation's
+        self.eval_copy: torch.nn.Module | None = None  # async: that version's weights, when small
+        self.eval_parts_made = 0  # by the trainer itself, while it waited
+        self.eval_parts_s = 0.0
         self.created_upto = self._start_attempt()
 
     # ----- BatchSource -----------------------------------------------------------------------
@@ -119,6 +139,7 @@ class DatabaseSource:
         started = time.perf_counter()
         if self.started is None:
             self.started = started
+        self.policy_version = version
         if self.mode == "async":
             # Published while a step is left to train (jobs take the newest weights when claimed);
             # jobs only for the steps this version made admissible, so O(1) a step for any bound.
@@ -138,7 +159,20 @@ class DatabaseSource:
         """Publish version `step` and create its eval jobs; the result comes back through
         `evaluations`."""
         started = time.perf_counter()
+        if self.started is None:
+            self.started = started
+        # The previous evaluation's parts the rollout workers have not taken yet are made here
+        # first: they fell behind (batches come first), and a backlog would grow to the run's end.
+        while self._evaluate_here():
+            pass
+        self.learner, self.policy_version, self.eval_version = learner, step, step
+        if self.mode == "async" and sum(p.numel() for p in learner.policy.parameters()) <= EVAL_COPY_PARAMS:
+            if self.eval_copy is None:  # θ0 is the policy's architecture, without gradients
+                self.eval_copy = copy.deepcopy(learner.initial)
+            self.eval_copy.load_state_dict(learner.policy.state_dict())
         self._record_version(step, self._publish_weights(step, learner.policy), (), evaluate=True)
+        if self.evals_pending is not None:
+            self.evals_pending.add(step)
         self.wait_s += time.perf_counter() - started
 
     def evaluations(self, wait: bool) -> list[tuple[int, dict[str, float]]]:
@@ -150,14 +184,17 @@ class DatabaseSource:
             ready, pending, given_up = self._eval_results()
             done.extend(ready)
             self.evals_logged.update(step for step, _ in ready)
+            self.evals_pending, self.evals_checked = pending, time.monotonic()
             return not pending, given_up
 
         if wait:
             started = time.perf_counter()
-            self._wait_for(check, "the evaluations")
+            self._wait_for(check, "the evaluations", evaluate_meanwhile=lambda: True)
             self.wait_s += time.perf_counter() - started
-        else:
-            check()
+        elif self.evals_pending is None or (
+            self.evals_pending and time.monotonic() - self.evals_checked >= EVALS_CHECK_S
+        ):
+            check()  # a query every step would cost the trainer more than its answer is worth
         return done
 
     def take(self, step: int) -> Batch:
@@ -172,7 +209,15 @@ class DatabaseSource:
             given_up = next((j for j in jobs if j.status in GIVEN_UP), None)
             return given_up is None and all(j.status == RolloutJob.DONE for j in jobs), given_up
 
-        self._wait_for(check, f"step {step}'s batch")
+        def unclaimed() -> bool:
+            """A part of the batch no rollout worker has taken yet: they are busy elsewhere, so an
+            eval part made here meanwhile costs the step nothing it would not wait anyway."""
+            return any(j.status == RolloutJob.QUEUED for j in jobs)
+
+        # Async eval jobs come in small parts; distributed's one whole evaluation would hold the step up.
+        self._wait_for(
+            check, f"step {step}'s batch", evaluate_meanwhile=unclaimed if self.mode == "async" else None
+        )
         parts = [Batch.load(Path(j.path), j.sha256) for j in jobs]
         batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
         self.last_taken = step
@@ -196,27 +241,38 @@ class DatabaseSource:
     def summary(self) -> dict[str, float]:
         """Weight publish time and bytes, and how idle the trainer and the rollout workers were."""
         wall = time.perf_counter() - self.started if self.started is not None else 0.0
-        jobs = RolloutJob.objects.filter(run=self.run, status=RolloutJob.DONE)
+        jobs = RolloutJob.objects.filter(run=self.run, status=RolloutJob.DONE).exclude(worker=self.worker)
         busy = sum((j.duration_s or 0.0) for j in jobs)
         rollout_workers = max(1, jobs.values("worker").distinct().count())
+        idle = self.wait_s - self.eval_parts_s  # making eval parts while waiting is not idle
         return {
             "weights/publish_s_mean": sum(self.publish_s) / len(self.publish_s) if self.publish_s else 0.0,
             "weights/publish_bytes": float(self.publish_bytes),
-            "idle/trainer_frac": min(1.0, self.wait_s / wall) if wall > 0 else 0.0,
+            "evals/trainer_parts": float(self.eval_parts_made),
+            "idle/trainer_frac": min(1.0, max(0.0, idle) / wall) if wall > 0 else 0.0,
             "idle/rollout_frac": max(0.0, 1.0 - busy / (rollout_workers * wall)) if wall > 0 else 0.0,
         }
 
     # ----- internals ----------------------------------------------------------------------------
 
-    def _wait_for(self, check: Callable[[], tuple[bool, RolloutJob | None]], what: str) -> None:
+    def _wait_for(
+        self,
+        check: Callable[[], tuple[bool, RolloutJob | None]],
+        what: str,
+        evaluate_meanwhile: Callable[[], bool] | None = None,
+    ) -> None:
         """Call `check()` until it says done, pausing a little longer each time (a short pause
-        here is a step's idle time). Raises `Stopped` once the run is asked to stop, and
-        RuntimeError for a job `check` names as given up (failed, lost or cancelled)."""
+        here is a step's idle time), or, while `evaluate_meanwhile()` says so, making a queued
+        eval part instead where there is one (`_evaluate_here`). Raises `Stopped` once the run is asked to
+        stop, and RuntimeError for a job `check` names as given up (failed, lost or cancelled)."""
         pause, next_stop_check = POLL_S, time.perf_counter() + STOP_CHECK_S
         while True:
             done, given_up = check()
             if done:
                 return
+            if evaluate_meanwhile and given_up is None and evaluate_meanwhile() and self._evaluate_here():
+                pause = POLL_S
+                continue
             now = time.perf_counter()
             if given_up is not None or now >= next_stop_check:
                 if self.should_stop():
@@ -226,6 +282,51 @@ class DatabaseSource:
                 raise RuntimeError(f"{given_up} {given_up.status}: {given_up.error}")
             time.sleep(pause)
             pause = min(MAX_POLL_S, pause * 1.5)
+
+    def _evaluate_here(self) -> bool:
+        """Make one queued eval part of the newest evaluation in this process, with its weights
+        (the copy, or the trainer's own policy while it holds them), θ0 and tokenizer; True if it
+        made one."""
+        from workers import rollout  # which imports this module
+
+        learner, version = self.learner, self.eval_version
+        if learner is None or version is None:
+            return False
+        policy = self.eval_copy if self.eval_copy is not None else learner.policy
+        if policy is learner.policy and self.policy_version != version:
+            return False  # the policy has moved on since
+        job = self._claim_eval_part(version)
+        if job is None:
+            return False
+        started = time.perf_counter()
+
+        def produce() -> rollout.Made:
+            sums = rollout.evaluate_part(job, self.config, learner.lm, policy, learner.initial, learner.task)
+            return rollout.Made(version, result=asdict(sums))
+
+        log.info("trainer: %s", rollout.make(job, self.worker, produce))
+        self.eval_parts_made += 1
+        self.eval_parts_s += time.perf_counter() - started
+        return True
+
+    def _claim_eval_part(self, version: int) -> RolloutJob | None:
+        """A queued eval part of `version`, claimed for the trainer; None if there is none left."""
+        from workers import rollout
+
+        queued = retry_db(
+            lambda: list(
+                RolloutJob.objects.filter(
+                    run=self.run, kind=RolloutJob.EVAL, version=version, status=RolloutJob.QUEUED
+                )
+                .order_by("-part")  # from the end: the rollout workers take the first parts first
+                .values_list("pk", "attempt")
+            )
+        )()
+        for pk, attempt in queued:
+            job = rollout.claim(pk, attempt, self.worker)
+            if job is not None:
+                return job
+        return None
 
     def _publish_weights(self, version: int, policy: torch.nn.Module) -> Published:
         """Write `version`'s weights once (an evaluation and the next step both publish it)."""
@@ -347,16 +448,15 @@ class DatabaseSource:
 
     @retry_db
     def _prune_weights(self) -> None:
-        """Keep the newest version and every version an unfinished job still needs."""
-        needed = set(
-            RolloutJob.objects.filter(run=self.run, status__in=RolloutJob.UNFINISHED)
-            .exclude(version=None)
-            .values_list("version", flat=True)
-        )
-        newest = PolicyVersion.objects.filter(run=self.run).aggregate(v=Max("version"))["v"]
-        if newest is not None:
-            needed.add(newest)
-        self.store.prune(needed)
+        """Delete the version files no unfinished job needs, except the newest (async jobs not
+        claimed yet take it) and the one this trainer published last."""
+        mine = self._published[0] if self._published is not None else None
+        files = self.store.versions()
+        older = [v for v in files if v not in (mine, max(files, default=None))]
+        if len(older) < 2:
+            return  # one version more than needed, at most: a query every step saves no disk
+        needed = RolloutJob.objects.filter(run=self.run, status__in=RolloutJob.UNFINISHED, version__in=older)
+        self.store.remove(set(older) - set(needed.values_list("version", flat=True)))
 
     @retry_db
     def _prune_batches(self, upto: int) -> None:

@@ -71,7 +71,7 @@ def execute(run_id: int, attempt: int) -> str:
         from rlcore.trainer import resolve_device, train
 
         if config.execution.mode != "simulated":
-            source = DatabaseSource(run, config, sink.should_stop)
+            source = DatabaseSource(run, config, sink.should_stop, worker)
         ceiling = MemoryCeiling(
             settings.LAB_RUN_MEMORY_MB, limit_address_space=resolve_device(config.device).type == "cpu"
         )

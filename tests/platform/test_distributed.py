@@ -44,7 +44,7 @@ def test_distributed_runs_log_the_simulated_curves_exactly(start_worker, team, a
     distributed = create_experiment(
         team, alice, "distributed", "", expand(distributed_config, presets, STALENESS, [0])
     )
-    start_worker()
+    training_worker = start_worker()
     rollout_workers = [start_worker(queue="rollout"), start_worker(queue="rollout")]
     runs = list(Run.objects.filter(experiment__in=[simulated, distributed]))
     wait_until_over(runs, 300)
@@ -81,8 +81,16 @@ def test_distributed_runs_log_the_simulated_curves_exactly(start_worker, team, a
         assert run.summary["weights/publish_bytes"] > 0
         assert 0 <= run.summary["idle/trainer_frac"] <= 1
 
-    used = set(RolloutJob.objects.filter(run__experiment=distributed).values_list("worker", flat=True))
-    assert used <= {w.identity for w in rollout_workers}, "only rollout workers generate"
+    jobs = RolloutJob.objects.filter(run__experiment=distributed)
+    makers = {w.identity for w in rollout_workers}
+    used = set(jobs.filter(kind=RolloutJob.BATCH).values_list("worker", flat=True))
+    assert used <= makers, "only rollout workers generate"
+    # The trainer makes an evaluation itself only while it waits for it at the end, if no rollout
+    # worker took it first.
+    assert set(jobs.filter(kind=RolloutJob.EVAL, step__lt=steps).values_list("worker", flat=True)) <= makers
+    assert set(jobs.filter(kind=RolloutJob.EVAL).values_list("worker", flat=True)) <= makers | {
+        training_worker.identity
+    }
 
 
 def kill_mid_job(workers, timeout_s: float = 120):

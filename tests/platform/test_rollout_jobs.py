@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from conftest import TINY_CONFIG, purge_queue, queued_messages
+from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
 from experiments.models import RolloutJob, Run
@@ -135,3 +136,59 @@ def test_an_evaluations_parts_are_summed_handed_out_once_and_a_given_up_part_fai
     RolloutJob.objects.filter(pk=waiting.pk).update(status=RolloutJob.FAILED, error="out of memory")
     with pytest.raises(RuntimeError, match=r"eval of step 6, part 0\) failed: out of memory"):
         source.evaluations(wait=True)
+
+
+@override_settings(LAB_MAX_ATTEMPTS=1)
+def test_a_message_wakes_the_worker_which_makes_every_job_queued_on_its_queue_batches_first(run):
+    purge_queue("rollout")
+
+    def queued(kind: str, step: int, queue: str = "rollout") -> RolloutJob:
+        # Version 7 is never published: each job fails at once, after this worker claimed it.
+        return RolloutJob.objects.create(
+            run=run, kind=kind, step=step, groups_start=0, groups_stop=4, version=7, queue=queue
+        )
+
+    evaluation = queued(RolloutJob.EVAL, 2)
+    batches = [queued(RolloutJob.BATCH, 3), queued(RolloutJob.BATCH, 4)]
+    elsewhere = queued(RolloutJob.BATCH, 5, queue="rollout-gpu")
+    assert generate(evaluation.pk, 1, "r1:1").endswith("3 jobs of queue rollout made")
+    made = sorted(RolloutJob.objects.filter(queue="rollout"), key=lambda j: j.started)
+    assert [j.pk for j in made] == [batches[0].pk, batches[1].pk, evaluation.pk], (
+        "batches first, oldest first"
+    )
+    assert {(j.worker, j.status) for j in made} == {("r1:1", RolloutJob.FAILED)}
+    assert made[0].error == f"RuntimeError: policy version 7 of run {run.pk} was never published"
+    elsewhere.refresh_from_db()
+    assert elsewhere.status == RolloutJob.QUEUED, "another queue's job is another worker's"
+    assert generate(batches[0].pk, 1, "r1:1").endswith("nothing to do"), "its own message finds it made"
+
+
+def test_a_waiting_trainer_makes_its_evaluations_parts_itself_and_they_add_up_to_its_own(run):
+    """With no rollout worker about, the trainer's wait for its evaluations makes every part
+    itself, under the jobs' lease, with a copy of the evaluated weights (async)."""
+    from rlcore.config import RunConfig
+    from rlcore.trainer import local_source, prepare, run_step
+    from workers.source import DatabaseSource
+
+    purge_queue("rollout")
+    config = RunConfig.model_validate(
+        {**run.config, "execution": {"mode": "async"}, "optimizer": {"lr": 1e-3}}
+    )
+    learner = prepare(config, settings.LAB_CACHE_DIR)
+    local = local_source(learner, settings.LAB_CACHE_DIR)
+    for step in (1, 2):  # a policy that moved away from θ0
+        run_step(learner, local, step)
+    expected = learner.evaluate(2)
+    source = DatabaseSource(run, config, should_stop=lambda: False, worker="trainer:1")
+    source.evaluate(2, learner)
+    run_step(learner, local, 3)  # the policy moves on; the copy keeps version 2
+    [(step, metrics)] = source.evaluations(wait=True)
+    assert step == 2 and metrics == pytest.approx(expected, rel=1e-5, abs=1e-9)
+    parts = RolloutJob.objects.filter(run=run, kind=RolloutJob.EVAL)
+    assert parts.count() == 3 and set(parts.values_list("status", "worker", "version")) == {
+        (RolloutJob.DONE, "trainer:1", 2)
+    }
+    summary = source.summary()
+    assert summary["evals/trainer_parts"] == 3
+    assert summary["idle/rollout_frac"] == 1.0, "the trainer's parts are not rollout workers' work"
+    purge_queue("rollout")
