@@ -9,8 +9,8 @@ upserts keyed `(run, name, step)` and completions of a step replace that step's 
 ones, so a step re-executed after a resume never duplicates anything. The phase the trainer
 reports (`phase`) rides along on the same heartbeat, with the wall times of the first and the
 latest training step of this attempt, from which the run computes s/step and an ETA. `should_stop` reads
-the run's row (at most every `STOP_CHECK_S`: the trainer asks every step), so a cancel (or the
-run being reaped from this worker) is honoured at a step boundary within a quarter second. Every database call here rides out a short outage (`retry_db`): a flush is
+the run's row, so a cancel (or the run being reaped from this worker) is honoured at the
+next step boundary. Every database call here rides out a short outage (`retry_db`): a flush is
 one transaction, retried whole, and what it did not write stays buffered.
 """
 
@@ -30,7 +30,6 @@ from rlcore.sinks import TRAINING, Sample
 from workers.db_outage import retry_db
 
 FLUSH_INTERVAL_S = 0.5
-STOP_CHECK_S = 0.25
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,6 @@ class DatabaseSink:
         # {"from_step", "from", "to_step", "to"}: steps done and when (Unix time) in this attempt.
         self._timing: dict[str, float] = {}
         self._closing = threading.Event()
-        self._stop: tuple[float, bool] | None = None  # (when read, the answer)
         self._thread = threading.Thread(target=self._flush_loop, name=f"flush-run-{run.pk}", daemon=True)
         self._thread.start()
 
@@ -95,10 +93,7 @@ class DatabaseSink:
 
     @retry_db
     def should_stop(self) -> bool:
-        now = time.monotonic()
-        if self._stop is None or now - self._stop[0] >= STOP_CHECK_S:
-            self._stop = (now, self.run.stop_requested(self.worker))
-        return self._stop[1]
+        return self.run.stop_requested(self.worker)
 
     @retry_db
     def flush(self) -> None:

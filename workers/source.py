@@ -126,7 +126,9 @@ class DatabaseSource:
         self.publish_s: list[float] = []
         self.publish_bytes = 0
         self.learner: Learner | None = None  # known from the first evaluation on
-        self.policy_version: int | None = None  # the version the trainer's policy holds now
+        # The version the trainer's policy holds now: known from a publish or an evaluation until
+        # the update after the next `take` changes the policy (None meanwhile).
+        self.policy_version: int | None = None
         self.eval_version: int | None = None  # the newest evaluation's
         self.eval_copy: torch.nn.Module | None = None  # async: that version's weights, when small
         self.eval_parts_made = 0  # by the trainer itself, while it waited
@@ -221,6 +223,7 @@ class DatabaseSource:
         parts = [Batch.load(Path(j.path), j.sha256) for j in jobs]
         batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
         self.last_taken = step
+        self.policy_version = None  # the step's update comes next
         self.wait_s += time.perf_counter() - started
         self._prune_weights()
         return batch

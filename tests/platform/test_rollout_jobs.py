@@ -192,3 +192,41 @@ def test_a_waiting_trainer_makes_its_evaluations_parts_itself_and_they_add_up_to
     assert summary["evals/trainer_parts"] == 3
     assert summary["idle/rollout_frac"] == 1.0, "the trainer's parts are not rollout workers' work"
     purge_queue("rollout")
+
+
+def test_a_trainer_leaves_an_older_evaluation_to_the_rollout_workers_once_its_policy_moved_on(run):
+    """Distributed: the trainer keeps no copy of evaluated weights, so it may make an eval part
+    only while its own policy still holds that version; after the next update the part is a
+    rollout worker's, made from the published weights."""
+    from rlcore.config import RunConfig
+    from rlcore.trainer import local_source, prepare, run_step, train_step
+    from workers.rollout import execute
+    from workers.source import DatabaseSource
+
+    purge_queue("rollout")
+    # A strong weight decay: every update moves the policy, even where no response is rewarded.
+    optimizer = {"lr": 0.05, "weight_decay": 1.0}
+    config = RunConfig.model_validate(
+        {**run.config, "execution": {"mode": "distributed"}, "optimizer": optimizer}
+    )
+    learner = prepare(config, settings.LAB_CACHE_DIR)
+    run_step(learner, local_source(learner, settings.LAB_CACHE_DIR), 1)  # the policy is version 1
+    source = DatabaseSource(run, config, should_stop=lambda: False, worker="trainer:1")
+    expected = {1: learner.evaluate(1)}
+    source.evaluate(1, learner)
+    source.publish(1, learner.policy)  # step 2 trains on version 1
+    [batch_job] = RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH, step=2)
+    assert execute(batch_job.pk, 1, "r1:1").endswith("done with version 1")
+    train_step(learner, source.take(2), 2)  # the policy is version 2 now
+    expected[2] = learner.evaluate(2)
+    source.evaluate(2, learner)
+    older = RolloutJob.objects.get(run=run, kind=RolloutJob.EVAL, step=1)
+    assert older.status == RolloutJob.QUEUED, "not made with version 2's weights"
+    assert execute(older.pk, 1, "r1:1").endswith("done with version 1")
+    done = dict(source.evaluations(wait=True))  # the trainer makes version 2's part itself
+    assert done.keys() == {1, 2} and expected[1]["eval/kl_init"] != pytest.approx(expected[2]["eval/kl_init"])
+    for step in (1, 2):
+        assert done[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-9), step
+    workers = dict(RolloutJob.objects.filter(run=run, kind=RolloutJob.EVAL).values_list("step", "worker"))
+    assert workers == {1: "r1:1", 2: "trainer:1"}
+    purge_queue("rollout")
