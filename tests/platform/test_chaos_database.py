@@ -168,9 +168,11 @@ def _manage(env: dict[str, str], *args: str) -> str:
 
 # A simulated run (the trainer writes its points, heartbeat and progress) and an async run (its
 # trainer also publishes weights and waits for rollout jobs that a rollout worker claims and finishes),
-# both in the middle of their training when the database goes down.
+# both in the middle of their training when the database goes down. The simulated run is long
+# enough not to be over before the async one, slower to start, has trained 2 steps (a tiny step
+# takes a few ms on a fast machine).
 CASES = {
-    "simulated": {"steps": 200},
+    "simulated": {"steps": 1000},
     "async": {"steps": 80, "execution": {"mode": "async", "rollout_workers": 1, "max_staleness": 1}},
 }
 

@@ -23,8 +23,13 @@ def api_run(client, token: str, run: Run) -> dict:
     return response.json()
 
 
+STEPS = 400
+
+
 def test_a_running_run_shows_its_training_step_pace_and_eta_then_ends(start_worker, team, alice, client):
-    config = {**TINY_CONFIG, "steps": 40, "eval_every": 0, "checkpoint_every": 0}
+    # Long enough to be seen training: the pace is written with the heartbeat, every half second,
+    # and a tiny step takes a few ms on a fast machine.
+    config = {**TINY_CONFIG, "steps": STEPS, "eval_every": 0, "checkpoint_every": 0}
     experiment = create_experiment(team, alice, "progress", "", expand(config, ["grpo"], [{}], [0]))
     run = experiment.runs.get()
     token = ApiToken.issue(alice)
@@ -48,17 +53,17 @@ def test_a_running_run_shows_its_training_step_pace_and_eta_then_ends(start_work
 
     report = wait_for(paced, RUN_TIMEOUT_S, "the run to train with a measured pace")
     step = int(
-        re.fullmatch(r"training step (\d+) of 40 · \d+\.\d\d s/step · ETA .+", report["text"]).group(1)
+        re.fullmatch(rf"training step (\d+) of {STEPS} · \d+\.\d\d s/step · ETA .+", report["text"]).group(1)
     )
     # The pace appears once step 1 is logged, possibly before the trainer announces step 2.
-    assert 1 <= step <= 40 and report["steps"] == 40 and report["no_worker"] == ""
+    assert 1 <= step <= STEPS and report["steps"] == STEPS and report["no_worker"] == ""
     assert 0 < report["s_per_step"] < 30
-    assert report["eta_s"] == pytest.approx(report["s_per_step"] * (40 - report["step"]))
+    assert report["eta_s"] == pytest.approx(report["s_per_step"] * (STEPS - report["step"]))
 
     wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.SUCCEEDED, RUN_TIMEOUT_S, "the run to succeed")
     done = api_run(client, token, run)
     assert done["progress_report"]["phase"] == "" and done["progress_report"]["text"] == ""
-    assert done["progress"] == 40
+    assert done["progress"] == STEPS
 
 
 def test_a_gpu_run_with_no_gpu_worker_says_so_on_its_row_its_page_and_in_the_api(team, alice, alice_client):
