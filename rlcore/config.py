@@ -29,7 +29,9 @@ it still outgrows its worker (a local model, a large dataset). The bounds and wh
   logits of (P + T) × vocabulary × 4 B per response, a few copies of them.
 - Batches generated ahead of their step are kept (in memory and in every checkpoint, or in the
   run's buffer folder): `staleness.sync_offset` of them, or `execution.max_staleness` in async
-  mode, each times a step's generated tokens, at most `MAX_BUFFERED_TOKENS` (2^25).
+  mode, each times a step's generated tokens, at most `MAX_BUFFERED_TOKENS` (2^25). With
+  `execution.init_logprobs: rollout` each batch also carries θ0's log-probs while they fit
+  `rlcore.produce.INIT_LOGP_FLOATS` (2^22 floats, 16 MiB); larger ones the trainer computes.
 - Tasks: the arithmetic task samples problems straight from its seed (memory O(held_out),
   whatever the operand range); a jsonl file is read whole (`rlcore.tasks.MAX_DATASET_BYTES`,
   1 GiB) and each prompt is at most `rlcore.tasks.MAX_PROMPT_CHARS` characters.

@@ -27,7 +27,9 @@ from rlcore.sinks import STEP_METRICS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TRAINING_STEPS = 12  # the run that trains while Redis dies
+# The run that trains while Redis dies: long enough to be seen training (its progress is written
+# every half second, and a tiny step takes a few ms on a fast machine) and still be training then.
+TRAINING_STEPS = 200
 STEPS = TINY_CONFIG["steps"]
 END_TIMEOUT_S = 300
 

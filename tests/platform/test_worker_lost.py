@@ -19,7 +19,9 @@ from rlcore.sinks import STEP_METRICS, WARM_START
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-STEPS = 80
+# Long enough to still be training when the worker is killed after 5 steps are written (points
+# are written every half second, and a tiny step takes a few ms on a fast machine).
+STEPS = 200
 
 
 def test_sigkilled_worker_run_is_reaped_requeued_and_resumed(start_worker, team, alice, capsys):
