@@ -247,14 +247,12 @@ def main() -> None:
     ratios = [this[faster_reference(this)]["seconds"] / this["async"]["seconds"] for this in rounds]
     fair = statistics.median(ratios)
     # The table shows, for each mode measured in every round, its median round's run.
-    results = {}
-    for mode in ("simulated", "simulated, 1 thread"):
-        results[mode] = median_run([this[mode] for this in rounds])
+    results = {
+        mode: median_run([this[mode] for this in rounds]) for mode in ("simulated", "simulated, 1 thread")
+    }
     results["simulated, final evaluation only"] = once["simulated, final evaluation only"]
-    results["distributed"] = once["distributed"]
-    results["async"] = median_run([this["async"] for this in rounds])
     for mode in WORKER_MODES:
-        results.setdefault(mode, once.get(mode))
+        results[mode] = median_run([this[mode] for this in rounds]) if mode == "async" else once[mode]
     rows = []
     for mode, result in results.items():
         parts = result["parts"]

@@ -61,8 +61,8 @@ class Producer:
             self.task.score(p, c, bool(f))
             for p, c, f in zip(problems, completions, rollout.finished, strict=True)
         ]
+        init_logp = self.init_logp(rollout)  # before generate_s is taken: it counts too
         return Batch(
-            init_logp=self.init_logp(rollout),
             step=step,
             version=version,
             problems=problems,
@@ -73,6 +73,7 @@ class Producer:
             pad_id=self.lm.pad_id,
             generate_s=time.perf_counter() - started,
             ready_at=time.time(),
+            init_logp=init_logp,
         )
 
     def init_logp(self, rollout) -> torch.Tensor | None:

@@ -6,8 +6,9 @@ A version is one immutable safetensors file, written through a temporary file an
 returned to the publisher, who records it; a loader checks the bytes against it, which also
 catches a file damaged any other way. The file is written here, tensor bytes straight from
 memory and hashed as they are written (`write_safetensors`): the trainer publishes every step,
-and safetensors' own writer followed by a second read to hash took twice as long. Publishing a version again replaces its file
-atomically (a trainer resumed from a checkpoint republishes what it needs).
+and safetensors' own writer followed by a second read to hash took a third longer. Publishing
+a version again replaces its file atomically (a trainer resumed from a checkpoint republishes
+what it needs). The trainer removes the versions no job needs any more (`remove`).
 """
 
 from __future__ import annotations
@@ -115,9 +116,3 @@ class WeightStore:
         """Delete these versions' files."""
         for version in versions:
             self.path(version).unlink(missing_ok=True)
-
-    def prune(self, keep: set[int]) -> None:
-        """Delete every version file not in `keep`."""
-        for path in self.root.glob("v*.safetensors"):
-            if int(path.stem[1:]) not in keep:
-                path.unlink(missing_ok=True)

@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 POLL_S = 0.001
 MAX_POLL_S = 0.02
 STOP_CHECK_S = 0.5
-EVALS_CHECK_S = 0.25  # how often a training trainer looks for finished evaluations
+EVALS_CHECK_S = 0.25  # how often a trainer between steps looks for finished evaluations
 GIVEN_UP = (RolloutJob.FAILED, RolloutJob.LOST, RolloutJob.CANCELLED)
 # Up to this many parameters (512 MiB in float32) an async trainer keeps a copy of its newest
 # evaluated weights, to make that evaluation's parts while it waits for batches.
@@ -316,20 +316,23 @@ class DatabaseSource:
         """A queued eval part of `version`, claimed for the trainer; None if there is none left."""
         from workers import rollout
 
-        queued = retry_db(
-            lambda: list(
-                RolloutJob.objects.filter(
-                    run=self.run, kind=RolloutJob.EVAL, version=version, status=RolloutJob.QUEUED
-                )
-                .order_by("-part")  # from the end: the rollout workers take the first parts first
-                .values_list("pk", "attempt")
-            )
-        )()
-        for pk, attempt in queued:
+        for pk, attempt in self._queued_eval_parts(version):
             job = rollout.claim(pk, attempt, self.worker)
             if job is not None:
                 return job
         return None
+
+    @retry_db
+    def _queued_eval_parts(self, version: int) -> list[tuple[int, int]]:
+        """(id, attempt) of `version`'s queued eval parts, from the last: rollout workers take
+        the first ones first."""
+        return list(
+            RolloutJob.objects.filter(
+                run=self.run, kind=RolloutJob.EVAL, version=version, status=RolloutJob.QUEUED
+            )
+            .order_by("-part")
+            .values_list("pk", "attempt")
+        )
 
     def _publish_weights(self, version: int, policy: torch.nn.Module) -> Published:
         """Write `version`'s weights once (an evaluation and the next step both publish it)."""
