@@ -35,6 +35,7 @@ from django.db import close_old_connections, connection
 from experiments.models import PolicyVersion, RolloutJob, Run
 
 from rlcore.produce import Producer
+from rlcore.rollout import HFEngine
 from workers.db_outage import retry_db
 from workers.source import batch_path, newest_version, weight_store
 
@@ -102,16 +103,29 @@ def load_version(run: Run, loaded: Loaded, job: RolloutJob) -> int:
 
 
 def load_evaluator(run: Run, loaded: Loaded, job: RolloutJob) -> torch.nn.Module:
-    """The policy of the eval job's version, in the worker's evaluation copy of the model."""
+    """The policy of the eval job's version, in the worker's evaluation copy of the model: copied
+    from the HF engine when that holds the version already (an evaluation's version is the next
+    batch's, which comes first), else loaded from the store."""
     if loaded.evaluator is None:
         loaded.evaluator = copy.deepcopy(loaded.producer.lm.model).eval().requires_grad_(False)
-    load_into(run, job, loaded.evaluated, loaded.evaluator.load_state_dict, " for evaluation")
+    engine = loaded.producer.engine
+    copy_from = (loaded.engine, engine.model.state_dict) if isinstance(engine, HFEngine) else None
+    load_into(run, job, loaded.evaluated, loaded.evaluator.load_state_dict, " for evaluation", copy_from)
     return loaded.evaluator
 
 
 @retry_db
-def load_into(run: Run, job: RolloutJob, held: Held, load, purpose: str) -> int:
-    """Load the version `job` needs with `load(weights)` unless `held` says it is there; return it."""
+def load_into(
+    run: Run,
+    job: RolloutJob,
+    held: Held,
+    load: Callable[[dict[str, torch.Tensor]], None],
+    purpose: str,
+    copy_from: tuple[Held, Callable[[], dict[str, torch.Tensor]]] | None = None,
+) -> int:
+    """Load the version `job` needs with `load(weights)` unless `held` says it is there; return it.
+    `copy_from`: another model of this worker (what it holds, its weights), used instead of the
+    store when it holds that version."""
     for _ in range(LOAD_TRIES):
         if job.version is not None:
             row = PolicyVersion.objects.filter(run=run, version=job.version).first()
@@ -124,11 +138,14 @@ def load_into(run: Run, job: RolloutJob, held: Held, load, purpose: str) -> int:
         if (held.version, held.sha256) == (row.version, row.sha256):
             return row.version
         started = time.perf_counter()
-        try:
-            weights = weight_store(run).load(row.version, row.sha256)
-        except FileNotFoundError:
-            # Async: the trainer published a newer version and pruned this one meanwhile.
-            continue
+        if copy_from is not None and (copy_from[0].version, copy_from[0].sha256) == (row.version, row.sha256):
+            weights = copy_from[1]()
+        else:
+            try:
+                weights = weight_store(run).load(row.version, row.sha256)
+            except FileNotFoundError:
+                # Async: the trainer published a newer version and pruned this one meanwhile.
+                continue
         load(weights)
         held.version, held.sha256 = row.version, row.sha256
         log.info(
@@ -195,23 +212,20 @@ def execute(job_id: int, attempt: int, worker: str) -> str:
 
 
 def make(job: RolloutJob, worker: str, produce: Callable[[], Made]) -> str:
-    """Make claimed `job` with `produce()` under its lease (a heartbeat thread beats while it
-    runs), then finish it, or fail it with the error; return what happened. The rollout worker's
-    jobs and the eval parts a waiting trainer makes itself (`DatabaseSource`) both end here."""
+    """Make claimed `job` with `produce()` under its lease (the process's heartbeat thread beats
+    it while it runs), then finish it, or fail it with the error; return what happened. The
+    rollout worker's jobs and the eval parts a waiting trainer makes itself (`DatabaseSource`)
+    both end here."""
     attempt = job.attempt
-    done = threading.Event()
-    beating = threading.Thread(target=_beat, args=(job, worker, attempt, done), daemon=True)
-    beating.start()
+    leases.hold(job, worker, attempt)
     try:
         made = produce()
     except Exception as exc:
         log.exception("rollout job %s attempt %s failed", job.pk, attempt)
-        done.set()
-        beating.join()
+        leases.release(job)
         retry_db(job.fail)(worker, attempt, f"{type(exc).__name__}: {exc}")
         return f"rollout job {job.pk} attempt {attempt}: failed"
-    done.set()
-    beating.join()
+    leases.release(job)
     if not retry_db(job.finish)(worker, attempt, made.version, made.path, made.sha256, made.result):
         return f"rollout job {job.pk} attempt {attempt}: no longer this worker's; result dropped"
     return (
@@ -247,24 +261,53 @@ def evaluate_part(job: RolloutJob, config, lm, policy: torch.nn.Module, initial:
 @retry_db
 def claim(job_id: int, attempt: int, worker: str) -> RolloutJob | None:
     """The job, claimed for `attempt` by `worker`; None if it is not queued for that attempt. A
-    claim retried after its UPDATE committed but the answer was lost finds the job already ours."""
+    claim retried after its UPDATE committed but the answer was lost finds the job already ours.
+    The UPDATE comes first and the row (with its run) is read once, after it."""
+    RolloutJob.claim_pk(job_id, worker, attempt)
     job = RolloutJob.objects.select_related("run").filter(pk=job_id).first()
-    if job is None:
-        return None
-    if job.claim(worker, attempt):
-        return job
-    mine = (job.status, job.worker, job.attempt) == (RolloutJob.RUNNING, worker, attempt)
+    mine = job is not None and (job.status, job.worker, job.attempt) == (RolloutJob.RUNNING, worker, attempt)
     return job if mine else None
 
 
-def _beat(job: RolloutJob, worker: str, attempt: int, done: threading.Event) -> None:
-    interval = max(0.2, settings.LAB_HEARTBEAT_TIMEOUT_S / 4)
-    try:
-        while not done.wait(interval):
-            try:
-                job.beat(worker, attempt)
-            except Exception:
-                log.exception("rollout job %s: heartbeat failed; retrying", job.pk)
-                close_old_connections()
-    finally:
-        connection.close()
+class Leases:
+    """The jobs this process is making, and one thread that beats their heartbeats every quarter
+    of `LAB_HEARTBEAT_TIMEOUT_S` (at least 0.2 s) while there are any. A thread per job cost a
+    small job a tenth of its time in starting and joining; this one lives while jobs follow each
+    other and ends, closing its database connection, at the first beat that finds none."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, tuple[RolloutJob, str, int]] = {}
+        self._thread: threading.Thread | None = None
+
+    def hold(self, job: RolloutJob, worker: str, attempt: int) -> None:
+        with self._lock:
+            self._held[job.pk] = (job, worker, attempt)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._beat, name="rollout-heartbeat", daemon=True)
+                self._thread.start()
+
+    def release(self, job: RolloutJob) -> None:
+        with self._lock:
+            self._held.pop(job.pk, None)
+
+    def _beat(self) -> None:
+        try:
+            while True:
+                time.sleep(max(0.2, settings.LAB_HEARTBEAT_TIMEOUT_S / 4))
+                with self._lock:
+                    held = list(self._held.values())
+                    if not held:
+                        self._thread = None
+                        return
+                for job, worker, attempt in held:
+                    try:
+                        job.beat(worker, attempt)  # a job finished meanwhile: beats nothing
+                    except Exception:
+                        log.exception("rollout job %s: heartbeat failed; retrying", job.pk)
+                        close_old_connections()
+        finally:
+            connection.close()
+
+
+leases = Leases()

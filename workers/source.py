@@ -64,6 +64,8 @@ GIVEN_UP = (RolloutJob.FAILED, RolloutJob.LOST, RolloutJob.CANCELLED)
 # Up to this many parameters (512 MiB in float32) an async trainer keeps a copy of its newest
 # evaluated weights, to make that evaluation's parts while it waits for batches.
 EVAL_COPY_PARAMS = 2**27
+# Weight files no job needs are deleted once they hold this much (the tiny model: every 16 steps).
+PRUNE_SPARE_BYTES = 64 * 2**20
 
 
 def group_slices(groups: int, parts: int) -> list[range]:
@@ -117,6 +119,9 @@ class DatabaseSource:
         self.evals_pending: set[int] | None = None  # evaluations out (None: not looked yet)
         self.evals_checked = 0.0  # when they were last looked for (time.monotonic())
         self._published: tuple[int, Published] | None = None  # the last version written
+        # The versions with a file in the store: only this trainer writes there, so the folder is
+        # listed once, at the start of the attempt, and followed from then on.
+        self._on_disk = set(self.store.versions())
         s = config.staleness
         self._steps_of = steps_by_version(config.steps, s.sync_interval, s.sync_offset, s.offline)
         self.last_taken = 0
@@ -338,6 +343,7 @@ class DatabaseSource:
         """Write `version`'s weights once (an evaluation and the next step both publish it)."""
         if self._published is None or self._published[0] != version:
             published = self.store.publish(version, policy.state_dict())
+            self._on_disk.add(version)
             self.publish_s.append(published.seconds)
             self.publish_bytes += published.size_bytes
             self._published = (version, published)
@@ -455,14 +461,18 @@ class DatabaseSource:
     @retry_db
     def _prune_weights(self) -> None:
         """Delete the version files no unfinished job needs, except the newest (async jobs not
-        claimed yet take it) and the one this trainer published last."""
+        claimed yet take it) and the one this trainer published last, once the others hold
+        `PRUNE_SPARE_BYTES` (at least two files): a small model's files go a dozen at a time,
+        not with a query every step."""
         mine = self._published[0] if self._published is not None else None
-        files = self.store.versions()
-        older = [v for v in files if v not in (mine, max(files, default=None))]
-        if len(older) < 2:
-            return  # one version more than needed, at most: a query every step saves no disk
+        older = [v for v in self._on_disk if v not in (mine, max(self._on_disk, default=None))]
+        file_bytes = self.publish_bytes / max(1, len(self.publish_s))
+        if len(older) < 2 or len(older) * file_bytes < PRUNE_SPARE_BYTES:
+            return
         needed = RolloutJob.objects.filter(run=self.run, status__in=RolloutJob.UNFINISHED, version__in=older)
-        self.store.remove(set(older) - set(needed.values_list("version", flat=True)))
+        gone = set(older) - set(needed.values_list("version", flat=True))
+        self.store.remove(gone)
+        self._on_disk -= gone
 
     @retry_db
     def _prune_batches(self, upto: int) -> None:

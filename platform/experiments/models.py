@@ -295,31 +295,45 @@ class Leased:
 
     QUEUED, RUNNING = "queued", "running"
 
-    def _update(self, condition: Q, **changes) -> bool:
-        """Apply `changes` iff the row still matches `condition`; either way, reload self.
+    def _update(self, condition: Q, reload: bool = True, **changes) -> bool:
+        """Apply `changes` iff the row still matches `condition`; either way, reload self unless
+        `reload` is False (the caller is done with this object).
 
         Only the row's own columns are reloaded: no transition changes a foreign key, so the
         related objects already fetched (a job's run) stay cached instead of costing a query on
         next use (outside any outage retry the caller wraps this in)."""
         done = type(self).objects.filter(condition, pk=self.pk).update(**changes) == 1
-        self.refresh_from_db(fields=[f.attname for f in self._meta.concrete_fields if not f.is_relation])
+        if reload:
+            self.refresh_from_db(fields=[f.attname for f in self._meta.concrete_fields if not f.is_relation])
         return done
 
     def claim(self, worker: str, attempt: int) -> bool:
         """queued → running for this attempt; False if someone else has it or it is over."""
-        now = timezone.now()
-        return self._update(
-            Q(status=self.QUEUED, attempt=attempt),
-            status=self.RUNNING,
-            worker=worker,
-            heartbeat=now,
-            started=now,
-            finished=None,
-            error="",
-            **self.claim_resets(),
+        return self._update(Q(status=self.QUEUED, attempt=attempt), **self.claim_changes(worker))
+
+    @classmethod
+    def claim_pk(cls, pk: int, worker: str, attempt: int) -> bool:
+        """`claim` of row `pk` without fetching it first: one UPDATE."""
+        return (
+            cls.objects.filter(pk=pk, status=cls.QUEUED, attempt=attempt).update(**cls.claim_changes(worker))
+            == 1
         )
 
-    def claim_resets(self) -> dict:
+    @classmethod
+    def claim_changes(cls, worker: str) -> dict:
+        now = timezone.now()
+        return {
+            "status": cls.RUNNING,
+            "worker": worker,
+            "heartbeat": now,
+            "started": now,
+            "finished": None,
+            "error": "",
+            **cls.claim_resets(),
+        }
+
+    @classmethod
+    def claim_resets(cls) -> dict:
         """More fields a claim resets (none by default)."""
         return {}
 
@@ -636,7 +650,8 @@ class Run(Leased, models.Model):
                     return run
             # Another worker claimed it (or it was cancelled) in the meantime: look again.
 
-    def claim_resets(self) -> dict:
+    @classmethod
+    def claim_resets(cls) -> dict:
         """A new attempt starts with no phase of its own yet, and no summary (the last attempt's)."""
         return {"phase": "", "phase_detail": {}, "summary": {}}
 
@@ -856,6 +871,7 @@ class RolloutJob(Leased, models.Model):
     ) -> bool:
         return self._update(
             Q(status=RolloutJob.RUNNING, worker=worker, attempt=attempt),
+            reload=False,  # the worker is done with the job
             status=RolloutJob.DONE,
             version=version,
             path=path,
