@@ -72,6 +72,7 @@ WORKER_MODES = {
     "distributed": {"staleness": {"sync_offset": 1}, "execution": {"mode": "distributed"}},
     "async": {"execution": ASYNC},
     "async, θ0 on the rollout side": {"execution": {**ASYNC, "init_logprobs": "rollout"}},
+    "async, θ0 where there is time": {"execution": {**ASYNC, "init_logprobs": "auto"}},
     "async, final evaluation only": {"execution": ASYNC, "eval_every": 0},
 }
 

@@ -30,7 +30,7 @@ it still outgrows its worker (a local model, a large dataset). The bounds and wh
 - Batches generated ahead of their step are kept (in memory and in every checkpoint, or in the
   run's buffer folder): `staleness.sync_offset` of them, or `execution.max_staleness` in async
   mode, each times a step's generated tokens, at most `MAX_BUFFERED_TOKENS` (2^25). With
-  `execution.init_logprobs: rollout` each batch also carries θ0's log-probs while they fit
+  `execution.init_logprobs: rollout` (or `auto`) a batch also carries θ0's log-probs while they fit
   `rlcore.produce.INIT_LOGP_FLOATS` (2^22 floats, 16 MiB); larger ones the trainer computes.
 - Tasks: the arithmetic task samples problems straight from its seed (memory O(held_out),
   whatever the operand range); a jsonl file is read whole (`rlcore.tasks.MAX_DATASET_BYTES`,
@@ -412,13 +412,15 @@ class ExecutionConfig(_Strict):
         title="Staleness bound",
         description="async only (default 1): no batch is trained more than this many versions behind",
     )
-    init_logprobs: Literal["trainer", "rollout"] = Field(
-        "trainer",
+    init_logprobs: Literal["trainer", "rollout", "auto"] = Field(
+        "auto",
         title="θ0 log-probs",
         description=(
-            "where frozen θ0's log-probs for kl/init are computed: trainer (in its update), or rollout "
+            "where frozen θ0's log-probs for kl/init are computed: trainer (in its update), rollout "
             "(with each batch, wherever it is made, as verl's reference worker; while a batch's rows × "
-            "response tokens × vocabulary fit 2^22 floats, else by the trainer). Curves are the same"
+            "response tokens × vocabulary fit 2^22 floats, else by the trainer), or auto, the default "
+            "(distributed and async: a rollout worker computes them for a batch when no other job "
+            "waits for it, else the trainer; simulated: the trainer). Curves are the same"
         ),
     )
 

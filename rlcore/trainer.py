@@ -128,6 +128,7 @@ def local_source(learner: Learner, cache_dir: Path | None = None) -> staleness.L
     """The exact simulated schedule in this process: a rollout engine holding a copy of θ0."""
     config = learner.config
     engine = make_engine(config, learner.lm, cache_dir, learner.task)
+    # `auto` leaves θ0 to the update here: one process has no other side with time to spare.
     initial = learner.initial if config.execution.init_logprobs == "rollout" else None
     s = config.staleness
     return staleness.LocalSource(

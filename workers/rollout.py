@@ -11,7 +11,7 @@ it runs; if the worker dies, the reaper re-queues the job and another worker mak
 batch): a batch job loads the policy version it needs (distributed: the job's; async: the
 newest published) from the run's buffer, generates and scores its prompt groups with
 `rlcore.produce.Producer` (with θ0's log-probs when the run's `execution.init_logprobs` is
-`rollout`) and writes the batch file; an eval job evaluates its version on its held-out
+`rollout`, or `auto` and no other job waits on the worker's queue) and writes the batch file; an eval job evaluates its version on its held-out
 problems (`rlcore.trainer.evaluate_part`, with a copy of the policy next to the rollout engine)
 and stores the sums on the job. A waiting trainer makes eval parts of its own run through the
 same `make` (`workers.source`). A worker keeps the producers (tokenizer, θ0, engine) of the runs
@@ -89,7 +89,7 @@ def producer_for(run: Run) -> Loaded:
     lm = models.load(config, resolve_device(config.device), settings.LAB_CACHE_DIR, task)
     # `lm.model` stays θ0 here: the engine and the evaluator hold copies of their own.
     engine = make_engine(config, lm, settings.LAB_CACHE_DIR, task)
-    initial = lm.model if config.execution.init_logprobs == "rollout" else None
+    initial = lm.model if config.execution.init_logprobs in ("rollout", "auto") else None
     loaded = Loaded(Producer(config, task, lm, engine, initial))
     _producers[run.pk] = loaded
     while len(_producers) > CACHED_RUNS:
@@ -203,6 +203,13 @@ def next_queued(queue: str) -> tuple[int, int] | None:
     )
 
 
+@retry_db
+def queued_behind(job: RolloutJob) -> bool:
+    """Whether another job waits on `job`'s queue (`execution.init_logprobs: auto` leaves θ0's
+    log-probs to the trainer then, rather than make that job wait for them)."""
+    return RolloutJob.objects.filter(queue=job.queue, status=RolloutJob.QUEUED).exists()
+
+
 def execute(job_id: int, attempt: int, worker: str) -> str:
     """Claim `attempt` of job `job_id` and make what it asks for."""
     job = claim(job_id, attempt, worker)
@@ -244,7 +251,10 @@ def _make_here(job: RolloutJob) -> Made:
         sums = evaluate_part(job, producer.config, producer.lm, policy, producer.lm.model, producer.task)
         return Made(job.version, result=asdict(sums))
     version = load_version(run, loaded, job)
-    batch = producer.batch(job.step, version, range(job.groups_start, job.groups_stop))
+    spare_time = (
+        None if producer.config.execution.init_logprobs == "rollout" else lambda: not queued_behind(job)
+    )
+    batch = producer.batch(job.step, version, range(job.groups_start, job.groups_stop), spare_time)
     path = batch_path(run, job.step, job.part, job.attempt)
     return Made(version, str(path), batch.save(path))
 

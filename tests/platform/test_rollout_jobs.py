@@ -230,3 +230,34 @@ def test_a_trainer_leaves_an_older_evaluation_to_the_rollout_workers_once_its_po
     workers = dict(RolloutJob.objects.filter(run=run, kind=RolloutJob.EVAL).values_list("step", "worker"))
     assert workers == {1: "r1:1", 2: "trainer:1"}
     purge_queue("rollout")
+
+
+def test_auto_theta0_logprobs_come_with_a_batch_only_when_no_other_job_waits_for_the_worker(run):
+    """`execution.init_logprobs: auto`: a rollout worker spends θ0's forward pass on a batch only
+    when nothing else is queued for it; otherwise the batch goes without and the trainer computes
+    them in its update."""
+    from pathlib import Path
+
+    from rlcore.batch import Batch
+    from rlcore.config import RunConfig
+    from rlcore.trainer import prepare
+    from workers.rollout import execute
+    from workers.source import DatabaseSource
+
+    purge_queue("rollout")
+    execution = {"mode": "async", "max_staleness": 1, "init_logprobs": "auto"}
+    config = RunConfig.model_validate({**run.config, "execution": execution})
+    Run.objects.filter(pk=run.pk).update(config=config.model_dump(mode="json"))
+    run.refresh_from_db()
+    learner = prepare(config, settings.LAB_CACHE_DIR)
+    source = DatabaseSource(run, config, should_stop=lambda: False, worker="trainer:1")
+    source.publish(0, learner.policy)  # admits steps 1 and 2
+    first, second = RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH).order_by("step")
+    assert execute(first.pk, 1, "r1:1").endswith("done with version 0")
+    assert execute(second.pk, 1, "r1:1").endswith("done with version 0")
+    first.refresh_from_db()
+    second.refresh_from_db()
+    behind, alone = (Batch.load(Path(j.path), j.sha256) for j in (first, second))
+    assert behind.init_logp is None, "step 2's job was queued behind it: the trainer computes them"
+    assert alone.init_logp is not None, "nothing waited: the rollout worker computed them"
+    purge_queue("rollout")

@@ -72,7 +72,7 @@ def errors_of(data, **context):
         (
             {"execution": {"init_logprobs": "elsewhere"}},
             "execution.init_logprobs",
-            "Input should be 'trainer' or 'rollout'",
+            "Input should be 'trainer', 'rollout' or 'auto'",
         ),
         (
             {"execution": {"mode": "async", "max_staleness": -1}},

@@ -230,9 +230,10 @@ def test_lr_schedules():
 def test_theta0_logprobs_made_with_the_batch_give_the_same_curve(small_config, cache_dir):
     """`execution.init_logprobs: rollout` moves θ0's forward pass from the update to wherever the
     batch is made (a rollout worker in distributed and async execution); kl/init and its k1/k3
-    estimators come out the same, and so does everything else."""
+    estimators come out the same, and so does everything else. `auto` in one process (simulated)
+    leaves it to the trainer: there is no other side with time to spare."""
     curves, given = [], []
-    for where in ("trainer", "rollout"):
+    for where in ("trainer", "auto", "rollout"):
         config = small_config(steps=4, optimizer={"lr": 1e-3}, execution={"init_logprobs": where})
         learner = trainer.prepare(config, cache_dir)
         source = trainer.local_source(learner, cache_dir)
@@ -242,11 +243,12 @@ def test_theta0_logprobs_made_with_the_batch_give_the_same_curve(small_config, c
             given.append(batch.init_logp is not None)
             points.append(metrics)
         curves.append(points)
-    assert given == [False] * 4 + [True] * 4
+    assert given == [False] * 8 + [True] * 4
     assert curves[0][-1]["kl/init"] > 1e-4, "the policy moved away from θ0"
-    for a, b in zip(*curves, strict=True):
-        for name in set(a) - TIMING:
-            assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-7), name
+    for other in curves[1:]:
+        for a, b in zip(curves[0], other, strict=True):
+            for name in set(a) - TIMING:
+                assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-7), name
 
 
 def test_theta0_logprobs_too_large_for_a_batch_are_left_to_the_trainer(small_config, cache_dir, monkeypatch):
