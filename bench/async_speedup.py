@@ -12,9 +12,11 @@ after the other, from the same cached θ0:
   real Celery processes, SQLite and the filesystem broker under a scratch folder); step t+1's
   batch is generated while step t trains.
 - **async**, `max_staleness: 1`: the same two workers; the rollout worker generates with the
-  newest weights as soon as a job is admitted. Also with θ0's log-probs computed on the
-  rollout side (`execution.init_logprobs: rollout`, the stretch target) and without the
-  periodic evaluations (against the simulated run without them).
+  newest weights as soon as a job is admitted, and computes θ0's log-probs with a batch when
+  nothing else waits for it (`execution.init_logprobs: auto`, the default). Also with θ0's
+  log-probs always computed by the trainer (`trainer`), always on the rollout side
+  (`rollout`, the stretch target), and without the periodic evaluations (against the
+  simulated run without them).
 
 Time is measured from step 1's metrics to the run's last (step 100's evaluation, which on
 workers may finish after the trainer's last step); the initial evaluation, loading and the
@@ -71,8 +73,8 @@ ASYNC = {"mode": "async", "max_staleness": 1}
 WORKER_MODES = {
     "distributed": {"staleness": {"sync_offset": 1}, "execution": {"mode": "distributed"}},
     "async": {"execution": ASYNC},
+    "async, θ0 by the trainer": {"execution": {**ASYNC, "init_logprobs": "trainer"}},
     "async, θ0 on the rollout side": {"execution": {**ASYNC, "init_logprobs": "rollout"}},
-    "async, θ0 where there is time": {"execution": {**ASYNC, "init_logprobs": "auto"}},
     "async, final evaluation only": {"execution": ASYNC, "eval_every": 0},
 }
 
@@ -308,10 +310,12 @@ def main() -> None:
             "200 held-out problems evaluated every 10 steps), checkpoints off, from the same cached θ0. "
             "simulated: one process, 2 torch threads, `sync_offset: 1`. distributed (`sync_offset: 1`) and "
             "async (`max_staleness: 1`): a training worker and a rollout worker, real Celery processes, "
-            '1 torch thread each; "θ0 on the rollout side": `execution.init_logprobs: rollout`; "final '
-            'evaluation only": `eval_every: 0`, against a simulated run of that config. Seconds from step '
-            "1's metrics to the run's last (the final evaluation). Per step (ms, means over the steps after "
-            "the first): rollout = making the batch (wherever; with θ0's log-probs when on the rollout side), "
+            "1 torch thread each, θ0's log-probs with a batch when the rollout worker has nothing else "
+            '(`execution.init_logprobs: auto`, the default); "θ0 by the trainer": `trainer`; "θ0 on the '
+            'rollout side": `rollout`; "final evaluation only": `eval_every: 0`, against a simulated run of '
+            "that config. Seconds from step 1's metrics to the run's last (the final evaluation). Per step "
+            "(ms, means over the steps after the first): rollout = making the batch (wherever; with θ0's "
+            "log-probs when it made them), "
             "update = the trainer's step after it has the batch, wait = the trainer's time in publish + take "
             "(simulated: generating inline; on workers it includes eval parts the trainer made while it "
             "waited). Publish = writing one weights version. Outside steps = seconds not spent in a step's "

@@ -37,12 +37,12 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 from experiments.models import PolicyVersion, RolloutJob, Run
 
@@ -66,6 +66,15 @@ GIVEN_UP = (RolloutJob.FAILED, RolloutJob.LOST, RolloutJob.CANCELLED)
 EVAL_COPY_PARAMS = 2**27
 # Weight files no job needs are deleted once they hold this much (the tiny model: every 16 steps).
 PRUNE_SPARE_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class Existing:
+    """The newest rows of a run when a trainer attempt starts: anything newer is its own to write."""
+
+    version: int  # -1: none
+    batch_step: int  # 0: none
+    eval_step: int  # -1: none
 
 
 def group_slices(groups: int, parts: int) -> list[range]:
@@ -138,6 +147,7 @@ class DatabaseSource:
         self.eval_copy: torch.nn.Module | None = None  # async: that version's weights, when small
         self.eval_parts_made = 0  # by the trainer itself, while it waited
         self.eval_parts_s = 0.0
+        self._recorded: set[int] = set()  # versions this attempt recorded
         self.created_upto = self._start_attempt()
 
     # ----- BatchSource -----------------------------------------------------------------------
@@ -375,25 +385,51 @@ class DatabaseSource:
             run=self.run, status__in=(RolloutJob.CANCELLED, RolloutJob.FAILED, RolloutJob.LOST)
         ):
             job.requeue(Q(status=job.status, attempt=job.attempt), "re-queued by a new trainer attempt")
-        batches = RolloutJob.objects.filter(run=self.run, kind=RolloutJob.BATCH)
-        return batches.aggregate(t=Max("step"))["t"] or 0
+        jobs = RolloutJob.objects.filter(run=self.run)
+        newest = jobs.aggregate(
+            batch=Max("step", filter=Q(kind=RolloutJob.BATCH)),
+            eval=Max("step", filter=Q(kind=RolloutJob.EVAL)),
+        )
+        version = PolicyVersion.objects.filter(run=self.run).aggregate(v=Max("version"))["v"]
+        self._before = Existing(
+            version=-1 if version is None else version,
+            batch_step=newest["batch"] or 0,
+            eval_step=-1 if newest["eval"] is None else newest["eval"],
+        )
+        return self._before.batch_step
 
     @retry_db
     def _record_version(
         self, version: int, published: Published, steps: Iterable[int], evaluate: bool = False
     ) -> None:
         """Record published `version` and create the batch jobs of `steps` and, if `evaluate`,
-        the eval jobs of `version` (sent once committed)."""
-        with transaction.atomic():
-            row, created = PolicyVersion.objects.get_or_create(
-                run=self.run,
-                version=version,
-                defaults={
-                    "sha256": published.sha256,
-                    "size_bytes": published.size_bytes,
-                    "publish_s": published.seconds,
-                },
-            )
+        the eval jobs of `version` (sent once committed).
+
+        Rows newer than any that existed when this attempt started are simply inserted (what a
+        trainer writes every step: one INSERT a row, no read first); should another attempt of
+        this run have written one meanwhile, the transaction is made again the careful way."""
+        try:
+            with transaction.atomic():
+                self._record(version, published, steps, evaluate, fresh=True)
+        except IntegrityError:
+            with transaction.atomic():
+                self._record(version, published, steps, evaluate, fresh=False)
+        self._recorded.add(version)
+
+    def _record(
+        self, version: int, published: Published, steps: Iterable[int], evaluate: bool, fresh: bool
+    ) -> None:
+        fields = {
+            "sha256": published.sha256,
+            "size_bytes": published.size_bytes,
+            "publish_s": published.seconds,
+        }
+        if version in self._recorded:
+            pass  # by this attempt, with these bytes (a version is written once an attempt)
+        elif fresh and version > self._before.version:
+            PolicyVersion.objects.create(run=self.run, version=version, **fields)
+        else:
+            row, created = PolicyVersion.objects.get_or_create(run=self.run, version=version, defaults=fields)
             if not created and row.sha256 != published.sha256:
                 # A resumed trainer republished other bytes (e.g. on another machine): what the
                 # old bytes generated and nobody has trained yet is made again, and evaluated.
@@ -404,10 +440,10 @@ class DatabaseSource:
                 for job in RolloutJob.objects.filter(redo, run=self.run, version=version):
                     job.requeue(Q(attempt=job.attempt), "weights republished with other bytes")
                 self.evals_logged.discard(version)  # its evaluation is logged again once re-made
-            for step in steps:
-                self._create_jobs(step, version)
-            if evaluate:
-                self._create_eval_jobs(version)
+        for step in steps:
+            self._create_jobs(step, version, fresh=fresh and step > self._before.batch_step)
+        if evaluate:
+            self._create_eval_jobs(version, fresh=fresh and version > self._before.eval_step)
 
     @retry_db
     def _jobs_of(self, step: int) -> list[RolloutJob]:
@@ -415,28 +451,30 @@ class DatabaseSource:
             RolloutJob.objects.filter(run=self.run, kind=RolloutJob.BATCH, step=step).order_by("part")
         )
 
-    def _create_jobs(self, step: int, version: int) -> None:
+    def _create_jobs(self, step: int, version: int, fresh: bool = False) -> None:
         """The batch jobs of `step` (async: the version is chosen at claim), sent once created."""
-        self._create(RolloutJob.BATCH, step, self.slices, version if self.mode == "distributed" else None)
+        version_of_jobs = version if self.mode == "distributed" else None
+        self._create(RolloutJob.BATCH, step, self.slices, version_of_jobs, fresh)
 
-    def _create_eval_jobs(self, version: int) -> None:
+    def _create_eval_jobs(self, version: int, fresh: bool = False) -> None:
         """The eval jobs of `version`, at step `version`: held-out problems in parts."""
-        self._create(RolloutJob.EVAL, version, self.eval_slices, version)
+        self._create(RolloutJob.EVAL, version, self.eval_slices, version, fresh)
 
-    def _create(self, kind: str, step: int, parts: list[range], version: int | None) -> None:
+    def _create(self, kind: str, step: int, parts: list[range], version: int | None, fresh: bool) -> None:
+        """The jobs of `step`'s `parts`, sent once created; `fresh`: none of them can exist yet
+        (an INSERT each; one that did exist fails the transaction with IntegrityError)."""
         for part, rows in enumerate(parts):
-            job, created = RolloutJob.objects.get_or_create(
-                run=self.run,
-                kind=kind,
-                step=step,
-                part=part,
-                defaults={
-                    "groups_start": rows.start,
-                    "groups_stop": rows.stop,
-                    "version": version,
-                    "queue": self.config.rollout_queue,
-                },
-            )
+            fields = {
+                "groups_start": rows.start,
+                "groups_stop": rows.stop,
+                "version": version,
+                "queue": self.config.rollout_queue,
+            }
+            key = {"run": self.run, "kind": kind, "step": step, "part": part}
+            if fresh:
+                job, created = RolloutJob.objects.create(**key, **fields), True
+            else:
+                job, created = RolloutJob.objects.get_or_create(**key, defaults=fields)
             if created:
                 job.enqueue()
 

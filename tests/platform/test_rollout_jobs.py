@@ -261,3 +261,33 @@ def test_auto_theta0_logprobs_come_with_a_batch_only_when_no_other_job_waits_for
     assert behind.init_logp is None, "step 2's job was queued behind it: the trainer computes them"
     assert alone.init_logp is not None, "nothing waited: the rollout worker computed them"
     purge_queue("rollout")
+
+
+def test_a_trainer_finds_the_rows_another_attempt_wrote_meanwhile_and_writes_none_twice(run):
+    """A trainer inserts the rows newer than any that existed when its attempt started without
+    reading first; if another attempt of the run (a worker thought lost) wrote them meanwhile,
+    the publish is made again the careful way: no error, no second row, no second message."""
+    from experiments.models import PolicyVersion
+
+    from rlcore.config import RunConfig
+    from rlcore.trainer import prepare
+    from workers.source import DatabaseSource
+
+    purge_queue("rollout")
+    config = RunConfig.model_validate({**run.config, "execution": {"mode": "async", "max_staleness": 1}})
+    learner = prepare(config, settings.LAB_CACHE_DIR)
+    late = DatabaseSource(run, config, should_stop=lambda: False, worker="trainer:1")
+    other = DatabaseSource(run, config, should_stop=lambda: False, worker="trainer:2")
+    other.publish(0, learner.policy)  # version 0 and the jobs of steps 1 and 2
+    other.evaluate(0, learner)
+    late.publish(0, learner.policy)
+    late.evaluate(0, learner)
+    assert PolicyVersion.objects.filter(run=run).count() == 1
+    batches = RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH)
+    assert sorted(batches.values_list("step", flat=True)) == [1, 2]
+    evals = RolloutJob.objects.filter(run=run, kind=RolloutJob.EVAL).count()
+    assert evals == len(late.eval_slices)
+    assert queued_messages("rollout") == 2 + evals, "one message a job"
+    late.publish(1, learner.policy)  # newer than anything: inserted straight away
+    assert sorted(batches.values_list("step", flat=True)) == [1, 2, 3]
+    purge_queue("rollout")
