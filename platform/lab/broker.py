@@ -8,6 +8,11 @@ place (atomic on one filesystem). A message that still cannot be decoded is drop
 line instead of stopping the worker: the database decides what is queued, and a dispatcher
 sends that work again (`experiments.dispatch`).
 
+The exchange table (which queues an exchange routes to, a file every worker adds its queues to
+when it starts) is read and rewritten under one exclusive lock, in a file opened without
+truncating it: kombu's own first writer truncates it before it locks, so workers starting
+together left a table cut short or with a stale tail, which no sender could decode.
+
 Registered as the `labfs://` transport by `lab.celery`.
 """
 
@@ -19,8 +24,8 @@ import uuid
 from time import monotonic
 
 from kombu.transport import filesystem
-from kombu.utils.encoding import str_to_bytes
-from kombu.utils.json import dumps
+from kombu.utils.encoding import bytes_to_str, str_to_bytes
+from kombu.utils.json import dumps, loads
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,39 @@ class Channel(filesystem.Channel):
         except OSError as exc:
             raise filesystem.ChannelError(f"Cannot add file {target!r} to directory") from exc
 
+    def _queue_bind(self, exchange, routing_key, pattern, queue):
+        """Add `queue` to `exchange`'s table: read, change and write it under one exclusive lock."""
+        path = self._exchange_file(exchange)
+        self.control_folder.mkdir(exist_ok=True)
+        entry = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+        try:
+            with open(path, "a+b", buffering=0) as f:  # created if missing, never truncated unlocked
+                filesystem.lock(f, filesystem.LOCK_EX)
+                try:
+                    f.seek(0)
+                    queues = _table(f.read())
+                    if entry not in queues:
+                        f.truncate(0)
+                        f.write(str_to_bytes(dumps([entry, *queues])))  # appended: at 0 now
+                finally:
+                    filesystem.unlock(f)
+        except OSError as exc:
+            raise filesystem.ChannelError(f"Cannot open {path}") from exc
+
+    def get_table(self, exchange):
+        """`exchange`'s table; empty while its first binding is being written."""
+        try:
+            with open(self._exchange_file(exchange), "rb") as f:
+                filesystem.lock(f, filesystem.LOCK_SH)
+                try:
+                    return _table(f.read())
+                finally:
+                    filesystem.unlock(f)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise filesystem.ChannelError(f"Cannot open {self._exchange_file(exchange)}") from exc
+
     def _get(self, queue):
         while True:  # until a readable message, or kombu's Empty
             try:
@@ -46,6 +84,10 @@ class Channel(filesystem.Channel):
                 log.warning(
                     "dropped an unreadable message of queue %s; the dispatcher sends its work again", queue
                 )
+
+
+def _table(data: bytes) -> list:
+    return [filesystem.exchange_queue_t(*q) for q in loads(bytes_to_str(data))] if data.strip() else []
 
 
 class Transport(filesystem.Transport):

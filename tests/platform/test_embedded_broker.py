@@ -4,9 +4,11 @@ decoded is dropped instead of stopping the worker."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lab
@@ -90,3 +92,49 @@ def test_an_unreadable_message_is_dropped_and_the_next_one_delivered(connection)
         assert message.payload == {"ok": 1}
         message.ack()
     assert not (folder / "0_broken.unreadable.msg").exists()
+
+
+BINDER = """
+import sys, time
+sys.path[:0] = sys.argv[1:3]
+import lab.celery  # registers labfs://
+from kombu import Connection
+folder, queue, start = sys.argv[3], sys.argv[4], float(sys.argv[5])
+options = {"data_folder_in": folder, "data_folder_out": folder, "control_folder": folder + "/control"}
+with Connection("labfs://", transport_options=options) as conn:
+    channel = conn.channel()
+    while time.time() < start:
+        pass
+    channel._queue_bind("celery", queue, None, queue)
+"""
+
+
+def test_workers_binding_their_queues_at_once_leave_a_whole_table_with_every_queue(tmp_path):
+    """Workers that start together each add their queue to the exchange's table (kombu's own
+    transport, whose first writer truncates the file before it locks it, left a table cut short or
+    with a stale tail in 9 of 10 such rounds here: no sender could decode it)."""
+    platform = str(Path(lab.__file__).resolve().parents[1])
+    queues = ["cpu", "rollout", "gpu-trainer-queue", "rollout-gpu-queue-name"]  # of unequal lengths
+    for round_ in range(5):
+        folder = tmp_path / f"round-{round_}"
+        folder.mkdir()
+        start = time.time() + 1.0  # every binder is ready by then, and they bind in the same instant
+        binders = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    BINDER,
+                    str(Path(platform).parent),
+                    platform,
+                    str(folder),
+                    queue,
+                    str(start),
+                ],
+                env={**os.environ, "DJANGO_SETTINGS_MODULE": "lab.settings"},
+            )
+            for queue in queues
+        ]
+        assert [b.wait(timeout=60) for b in binders] == [0] * len(queues)
+        table = json.loads((folder / "control" / "celery.exchange").read_text())
+        assert sorted(q for _, _, q in table) == sorted(queues), round_
