@@ -167,16 +167,28 @@ def generate(job_id: int, attempt: int, worker: str) -> str:
     A message wakes the worker; the database says what to make. Draining the queue here, instead
     of one job a message, saves the broker's delivery between consecutive jobs (in an async run
     a trainer step's worth of time on a small model); the messages of jobs made this way then
-    find them taken and do nothing. A late message (its attempt is over) does nothing at all."""
+    do nothing, without a query for those this worker tried itself (`_tried`). A late message
+    (its attempt is over) does nothing at all."""
+    if (job_id, attempt) in _tried:
+        return f"rollout job {job_id} attempt {attempt}: tried here already, nothing to do"
     queue = queued_on(job_id, attempt)
     if queue is None:
         return f"rollout job {job_id} attempt {attempt}: not queued any more, nothing to do"
     made = []
     while (job := next_queued(queue)) is not None:
         outcome = execute(*job, worker)
+        _tried[job] = None
+        while len(_tried) > TRIED_KEPT:
+            _tried.popitem(last=False)
         log.info(outcome)
         made.append(outcome)
     return f"rollout job {job_id} attempt {attempt}: woke the worker; {len(made)} jobs of queue {queue} made"
+
+
+# (id, attempt) of the jobs this worker's drains took up, newest last: each such attempt is over
+# (made, failed or taken by another worker), so its message has nothing left to ask.
+_tried: OrderedDict[tuple[int, int], None] = OrderedDict()
+TRIED_KEPT = 10_000
 
 
 @retry_db

@@ -115,15 +115,8 @@ class DatabaseSink:
                 # this worker's (reaped, re-queued), what it still reports is dropped, not mixed in.
                 if not self.run.beat(self.worker, progress, phase, detail):
                     return
-                MetricPoint.objects.bulk_create(
-                    [
-                        MetricPoint(run=self.run, name=name, step=step, value=value, wall_time=wall_time)
-                        for (name, step), (value, wall_time) in points.items()
-                    ],
-                    update_conflicts=True,
-                    unique_fields=["run", "name", "step"],
-                    update_fields=["value", "wall_time"],
-                    batch_size=500,
+                MetricPoint.upsert(
+                    self.run.pk, ((name, step, value, wall) for (name, step), (value, wall) in points.items())
                 )
                 Completion.objects.filter(run=self.run, step__in=list(samples)).delete()
                 Completion.objects.bulk_create(

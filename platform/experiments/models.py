@@ -16,12 +16,13 @@ import hashlib
 import secrets
 import shutil
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 from pydantic import ValidationError
@@ -985,6 +986,27 @@ class MetricPoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}@{self.step}={self.value}"
+
+    @classmethod
+    def upsert(cls, run_id: int, points: Iterable[tuple[str, int, float | None, datetime]]) -> None:
+        """Write (name, step, value, wall_time) points of run `run_id`, replacing the value and
+        wall time of a (run, name, step) already there. One parameterised INSERT … ON CONFLICT run
+        over all points (PostgreSQL and SQLite alike): what `bulk_create(update_conflicts=True)`
+        does, without a model instance and a compiled row per point. A trainer's flush of 1,000
+        points took 20 ms that way, in a thread holding the interpreter lock the update needs."""
+        ops = connection.ops
+        table = ops.quote_name(cls._meta.db_table)
+        sql = (
+            f"INSERT INTO {table} (run_id, name, step, value, wall_time) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (run_id, name, step) DO UPDATE SET value = excluded.value, wall_time = excluded.wall_time"
+        )
+        rows = [
+            (run_id, name, step, value, ops.adapt_datetimefield_value(wall))
+            for name, step, value, wall in points
+        ]
+        if rows:
+            with connection.cursor() as cursor:
+                cursor.executemany(sql, rows)
 
 
 class Completion(models.Model):
