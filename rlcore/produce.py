@@ -71,8 +71,7 @@ class Producer:
             self.task.score(p, c, bool(f))
             for p, c, f in zip(problems, completions, rollout.finished, strict=True)
         ]
-        # Before generate_s is taken: it counts too.
-        init_logp = self.init_logp(rollout) if spare_time is None or spare_time() else None
+        init_logp = self.init_logp(rollout, spare_time)  # before generate_s is taken: it counts too
         return Batch(
             step=step,
             version=version,
@@ -87,16 +86,17 @@ class Producer:
             init_logp=init_logp,
         )
 
-    def init_logp(self, rollout) -> torch.Tensor | None:
+    def init_logp(self, rollout, spare_time: Callable[[], bool] | None = None) -> torch.Tensor | None:
         """θ0's tempered log-softmax [N, T', V] at the rollout's response positions (T' its
-        longest response), or None when there is no θ0 here or it would not fit
-        `INIT_LOGP_FLOATS`. Each prompt runs once for its group, as in the trainer's forward."""
+        longest response), or None when there is no θ0 here, it would not fit `INIT_LOGP_FLOATS`,
+        or `spare_time()` (asked last: it may cost a query) says there is no time for it. Each
+        prompt runs once for its group, as in the trainer's forward."""
         if self.initial is None:
             return None
         trimmed = rollout.trimmed()
         n, t = trimmed.response_ids.shape
         vocab = self.initial.get_output_embeddings().weight.shape[0]
-        if n * t * vocab > INIT_LOGP_FLOATS:
+        if n * t * vocab > INIT_LOGP_FLOATS or (spare_time is not None and not spare_time()):
             return None
         device = next(self.initial.parameters()).device
         with torch.inference_mode():

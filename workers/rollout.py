@@ -11,9 +11,9 @@ it runs; if the worker dies, the reaper re-queues the job and another worker mak
 batch): a batch job loads the policy version it needs (distributed: the job's; async: the
 newest published) from the run's buffer, generates and scores its prompt groups with
 `rlcore.produce.Producer` (with θ0's log-probs when the run's `execution.init_logprobs` is
-`rollout`, or `auto` and no other job waits on the worker's queue) and writes the batch file; an eval job evaluates its version on its held-out
-problems (`rlcore.trainer.evaluate_part`, with a copy of the policy next to the rollout engine)
-and stores the sums on the job. A waiting trainer makes eval parts of its own run through the
+`rollout`, or `auto` and no other job waits on the worker's queue) and writes the batch file; an
+eval job evaluates its version on its held-out problems (`rlcore.trainer.evaluate_part`, with a
+copy of the policy next to the rollout engine) and stores the sums on the job. A waiting trainer makes eval parts of its own run through the
 same `make` (`workers.source`). A worker keeps the producers (tokenizer, θ0, engine) of the runs
 it served last, so consecutive jobs of one run load only new weights. Its database calls ride
 out a short outage (`retry_db`).
@@ -263,9 +263,8 @@ def _make_here(job: RolloutJob) -> Made:
         sums = evaluate_part(job, producer.config, producer.lm, policy, producer.lm.model, producer.task)
         return Made(job.version, result=asdict(sums))
     version = load_version(run, loaded, job)
-    spare_time = (
-        None if producer.config.execution.init_logprobs == "rollout" else lambda: not queued_behind(job)
-    )
+    auto = producer.config.execution.init_logprobs == "auto"
+    spare_time = (lambda: not queued_behind(job)) if auto else None
     batch = producer.batch(job.step, version, range(job.groups_start, job.groups_stop), spare_time)
     path = batch_path(run, job.step, job.part, job.attempt)
     return Made(version, str(path), batch.save(path))

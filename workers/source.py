@@ -148,7 +148,8 @@ class DatabaseSource:
         self.eval_parts_made = 0  # by the trainer itself, while it waited
         self.eval_parts_s = 0.0
         self._recorded: set[int] = set()  # versions this attempt recorded
-        self.created_upto = self._start_attempt()
+        self._before = self._start_attempt()
+        self.created_upto = self._before.batch_step
 
     # ----- BatchSource -----------------------------------------------------------------------
 
@@ -378,9 +379,9 @@ class DatabaseSource:
         return ready, pending, given_up
 
     @retry_db
-    def _start_attempt(self) -> int:
-        """Give every unfinished step's jobs of earlier attempts a fresh chance; return the last
-        step whose jobs exist (async creates each step's jobs once, as soon as they are admissible)."""
+    def _start_attempt(self) -> Existing:
+        """Give every unfinished step's jobs of earlier attempts a fresh chance; return the newest
+        rows that exist (async creates each step's jobs once, as soon as they are admissible)."""
         for job in RolloutJob.objects.filter(
             run=self.run, status__in=(RolloutJob.CANCELLED, RolloutJob.FAILED, RolloutJob.LOST)
         ):
@@ -391,12 +392,11 @@ class DatabaseSource:
             eval=Max("step", filter=Q(kind=RolloutJob.EVAL)),
         )
         version = PolicyVersion.objects.filter(run=self.run).aggregate(v=Max("version"))["v"]
-        self._before = Existing(
+        return Existing(
             version=-1 if version is None else version,
             batch_step=newest["batch"] or 0,
             eval_step=-1 if newest["eval"] is None else newest["eval"],
         )
-        return self._before.batch_step
 
     @retry_db
     def _record_version(

@@ -44,28 +44,21 @@ with Connection("labfs://", transport_options=options) as conn, conn.SimpleQueue
 """
 
 
+def start_script(script: str, folder: Path, *args: object) -> subprocess.Popen:
+    """`script` in a Python process of its own, given the source roots, `folder` and `args`."""
+    platform = str(Path(lab.__file__).resolve().parents[1])
+    return subprocess.Popen(
+        [sys.executable, "-c", script, str(Path(platform).parent), platform, str(folder), *map(str, args)],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "lab.settings"},
+    )
+
+
 def test_a_consumer_polling_while_producers_write_gets_every_message_whole(connection):
     """Producer processes write while the consumer polls without pause (kombu's own filesystem
     transport fails this at once: its consumer reads a message file created but not yet written)."""
     conn, folder = connection
     n_producers, per_producer = 3, 300
-    platform = str(Path(lab.__file__).resolve().parents[1])
-    producers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                PRODUCER,
-                str(Path(platform).parent),
-                platform,
-                str(folder),
-                str(who),
-                str(per_producer),
-            ],
-            env={**os.environ, "DJANGO_SETTINGS_MODULE": "lab.settings"},
-        )
-        for who in range(n_producers)
-    ]
+    producers = [start_script(PRODUCER, folder, who, per_producer) for who in range(n_producers)]
     received = []
     try:
         with conn.SimpleQueue("q") as queue:
@@ -113,28 +106,12 @@ def test_workers_binding_their_queues_at_once_leave_a_whole_table_with_every_que
     """Workers that start together each add their queue to the exchange's table (kombu's own
     transport, whose first writer truncates the file before it locks it, left a table cut short or
     with a stale tail in 9 of 10 such rounds here: no sender could decode it)."""
-    platform = str(Path(lab.__file__).resolve().parents[1])
     queues = ["cpu", "rollout", "gpu-trainer-queue", "rollout-gpu-queue-name"]  # of unequal lengths
     for round_ in range(5):
         folder = tmp_path / f"round-{round_}"
         folder.mkdir()
         start = time.time() + 1.0  # every binder is ready by then, and they bind in the same instant
-        binders = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    BINDER,
-                    str(Path(platform).parent),
-                    platform,
-                    str(folder),
-                    queue,
-                    str(start),
-                ],
-                env={**os.environ, "DJANGO_SETTINGS_MODULE": "lab.settings"},
-            )
-            for queue in queues
-        ]
+        binders = [start_script(BINDER, folder, queue, start) for queue in queues]
         assert [b.wait(timeout=60) for b in binders] == [0] * len(queues)
         table = json.loads((folder / "control" / "celery.exchange").read_text())
         assert sorted(q for _, _, q in table) == sorted(queues), round_
