@@ -33,7 +33,9 @@ run). Each round's speed-up takes the faster of the simulated run with 2 threads
 its reference: where torch's second thread slows a run down, the 2-thread run alone would
 flatter the workers. The same run measures what two
 processes at once get done on this machine (`two_process_ceiling`), the most any two workers
-can gain here.
+can gain here. It also counts the CPU seconds each run used over the same window (the
+simulated process's, the two workers' from /proc), the work itself, which the machine's swings
+in speed move far less than wall-clock: their ratio is what running apart adds.
 
     .venv/bin/python bench/async_speedup.py
 """
@@ -55,12 +57,14 @@ sys.path[:0] = [str(REPO), str(REPO / "platform")]
 
 from bench.lab_workers import (  # noqa: E402
     CACHE,
+    CpuSampler,
     run_on_workers,
-    seconds_to_end,
     series,
     setup_django,
     start_workers,
     stop_workers,
+    window,
+    worker_pids,
 )
 from bench.report import write_section  # noqa: E402
 from bench.rl_step import IDLE_WAIT_S, MAX_OTHERS, others_cores, snapshot  # noqa: E402
@@ -130,7 +134,7 @@ class Timed(ListSink):
     def log(self, step, metrics):
         super().log(step, metrics)
         self.times = getattr(self, "times", {})
-        self.times[step] = time.perf_counter()
+        self.times[step] = (time.perf_counter(), time.process_time())
 
 config = RunConfig.model_validate(json.loads(sys.argv[1]))
 sink = Timed()
@@ -138,7 +142,8 @@ trainer.train(config, sink, cache_dir=sys.argv[2])
 steps = config.steps
 parts = {k: sum(m.get(k, 0.0) for s, m in sink.points if s >= 2) / (steps - 1)
          for k in ("time/rollout_s", "time/update_s", "time/wait_s")}
-print(json.dumps({"seconds": sink.times[steps] - sink.times[1], "parts": parts}))
+(wall1, cpu1), (wall2, cpu2) = sink.times[1], sink.times[steps]
+print(json.dumps({"seconds": wall2 - wall1, "cpu": [cpu2 - cpu1], "parts": parts}))
 """
 
 
@@ -168,15 +173,18 @@ def quiet() -> float:
             return others
 
 
-def on_workers(config: dict, name: str) -> dict:
-    run = run_on_workers(config, name)
+def on_workers(config: dict, name: str, pids: list[int]) -> dict:
+    with CpuSampler(pids) as sampler:
+        run = run_on_workers(config, name)
+    start, end = window(run, 1)
     steps = config["steps"]
     parts = {
         key: sum(v for step, v in series(run, key).items() if step >= 2) / (steps - 1)
         for key in ("time/rollout_s", "time/update_s", "time/wait_s")
     }
     return {
-        "seconds": seconds_to_end(run, 1),
+        "seconds": end - start,
+        "cpu": sampler.between(start, end),  # the training worker's, the rollout worker's
         "parts": parts,
         "summary": run.summary,
         "max_staleness": max(series(run, "staleness/max").values()),
@@ -210,11 +218,11 @@ def main() -> None:
         busy_before[mode] = max(busy_before.get(mode, 0.0), quiet())
         return simulated(config, threads=threads)
 
-    def measure_on_workers(mode: str) -> dict:
+    def measure_on_workers(mode: str, pids: list[int]) -> dict:
         print(f"{mode} (training worker + rollout worker, 1 thread each) ...", flush=True)
         config = {**base_config(args.steps), **json.loads(json.dumps(WORKER_MODES[mode]))}
         busy_before[mode] = max(busy_before.get(mode, 0.0), quiet())
-        return on_workers(config, f"async speedup: {mode}")
+        return on_workers(config, f"async speedup: {mode}", pids)
 
     # Rounds of the verdict's three runs, each round on its own (workers stopped while the
     # simulated runs train); the other modes once, in the first round. "simulated, 1 thread" is
@@ -233,11 +241,12 @@ def main() -> None:
             )
         procs = start_workers(env, SCRATCH, ("cpu", "rollout"))
         try:
-            this["async"] = measure_on_workers("async")
+            pids = worker_pids(procs)
+            this["async"] = measure_on_workers("async", pids)
             if r == 0:
                 for mode in WORKER_MODES:
                     if mode != "async":
-                        once[mode] = measure_on_workers(mode)
+                        once[mode] = measure_on_workers(mode, pids)
         finally:
             stop_workers(procs)
         rounds.append(this)
@@ -266,8 +275,9 @@ def main() -> None:
         publish_ms = 1000 * summary.get("weights/publish_s_mean", 0.0)
         outside = result["seconds"] - (args.steps - 1) * (parts["time/update_s"] + parts["time/wait_s"])
         trainer_parts = summary.get("evals/trainer_parts")
+        cpu = " + ".join(f"{c:.1f}" for c in result["cpu"])
         rows.append(
-            f"| {mode} | {result['seconds']:.1f} | {reference / result['seconds']:.2f}× | "
+            f"| {mode} | {result['seconds']:.1f} | {reference / result['seconds']:.2f}× | {cpu} | "
             f"{1000 * parts['time/rollout_s']:.0f} | {1000 * parts['time/update_s']:.0f} | "
             f"{1000 * parts['time/wait_s']:.0f} | {publish_ms:.1f} | {outside:.1f} | "
             f"{'' if trainer_parts is None else f'{trainer_parts:.0f}'} | "
@@ -297,6 +307,10 @@ def main() -> None:
     overlap = one_thread["seconds"] / results["async"]["seconds"]
     distributed = one_thread["seconds"] / results["distributed"]["seconds"]
     update_scaling = one_thread["parts"]["time/update_s"] / results["simulated"]["parts"]["time/update_s"]
+    # The work itself, free of the machine's swings in speed: what running apart adds to it, and
+    # the most two workers could then gain over one thread, both busy all the time.
+    async_cpu, alone_cpu = sum(results["async"]["cpu"]), sum(one_thread["cpu"])
+    busy = async_cpu / (2 * results["async"]["seconds"])
     import torch
 
     section = "\n".join(
@@ -313,7 +327,9 @@ def main() -> None:
             "1 torch thread each, θ0's log-probs with a batch when the rollout worker has nothing else "
             '(`execution.init_logprobs: auto`, the default); "θ0 by the trainer": `trainer`; "θ0 on the '
             'rollout side": `rollout`; "final evaluation only": `eval_every: 0`, against a simulated run of '
-            "that config. Seconds from step 1's metrics to the run's last (the final evaluation). Per step "
+            "that config. Seconds from step 1's metrics to the run's last (the final evaluation). CPU s: the "
+            "CPU seconds used meanwhile (simulated: its process, all threads; on workers: the training "
+            "worker's + the rollout worker's). Per step "
             "(ms, means over the steps after the first): rollout = making the batch (wherever; with θ0's "
             "log-probs when it made them), "
             "update = the trainer's step after it has the batch, wait = the trainer's time in publish + take "
@@ -326,9 +342,9 @@ def main() -> None:
             f"{len(rounds)} rounds and show their median round's run; the other modes ran once, in the "
             "first round (speed-up vs simulated: against the median simulated run).",
             "",
-            "| mode | seconds | speed-up vs simulated | rollout ms | update ms | wait ms | publish ms | "
+            "| mode | seconds | speed-up vs simulated | CPU s | rollout ms | update ms | wait ms | publish ms | "
             "outside steps s | trainer parts | trainer idle | rollout idle | max staleness | others before |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
             f"Rounds (simulated with 2 threads, with 1, async; each round's speed-up against its faster "
@@ -346,6 +362,13 @@ def main() -> None:
             f"torch processes at once get **{ceiling:.2f}×** the work of one done (2.0 on two independent "
             f"cores), the most any split into two workers can gain here. Torch's second thread: the "
             f"update runs {update_scaling:.2f}× as fast with two threads as with one.",
+            "",
+            f"The work itself (CPU seconds, which the machine's swings in speed move far less than "
+            f"wall-clock): async used **{async_cpu / alone_cpu:.2f}×** the CPU of simulated with 1 thread "
+            f"({async_cpu:.1f} s against {alone_cpu:.1f} s); the difference is what running apart adds "
+            f"(publishing, hashing and loading weights, the database, messages). With that work, two "
+            f"workers busy all the time would be {2 * alone_cpu / async_cpu:.2f}× as fast as one thread; "
+            f"they were busy {busy:.0%} of the run.",
             "",
         ]
     )

@@ -1,6 +1,7 @@
 """Real Celery workers for a benchmark: a scratch platform (SQLite and the filesystem broker
 under a folder of its own, the shared model cache), workers started on chosen queues, one
-run submitted and waited for, and its timing read back from the database."""
+run submitted and waited for, and its timing read back from the database; the CPU time each
+worker process used over a stretch of wall-clock (`CpuSampler`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -92,6 +94,52 @@ def stop_workers(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
+def worker_pids(procs: list[subprocess.Popen]) -> list[int]:
+    """The Python process of each worker `start_workers` started (its child: `timeout` runs it)."""
+    pids = []
+    for proc in procs:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        pids.append(int(children[0]))
+    return pids
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used, all its threads together."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSampler:
+    """Samples the CPU seconds of processes every `interval` s from a thread while it is entered;
+    `between(start, end)` (Unix times) gives what each used in that stretch, to a sample's
+    interval: a run's window is known only from its metrics' wall times, after the run."""
+
+    def __init__(self, pids: list[int], interval: float = 0.02):
+        self.pids, self.interval = pids, interval
+        self.samples: list[tuple[float, list[float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), [cpu_seconds(pid) for pid in self.pids]))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, start: float, end: float) -> list[float]:
+        def at(t: float) -> list[float]:
+            return min(self.samples, key=lambda sample: abs(sample[0] - t))[1]
+
+        return [b - a for a, b in zip(at(start), at(end), strict=True)]
+
+
 def run_on_workers(config: dict, name: str):
     """Submit `config` as a one-run experiment, wait for it to succeed, return the run."""
     from django.contrib.auth import get_user_model
@@ -122,12 +170,12 @@ def series(run, name: str) -> dict[int, float]:
     return dict(MetricPoint.objects.filter(run=run, name=name).values_list("step", "value"))
 
 
-def seconds_to_end(run, first: int) -> float:
-    """Wall time from step `first`'s metrics to the run's last point (the final evaluation,
+def window(run, first: int) -> tuple[float, float]:
+    """Unix times of step `first`'s metrics and of the run's last point (the final evaluation,
     which rollout workers may finish after the last step)."""
     from django.db.models import Max
     from experiments.models import MetricPoint
 
     points = MetricPoint.objects.filter(run=run)
     start = points.get(name="loss", step=first).wall_time
-    return (points.aggregate(end=Max("wall_time"))["end"] - start).total_seconds()
+    return start.timestamp(), points.aggregate(end=Max("wall_time"))["end"].timestamp()
