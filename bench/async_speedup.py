@@ -337,7 +337,9 @@ def main() -> None:
             "waited). Publish = writing one weights version. Outside steps = seconds not spent in a step's "
             "wait or update: the evaluations (simulated: in the trainer's process; on workers: parts on the "
             "rollout worker between batches, and on the trainer while it waits: trainer parts = how many of "
-            "the run's eval parts it made) and logging. Each phase starts on an idle machine (others before: "
+            "the run's eval parts it made) and logging. Trainer idle: the share of the run (from the "
+            "trainer's first publish) it was blocked on a batch or an evaluation not made yet; rollout "
+            "idle: the rollout worker's share in no job. Each phase starts on an idle machine (others before: "
             f"cores other processes used; ✗ above {MAX_OTHERS}). simulated (both) and async ran in "
             f"{len(rounds)} rounds and show their median round's run; the other modes ran once, in the "
             "first round (speed-up vs simulated: against the median simulated run).",

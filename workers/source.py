@@ -136,7 +136,7 @@ class DatabaseSource:
         self.last_taken = 0
         self.checkpointed = 0  # the step of the last checkpoint whose state() we gave
         self.started: float | None = None  # the first publish: loading θ0 is not idle time
-        self.wait_s = 0.0
+        self.idle_s = 0.0  # blocked in `_wait_for`, less the eval parts made there
         self.publish_s: list[float] = []
         self.publish_bytes = 0
         self.learner: Learner | None = None  # known from the first evaluation on
@@ -154,9 +154,8 @@ class DatabaseSource:
     # ----- BatchSource -----------------------------------------------------------------------
 
     def publish(self, version: int, policy: torch.nn.Module) -> None:
-        started = time.perf_counter()
         if self.started is None:
-            self.started = started
+            self.started = time.perf_counter()
         self.policy_version = version
         if self.mode == "async":
             # Published while a step is left to train (jobs take the newest weights when claimed);
@@ -171,14 +170,12 @@ class DatabaseSource:
                 return
         self._record_version(version, self._publish_weights(version, policy), steps)
         self.created_upto = max([self.created_upto, *steps])
-        self.wait_s += time.perf_counter() - started
 
     def evaluate(self, step: int, learner: Learner) -> None:
         """Publish version `step` and create its eval jobs; the result comes back through
         `evaluations`."""
-        started = time.perf_counter()
         if self.started is None:
-            self.started = started
+            self.started = time.perf_counter()
         # The previous evaluation's parts the rollout workers have not taken yet are made here
         # first: they fell behind (batches come first), and a backlog would grow to the run's end.
         while self._evaluate_here():
@@ -191,7 +188,6 @@ class DatabaseSource:
         self._record_version(step, self._publish_weights(step, learner.policy), (), evaluate=True)
         if self.evals_pending is not None:
             self.evals_pending.add(step)
-        self.wait_s += time.perf_counter() - started
 
     def evaluations(self, wait: bool) -> list[tuple[int, dict[str, float]]]:
         """The evaluations whose eval jobs are all done and that this attempt has not handed out
@@ -206,9 +202,7 @@ class DatabaseSource:
             return not pending, given_up
 
         if wait:
-            started = time.perf_counter()
             self._wait_for(check, "the evaluations", evaluate_meanwhile=lambda: True)
-            self.wait_s += time.perf_counter() - started
         elif self.evals_pending is None or (
             self.evals_pending and time.monotonic() - self.evals_checked >= EVALS_CHECK_S
         ):
@@ -216,7 +210,6 @@ class DatabaseSource:
         return done
 
     def take(self, step: int) -> Batch:
-        started = time.perf_counter()
         jobs: list[RolloutJob] = []
 
         def check() -> tuple[bool, RolloutJob | None]:
@@ -240,7 +233,6 @@ class DatabaseSource:
         batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
         self.last_taken = step
         self.policy_version = None  # the step's update comes next
-        self.wait_s += time.perf_counter() - started
         self._prune_weights()
         return batch
 
@@ -258,17 +250,19 @@ class DatabaseSource:
 
     @retry_db
     def summary(self) -> dict[str, float]:
-        """Weight publish time and bytes, and how idle the trainer and the rollout workers were."""
+        """Weight publish time and bytes, how many eval parts the trainer made, and how idle the
+        trainer and the rollout workers were since the trainer's first publish: the trainer while
+        blocked on a batch or an evaluation that was not ready (`_wait_for`; not publishing, not
+        reading batches, not making eval parts), the rollout workers while in no job."""
         wall = time.perf_counter() - self.started if self.started is not None else 0.0
         jobs = RolloutJob.objects.filter(run=self.run, status=RolloutJob.DONE).exclude(worker=self.worker)
         busy = sum((j.duration_s or 0.0) for j in jobs)
         rollout_workers = max(1, jobs.values("worker").distinct().count())
-        idle = self.wait_s - self.eval_parts_s  # making eval parts while waiting is not idle
         return {
             "weights/publish_s_mean": sum(self.publish_s) / len(self.publish_s) if self.publish_s else 0.0,
             "weights/publish_bytes": float(self.publish_bytes),
             "evals/trainer_parts": float(self.eval_parts_made),
-            "idle/trainer_frac": min(1.0, max(0.0, idle) / wall) if wall > 0 else 0.0,
+            "idle/trainer_frac": min(1.0, self.idle_s / wall) if wall > 0 else 0.0,
             "idle/rollout_frac": max(0.0, 1.0 - busy / (rollout_workers * wall)) if wall > 0 else 0.0,
         }
 
@@ -283,24 +277,37 @@ class DatabaseSource:
         """Call `check()` until it says done, pausing a little longer each time (a short pause
         here is a step's idle time), or, while `evaluate_meanwhile()` says so, making a queued
         eval part instead where there is one (`_evaluate_here`). Raises `Stopped` once the run is asked to
-        stop, and RuntimeError for a job `check` names as given up (failed, lost or cancelled)."""
+        stop, and RuntimeError for a job `check` names as given up (failed, lost or cancelled).
+
+        The trainer is idle (`idle_s`) from the first `check()` that finds it not done until it
+        returns or raises, less the eval parts it made meanwhile: what was ready at once costs no
+        idle time, and neither publishing nor reading a batch is waiting."""
         pause, next_stop_check = POLL_S, time.perf_counter() + STOP_CHECK_S
-        while True:
-            done, given_up = check()
-            if done:
-                return
-            if evaluate_meanwhile and given_up is None and evaluate_meanwhile() and self._evaluate_here():
-                pause = POLL_S
-                continue
-            now = time.perf_counter()
-            if given_up is not None or now >= next_stop_check:
-                if self.should_stop():
-                    raise Stopped(f"stopped while waiting for {what}")
-                next_stop_check = now + STOP_CHECK_S
-            if given_up is not None:
-                raise RuntimeError(f"{given_up} {given_up.status}: {given_up.error}")
-            time.sleep(pause)
-            pause = min(MAX_POLL_S, pause * 1.5)
+        waiting_since: float | None = None
+        parts_before = self.eval_parts_s
+        try:
+            while True:
+                done, given_up = check()
+                if done:
+                    return
+                if waiting_since is None:
+                    waiting_since = time.perf_counter()
+                if evaluate_meanwhile and given_up is None and evaluate_meanwhile() and self._evaluate_here():
+                    pause = POLL_S
+                    continue
+                now = time.perf_counter()
+                if given_up is not None or now >= next_stop_check:
+                    if self.should_stop():
+                        raise Stopped(f"stopped while waiting for {what}")
+                    next_stop_check = now + STOP_CHECK_S
+                if given_up is not None:
+                    raise RuntimeError(f"{given_up} {given_up.status}: {given_up.error}")
+                time.sleep(pause)
+                pause = min(MAX_POLL_S, pause * 1.5)
+        finally:
+            if waiting_since is not None:
+                waited = time.perf_counter() - waiting_since
+                self.idle_s += max(0.0, waited - (self.eval_parts_s - parts_before))
 
     def _evaluate_here(self) -> bool:
         """Make one queued eval part of the newest evaluation in this process, with its weights
@@ -314,10 +321,10 @@ class DatabaseSource:
         policy = self.eval_copy if self.eval_copy is not None else learner.policy
         if policy is learner.policy and self.policy_version != version:
             return False  # the policy has moved on since
+        started = time.perf_counter()  # claiming the part is part of making it
         job = self._claim_eval_part(version)
         if job is None:
             return False
-        started = time.perf_counter()
 
         def produce() -> rollout.Made:
             sums = rollout.evaluate_part(job, self.config, learner.lm, policy, learner.initial, learner.task)

@@ -190,7 +190,50 @@ def test_a_waiting_trainer_makes_its_evaluations_parts_itself_and_they_add_up_to
     }
     summary = source.summary()
     assert summary["evals/trainer_parts"] == 3
+    # Left idle: the checks between parts; the parts themselves, and claiming them, are work.
+    assert source.idle_s < 0.5 * source.eval_parts_s
     assert summary["idle/rollout_frac"] == 1.0, "the trainer's parts are not rollout workers' work"
+    purge_queue("rollout")
+
+
+def test_the_trainer_is_idle_only_while_its_batch_is_not_ready(run):
+    """`idle/trainer_frac` is the time the trainer is blocked on a batch that is not there yet:
+    publishing its weights and reading a batch made before it asked cost no idle time; a batch
+    made while it waits costs the wait."""
+    import time
+
+    from rlcore.config import RunConfig
+    from rlcore.trainer import prepare
+    from workers.rollout import execute
+    from workers.source import STOP_CHECK_S, DatabaseSource
+
+    purge_queue("rollout")
+    config = RunConfig.model_validate({**run.config, "execution": {"mode": "async", "max_staleness": 1}})
+    Run.objects.filter(pk=run.pk).update(config=config.model_dump(mode="json"))
+    run.refresh_from_db()
+    learner = prepare(config, settings.LAB_CACHE_DIR)
+    jobs = RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH).order_by("step")
+    made_meanwhile = []
+
+    def should_stop() -> bool:  # asked after STOP_CHECK_S of waiting: step 2's batch is made then
+        made_meanwhile.append(execute(jobs[1].pk, 1, "r1:1"))
+        return False
+
+    source = DatabaseSource(run, config, should_stop=should_stop, worker="trainer:1")
+    source.publish(0, learner.policy)  # admits steps 1 and 2
+    assert execute(jobs[0].pk, 1, "r1:1").endswith("done with version 0")
+    source.take(1)
+    time.sleep(0.2)  # the update
+    assert source.summary()["idle/trainer_frac"] == 0.0, (
+        "the batch was there: publishing and reading are work"
+    )
+    assert source.idle_s == 0.0
+    started = time.perf_counter()
+    source.take(2)
+    waited = time.perf_counter() - started
+    assert len(made_meanwhile) == 1 and made_meanwhile[0].endswith("done with version 0")
+    assert STOP_CHECK_S <= source.idle_s <= waited
+    assert 0.0 < source.summary()["idle/trainer_frac"] < 1.0
     purge_queue("rollout")
 
 
