@@ -232,7 +232,8 @@ def test_the_trainer_is_idle_only_while_its_batch_is_not_ready(run):
     source.take(2)
     waited = time.perf_counter() - started
     assert len(made_meanwhile) == 1 and made_meanwhile[0].endswith("done with version 0")
-    assert STOP_CHECK_S <= source.idle_s <= waited
+    # Idle from the first check that found no batch (a few ms in) to the batch: over STOP_CHECK_S.
+    assert 0.9 * STOP_CHECK_S <= source.idle_s <= waited
     assert 0.0 < source.summary()["idle/trainer_frac"] < 1.0
     purge_queue("rollout")
 
