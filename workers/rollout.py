@@ -13,10 +13,10 @@ newest published) from the run's buffer, generates and scores its prompt groups 
 `rlcore.produce.Producer` (with θ0's log-probs when the run's `execution.init_logprobs` is
 `rollout`, or `auto` and no other job waits on the worker's queue) and writes the batch file; an
 eval job evaluates its version on its held-out problems (`rlcore.trainer.evaluate_part`, with a
-copy of the policy next to the rollout engine) and stores the sums on the job. A waiting trainer makes eval parts of its own run through the
-same `make` (`workers.source`). A worker keeps the producers (tokenizer, θ0, engine) of the runs
-it served last, so consecutive jobs of one run load only new weights. Its database calls ride
-out a short outage (`retry_db`).
+copy of the policy next to the rollout engine) and stores the sums on the job. A waiting
+trainer makes eval parts of its own run through the same `make` (`workers.source`). A worker
+keeps the producers (tokenizer, θ0, engine) of the runs it served last, so consecutive jobs of
+one run load only new weights. Its database calls ride out a short outage (`retry_db`).
 """
 
 from __future__ import annotations

@@ -276,8 +276,9 @@ class DatabaseSource:
     ) -> None:
         """Call `check()` until it says done, pausing a little longer each time (a short pause
         here is a step's idle time), or, while `evaluate_meanwhile()` says so, making a queued
-        eval part instead where there is one (`_evaluate_here`). Raises `Stopped` once the run is asked to
-        stop, and RuntimeError for a job `check` names as given up (failed, lost or cancelled).
+        eval part instead where there is one (`_evaluate_here`). Raises `Stopped` once the run is
+        asked to stop, and RuntimeError for a job `check` names as given up (failed, lost or
+        cancelled).
 
         The trainer is idle (`idle_s`) from the first `check()` that finds it not done until it
         returns or raises, less the eval parts it made meanwhile: what was ready at once costs no
