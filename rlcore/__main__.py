@@ -52,6 +52,11 @@ class ProgressSink:
         if self.out:
             self.out.provenance(record)
 
+    def note(self, text: str) -> None:
+        if self.out:
+            self.out.note(text)
+        self.bar.write(f"note: {text}")
+
     def phase(self, name: str, **details: float) -> None:
         if self.out:
             self.out.phase(name, **details)

@@ -63,10 +63,8 @@ class Batch:
             return self.row_versions
         return torch.full((len(self.problems),), self.version, dtype=torch.long)
 
-    def save(self, path: Path) -> str:
-        """Write the batch atomically (tensors as safetensors, the rest as JSON); return its sha256."""
-        from safetensors.torch import save
-
+    def to_state(self) -> dict[str, object]:
+        """The batch as tensors and one JSON string: what a file or a checkpoint holds."""
         tensors = {f"rollout.{name}": t.contiguous() for name, t in self.rollout.__dict__.items()}
         tensors["rewards"] = self.rewards.contiguous()
         tensors["correct"] = self.correct.contiguous()
@@ -82,19 +80,12 @@ class Batch:
             "generate_s": self.generate_s,
             "ready_at": self.ready_at,
         }
-        data = save(tensors, metadata={"batch": json.dumps(meta)})
-        return _write_atomically(Path(path), data)
+        return {"tensors": tensors, "meta": json.dumps(meta)}
 
     @classmethod
-    def load(cls, path: Path, sha256: str | None = None) -> Batch:
-        """Read a batch written by `save`; ValueError when its bytes do not match `sha256`."""
-        from safetensors.torch import load
-
-        data = Path(path).read_bytes()
-        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-            raise ValueError(f"batch file {path} does not match its recorded sha256")
-        tensors = load(data)
-        meta = json.loads(_metadata(data)["batch"])
+    def from_state(cls, state: dict[str, object]) -> Batch:
+        """The batch `to_state` gave."""
+        tensors, meta = state["tensors"], json.loads(state["meta"])
         rollout = Rollout(**{name: tensors[f"rollout.{name}"] for name in Rollout.__dataclass_fields__})
         return cls(
             step=meta["step"],
@@ -110,6 +101,25 @@ class Batch:
             row_versions=tensors["row_versions"],
             init_logp=tensors.get("init_logp"),
         )
+
+    def save(self, path: Path) -> str:
+        """Write the batch atomically (tensors as safetensors, the rest as JSON); return its sha256."""
+        from safetensors.torch import save
+
+        state = self.to_state()
+        data = save(state["tensors"], metadata={"batch": state["meta"]})
+        return _write_atomically(Path(path), data)
+
+    @classmethod
+    def load(cls, path: Path, sha256: str | None = None) -> Batch:
+        """Read a batch written by `save`; ValueError when its bytes do not match `sha256`
+        (FileNotFoundError when it is missing)."""
+        from safetensors.torch import load
+
+        data = Path(path).read_bytes()
+        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+            raise ValueError(f"batch file {path} does not match its recorded sha256")
+        return cls.from_state({"tensors": load(data), "meta": _metadata(data)["batch"]})
 
     @classmethod
     def concat(cls, parts: list[Batch]) -> Batch:

@@ -545,8 +545,8 @@ class RunConfig(_Strict):
             )
         if execution.mode == "async" and staleness is not None and staleness != StalenessConfig():
             raise ValueError(
-                "staleness settings do not apply to mode 'async': its staleness is bounded by "
-                "execution.max_staleness and measured"
+                "staleness settings do not apply to execution mode 'async': it measures its own "
+                "staleness, bounded by execution.max_staleness; keep only on-policy and set that bound"
             )
         return execution
 

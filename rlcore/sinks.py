@@ -50,6 +50,10 @@ class Sink(Protocol):
         """Where the run's numbers come from (`rlcore.provenance.record`), before anything is logged;
         a sink may refuse the run by raising (e.g. a θ0 other than its experiment's)."""
 
+    def note(self, text: str) -> None:
+        """Something the run had to work around that its owner should know (a damaged checkpoint
+        skipped, say), in a sentence."""
+
 
 def ignore_phase(name: str, **details: float) -> None:
     """A phase report nobody listens to: the default where reporting is optional."""
@@ -64,6 +68,7 @@ class ListSink:
     phases: list[tuple[str, dict[str, float]]] = field(default_factory=list)
     stop_after_step: int | None = None
     record: dict[str, object] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.points.append((step, dict(metrics)))
@@ -84,6 +89,9 @@ class ListSink:
     def provenance(self, record: dict[str, object]) -> None:
         self.record = dict(record)
 
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
     def series(self, name: str) -> list[tuple[int, float]]:
         """(step, value) of one metric, in logging order."""
         return [(step, m[name]) for step, m in self.points if name in m]
@@ -91,7 +99,7 @@ class ListSink:
 
 class JsonlSink:
     """Appends one JSON object per line: {"provenance"} first, then {"step", "metrics"},
-    {"step", "sample"} or {"phase", ...details}."""
+    {"step", "sample"}, {"phase", ...details} or {"note"}."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -129,6 +137,10 @@ class JsonlSink:
         self._file.write(json.dumps({"provenance": record}) + "\n")
         self._file.writelines(self._early_phases or [])
         self._early_phases = None
+        self._file.flush()
+
+    def note(self, text: str) -> None:
+        self._file.write(json.dumps({"note": text}) + "\n")
         self._file.flush()
 
     def close(self) -> None:

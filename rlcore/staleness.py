@@ -69,6 +69,13 @@ class BatchSource(Protocol):
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore `state()` after a resume."""
 
+    def resume_problem(self, step: int) -> str:
+        """Why this attempt cannot resume from the checkpoint of `step` ("" if it can): data the
+        steps after it need that can no longer be made."""
+
+    def resume(self, step: int) -> None:
+        """This attempt starts after `step` (0: from the start); called once, before the first publish."""
+
     def evaluate(self, step: int, learner: Learner) -> dict[str, float] | None:
         """The held-out evaluation of the policy after step `step`'s update: its metrics, or
         None when it is made elsewhere and comes back later through `evaluations`."""
@@ -116,16 +123,26 @@ class LocalSource:
         return self.producer.batch(step, self.version)
 
     def state(self) -> dict[str, Any]:
+        """Tensors and plain data only (checkpoints are loaded with `weights_only=True`)."""
         return {
             "version": self.version,
-            "queue": dict(self.queue),
+            "queue": {step: batch.to_state() for step, batch in self.queue.items()},
             "weights": self.producer.engine.snapshot(),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
+        from rlcore.batch import Batch
+
         self.producer.engine.load_snapshot(state["weights"])
         self.version = state["version"]
-        self.queue = dict(state["queue"])
+        self.queue = {step: Batch.from_state(batch) for step, batch in state["queue"].items()}
+
+    def resume_problem(self, step: int) -> str:
+        """Everything a step needs is made here, from the checkpoint's own state."""
+        return ""
+
+    def resume(self, step: int) -> None:
+        """Nothing to prepare: the engine's weights come with the checkpoint."""
 
     def evaluate(self, step: int, learner: Learner) -> dict[str, float]:
         """Here, in the trainer's process, with the trainer's policy."""

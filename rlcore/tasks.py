@@ -183,24 +183,43 @@ def read_jsonl(
     size = path.stat().st_size
     if size > MAX_DATASET_BYTES:
         raise DatasetError(
-            f"{path}: the file is {size / 2**20:,.0f} MiB, more than the {MAX_DATASET_BYTES // 2**20:,} MiB "
-            "a task reads; split it or hold out an evaluation file"
+            f"{path}: the file is {size:,} bytes, more than the {MAX_DATASET_BYTES:,} bytes a task reads; "
+            "split it or hold out an evaluation file"
         )
     problems = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            if lineno == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise DatasetError(
+                    f"{where}: the file is UTF-16 (it starts with a UTF-16 byte-order mark); save it as UTF-8"
+                )
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(
+                    f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line); "
+                    "a dataset is JSON lines in UTF-8"
+                ) from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{where}: not valid JSON ({exc.msg})") from exc
+            except RecursionError:
+                raise DatasetError(f"{where}: the JSON is nested too deeply to read") from None
             if not isinstance(row, dict):
                 raise DatasetError(f"{where}: expected a JSON object")
             for field in (question_field, answer_field):
                 if not isinstance(row.get(field), str) or not row[field].strip():
                     raise DatasetError(f"{where}: field {field!r} is missing or not a non-empty string")
+            for field in (question_field, answer_field, *template_fields(template)):
+                if isinstance(row.get(field), str) and "\x00" in row[field]:
+                    raise DatasetError(
+                        f"{where}: field {field!r} contains a NUL character (\\u0000), which the lab's "
+                        "database cannot store; remove it"
+                    )
             if answer_check == "math-verify":
                 answer = row[answer_field].strip()
             else:

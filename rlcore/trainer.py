@@ -18,12 +18,12 @@ import copy
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from rlcore import algorithms, models, provenance, staleness, tasks
+from rlcore import algorithms, checkpoints, models, provenance, staleness, tasks
 from rlcore.batch import Batch, group_rngs, seeded_rng
 from rlcore.config import RunConfig
 from rlcore.produce import Producer, make_engine
@@ -39,8 +39,6 @@ from rlcore.sinks import (
     ignore_phase,
 )
 
-CHECKPOINT_GLOB = "step-*.pt"
-
 
 class Diverged(RuntimeError):
     """The loss or the gradient became NaN/inf; what was logged before stays."""
@@ -53,6 +51,11 @@ class Progress:
     initial_eval: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
     eval_step: int = -1  # the newest evaluation's step in `last`
+
+    def restore(self, state: dict) -> None:
+        self.initial_eval = dict(state["initial_eval"])
+        self.last = dict(state["last"])
+        self.eval_step = int(state["eval_step"])
 
 
 def resolve_device(name: str) -> torch.device:
@@ -167,25 +170,29 @@ def train(
     checkpoint_dir: Path | None = None,
     cache_dir: Path | None = None,
     source: staleness.BatchSource | None = None,
+    ledger: checkpoints.Ledger | None = None,
+    keep_checkpoints: int = checkpoints.KEEP,
 ) -> dict[str, float]:
     """Run `config` to the end (or until `sink.should_stop()`); return a summary.
 
     Batches come from `source`, by default a `LocalSource` (the simulated schedule). Resumes
-    from the latest checkpoint in `checkpoint_dir` if there is one; a resumed run logs the
-    same metrics as an uninterrupted one. Raises `Diverged` on NaN/inf. Reports each phase it
-    enters through `sink.phase`: preparing (with the warm start's own reports), then per step
-    training, evaluating, checkpointing.
+    from the newest checkpoint in `checkpoint_dir` whose bytes match their sha256 in `ledger`
+    (default: `checkpoints.json` in that folder) and from which `source` can go on (`resume`);
+    a resumed run logs the same metrics as an uninterrupted one. Keeps the newest
+    `keep_checkpoints`. Raises `Diverged` on NaN/inf, `CheckpointError` when no checkpoint there
+    can be trusted. Reports each phase it enters through `sink.phase`: preparing (with the warm
+    start's own reports), then per step training, evaluating, checkpointing.
     """
     sink.phase(PREPARING)
     learner = prepare(config, cache_dir, sink.phase)
     sink.provenance(provenance.record(config, learner.initial, next(learner.policy.parameters()).device))
     source = source if source is not None else local_source(learner, cache_dir)
     progress = Progress()
-    start = 1
-    checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
-    if checkpoint is not None:
-        start = restore(checkpoint, learner, source, progress) + 1
-    else:
+    if checkpoint_dir is not None and ledger is None:
+        ledger = checkpoints.FileLedger(checkpoint_dir)
+    start = 1 + (resume(checkpoint_dir, ledger, learner, source, progress, sink) if checkpoint_dir else 0)
+    source.resume(start - 1)
+    if start == 1:
         sink.phase(EVALUATING, step=0)
         progress.initial_eval = learner.evaluate(step=0)
         progress.last.update(progress.initial_eval)
@@ -222,7 +229,7 @@ def train(
         if checkpoint_dir and config.checkpoint_every and step % config.checkpoint_every == 0:
             sink.phase(CHECKPOINTING, step=step)
             sink.flush()  # a run resumed from this checkpoint must find every earlier point
-            save_checkpoint(checkpoint_dir, step, learner, source, progress)
+            save_checkpoint(checkpoint_dir, step, learner, source, progress, ledger, keep_checkpoints)
 
     if steps_done == config.steps:
         # Evaluations made elsewhere (rollout workers) end the run once they are all in.
@@ -436,49 +443,80 @@ def evaluate_part(
 # ----- checkpoints -----------------------------------------------------------------------------
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
-    found = sorted(Path(directory).glob(CHECKPOINT_GLOB))
-    return found[-1] if found else None
-
-
 def save_checkpoint(
-    directory: Path, step: int, learner: Learner, source: staleness.BatchSource, progress: Progress
+    directory: Path,
+    step: int,
+    learner: Learner,
+    source: staleness.BatchSource,
+    progress: Progress,
+    ledger: checkpoints.Ledger,
+    keep: int = checkpoints.KEEP,
 ) -> Path:
-    """Write everything a resume needs atomically; keep only the newest checkpoint."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"step-{step:06d}.pt"
-    tmp = target.with_suffix(".tmp")
-    torch.save(
-        {
-            "step": step,
-            "config": learner.config.model_dump_json(),
-            "policy": learner.policy.state_dict(),
-            "optimizer": learner.optimizer.state_dict(),
-            "scheduler": learner.scheduler.state_dict(),
-            "source": source.state(),
-            "progress": progress,
-        },
-        tmp,
-    )
-    tmp.replace(target)
-    for old in directory.glob(CHECKPOINT_GLOB):
-        if old != target:
-            old.unlink()
-    return target
+    """Write everything a resume needs (tensors and plain data only), its sha256 to `ledger`;
+    keep the newest `keep` checkpoints."""
+    state = {
+        "step": step,
+        "config": learner.config.model_dump_json(),
+        "policy": learner.policy.state_dict(),
+        "optimizer": learner.optimizer.state_dict(),
+        "scheduler": learner.scheduler.state_dict(),
+        "source": source.state(),
+        "progress": asdict(progress),
+    }
+    return checkpoints.save(directory, step, state, ledger, keep)
+
+
+def resume(
+    directory: Path,
+    ledger: checkpoints.Ledger,
+    learner: Learner,
+    source: staleness.BatchSource,
+    progress: Progress,
+    sink: Sink,
+) -> int:
+    """Restore the newest checkpoint in `directory` that can be trusted and resumed from; return
+    its step, or 0 when the run starts from the beginning (none there).
+
+    A checkpoint whose bytes do not match its recorded sha256 is set aside (`checkpoints.reject`)
+    and the one before it tried. One the source cannot go on from (a batch it needs can no longer
+    be made) is passed over, and so, at worst, the run starts again from step 0: it is
+    deterministic, so it logs the same curve. Raises `CheckpointError` when checkpoints were there
+    and none of them could be trusted: the run fails saying so, and a retry starts from step 0.
+    """
+    found = checkpoints.existing(directory)
+    rejected, passed = [], []
+    for step, path in found:
+        if problem := checkpoints.problem(path, step, ledger):
+            checkpoints.reject(path)
+            rejected.append(problem)
+            continue
+        if why_not := source.resume_problem(step):
+            passed.append(f"{path.name}: {why_not}")
+            continue
+        restore(path, learner, source, progress)
+        if rejected or passed:
+            sink.note(f"resumed from {path.name}, passing over {'; '.join(rejected + passed)}")
+        return step
+    if rejected and not passed:
+        raise checkpoints.CheckpointError(
+            f"no checkpoint can be trusted: {'; '.join(rejected)}. Set aside as {checkpoints.REJECTED_SUFFIX}; "
+            "a retry starts the run from step 0"
+        )
+    if found:
+        sink.note(f"started again from step 0, passing over {'; '.join(rejected + passed)}")
+    return 0
 
 
 def restore(path: Path, learner: Learner, source: staleness.BatchSource, progress: Progress) -> int:
-    """Load a checkpoint into the learner and the batch source; return its step."""
-    # Our own file, holding Python objects (queued batches), hence weights_only=False.
-    state = torch.load(path, map_location=next(learner.policy.parameters()).device, weights_only=False)
+    """Load a verified checkpoint into the learner, the batch source and `progress`; return its step."""
+    state = checkpoints.load(path, next(learner.policy.parameters()).device)
     if state["config"] != learner.config.model_dump_json():
-        raise ValueError(f"checkpoint {path} was written by a different run config; refusing to resume")
+        raise checkpoints.CheckpointError(
+            f"checkpoint {path.name} was written by a different run config; refusing to resume"
+        )
     learner.policy.load_state_dict(state["policy"])
     learner.optimizer.load_state_dict(state["optimizer"])
     learner.scheduler.load_state_dict(state["scheduler"])
     source.load_state(state["source"])
-    progress.initial_eval = state["progress"].initial_eval
-    progress.last = state["progress"].last
-    progress.eval_step = getattr(state["progress"], "eval_step", -1)  # older checkpoints lack it
+    progress.restore(state["progress"])
     return int(state["step"])

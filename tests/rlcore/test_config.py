@@ -62,7 +62,7 @@ def errors_of(data, **context):
         (
             {"execution": {"mode": "async"}, "staleness": {"sync_offset": 2}},
             "execution",
-            "staleness settings do not apply to mode 'async'",
+            "staleness settings do not apply to execution mode 'async'",
         ),
         (
             {"execution": {"mode": "distributed"}, "rollout": {"engine": "vllm"}, "device": "cpu"},

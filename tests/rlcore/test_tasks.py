@@ -208,7 +208,44 @@ def test_prompts_and_files_over_the_budget_are_refused(tmp_path, monkeypatch):
     ):
         tasks.build(JsonlTask(path=str(path), prompt_template="{question} {question}"))
     monkeypatch.setattr(tasks, "MAX_DATASET_BYTES", 100)
-    with pytest.raises(tasks.DatasetError, match="more than the 0 MiB a task reads"):
+    size = path.stat().st_size
+    with pytest.raises(
+        tasks.DatasetError, match=f"the file is {size:,} bytes, more than the 100 bytes a task reads"
+    ):
+        tasks.build(JsonlTask(path=str(path)))
+
+
+def write_lines(path, lines: list[bytes]):
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+GOOD_LINE = json.dumps(GSM[0]).encode()
+
+
+@pytest.mark.parametrize(
+    "second_line,reason",
+    [
+        # Valid JSON that PostgreSQL cannot store as text: refused here, with the field.
+        (
+            json.dumps({"question": "What is 12\u0000+34?", "answer": "#### 46"}).encode(),
+            "field 'question' contains a NUL character (\\u0000), which the lab's database cannot store",
+        ),
+        (bytes(range(0x80, 0xC0)), "not UTF-8 text (byte 0x80 at byte 1 of the line)"),
+        (b"[" * 200_000 + b"]" * 200_000, "the JSON is nested too deeply to read"),
+    ],
+)
+def test_a_hostile_line_is_refused_naming_the_file_and_line(tmp_path, second_line, reason):
+    path = write_lines(tmp_path / "train.jsonl", [GOOD_LINE, second_line])
+    with pytest.raises(tasks.DatasetError) as err:
+        tasks.build(JsonlTask(path=str(path)))
+    assert str(err.value).startswith(f"{path}:2: {reason}")
+
+
+def test_a_utf16_file_is_refused_saying_so(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_bytes((json.dumps(GSM[0]) + "\n").encode("utf-16"))
+    with pytest.raises(tasks.DatasetError, match=r"train.jsonl:1: the file is UTF-16 .*save it as UTF-8"):
         tasks.build(JsonlTask(path=str(path)))
 
 

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from rlcore import models, tasks, trainer
+from rlcore import checkpoints, models, tasks, trainer
 from rlcore.sinks import EVAL_METRICS, STEP_METRICS, ListSink
 
 TIMING = {"time/step_s", "time/rollout_s", "time/wait_s", "time/update_s", "time/queue_s", "tokens_per_s"}
@@ -65,7 +65,7 @@ def test_resume_from_a_checkpoint_logs_what_an_uninterrupted_run_logs(small_conf
     interrupted = ListSink(stop_after_step=3)
     summary = trainer.train(config, interrupted, cache_dir=cache_dir, checkpoint_dir=tmp_path / "split")
     assert summary["completed"] == 0.0 and summary["steps"] == 3
-    assert [p.name for p in (tmp_path / "split").iterdir()] == ["step-000002.pt"]
+    assert [p.name for p in (tmp_path / "split").glob("step-*.pt")] == ["step-000002.pt"]
 
     resumed = ListSink()
     summary = trainer.train(config, resumed, cache_dir=cache_dir, checkpoint_dir=tmp_path / "split")
@@ -92,8 +92,14 @@ class FlushRecordingSink(ListSink):
 def test_the_sink_is_flushed_right_before_each_checkpoint(small_config, cache_dir, tmp_path):
     sink = FlushRecordingSink(tmp_path)
     trainer.train(small_config(), sink, cache_dir=cache_dir, checkpoint_dir=tmp_path)
-    # checkpoint_every 2: flushed after logging steps 2, 4, 6, each time before that step's checkpoint.
-    assert sink.flushes == [(2, []), (4, ["step-000002.pt"]), (6, ["step-000004.pt"])]
+    # checkpoint_every 2: flushed after logging steps 2, 4, 6, each time before that step's checkpoint;
+    # the newest two checkpoints are kept.
+    assert sink.flushes == [
+        (2, []),
+        (4, ["step-000002.pt"]),
+        (6, ["step-000002.pt", "step-000004.pt"]),
+    ]
+    assert sorted(p.name for p in tmp_path.glob("step-*.pt")) == ["step-000004.pt", "step-000006.pt"]
 
 
 def test_the_trainer_reports_each_phase_it_enters(small_config, cache_dir, tmp_path):
@@ -118,6 +124,77 @@ def test_the_trainer_reports_each_phase_it_enters(small_config, cache_dir, tmp_p
     resumed = ListSink()
     trainer.train(config, resumed, cache_dir=cache_dir, checkpoint_dir=tmp_path)
     assert resumed.phases == [("preparing", {})], "a finished run resumes straight past its last step"
+
+
+def damage(path):
+    """Flip bytes in the middle of a file, where the tensors are (what the probe did by hand)."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_is_passed_over_for_the_one_before(small_config, cache_dir, tmp_path):
+    config = small_config(optimizer={"lr": 1e-3})
+    whole = ListSink()
+    trainer.train(config, whole, cache_dir=cache_dir)
+    trainer.train(config, ListSink(stop_after_step=5), cache_dir=cache_dir, checkpoint_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("step-*.pt")) == ["step-000002.pt", "step-000004.pt"]
+    damage(tmp_path / "step-000004.pt")
+
+    resumed = ListSink()
+    trainer.train(config, resumed, cache_dir=cache_dir, checkpoint_dir=tmp_path)
+    assert [step for step, _ in resumed.points] == [3, 4, 5, 6], "resumed after step 2, not 4"
+    assert without_timing(resumed.points) == without_timing(whole.points)[3:]
+    assert resumed.notes == [
+        "resumed from step-000002.pt, passing over step-000004.pt does not match the sha256 recorded when "
+        "it was written (damaged or altered)"
+    ]
+    assert (tmp_path / "step-000004.pt.rejected").exists(), "set aside, never read again"
+
+
+def test_no_trustworthy_checkpoint_fails_saying_so_and_a_retry_starts_over(small_config, cache_dir, tmp_path):
+    config = small_config(steps=4)
+    whole = ListSink()
+    trainer.train(config, whole, cache_dir=cache_dir)
+    trainer.train(config, ListSink(stop_after_step=3), cache_dir=cache_dir, checkpoint_dir=tmp_path)
+    (tmp_path / "step-000002.pt").write_bytes((tmp_path / "step-000002.pt").read_bytes()[:1000])  # truncated
+    with pytest.raises(
+        checkpoints.CheckpointError, match="no checkpoint can be trusted: step-000002.pt does not match"
+    ):
+        trainer.train(config, ListSink(), cache_dir=cache_dir, checkpoint_dir=tmp_path)
+
+    again = ListSink()
+    trainer.train(config, again, cache_dir=cache_dir, checkpoint_dir=tmp_path)
+    assert without_timing(again.points) == without_timing(whole.points), "from step 0, the same curve"
+
+
+class Payload:
+    """What a hostile checkpoint would carry: unpickling it runs `touch`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_holding_code_is_refused_without_running_it(small_config, cache_dir, tmp_path):
+    config = small_config(steps=2)
+    trainer.train(config, ListSink(), cache_dir=cache_dir, checkpoint_dir=tmp_path)
+    path = tmp_path / "step-000002.pt"
+    state = torch.load(path, weights_only=True)
+    marker = tmp_path / "code-ran"
+    state["progress"] = Payload(marker)
+    torch.save(state, path)
+    # Even with its sha256 in the ledger (whoever writes the folder writes checkpoints.json too).
+    sha256, size = checkpoints.file_sha256(path)
+    checkpoints.FileLedger(tmp_path).record(2, sha256, size)
+    with pytest.raises(checkpoints.CheckpointError, match="cannot be read as a checkpoint"):
+        trainer.train(config, ListSink(), cache_dir=cache_dir, checkpoint_dir=tmp_path)
+    assert not marker.exists()
 
 
 def test_a_checkpoint_of_another_config_is_refused(small_config, cache_dir, tmp_path):

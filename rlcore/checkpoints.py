@@ -1,0 +1,127 @@
+"""Checkpoints: everything a resumed run needs, in files that hold tensors and plain data only.
+
+A checkpoint is loaded with `torch.load(weights_only=True)`, so a file someone else could write
+(a shared `LAB_VAR_DIR`) can at worst be refused, never run code. Each file's sha256 goes to a
+`Ledger` when it is written, and a file is restored only if its bytes still match: the platform
+keeps the ledger in its database, the command line in `checkpoints.json` beside the files. The
+newest `keep` checkpoints stay, so a damaged newest one leaves an older one to resume from; a
+checkpoint that fails its check is renamed `….rejected` and never read again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+GLOB = "step-*.pt"
+KEEP = 2
+REJECTED_SUFFIX = ".rejected"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be restored; the message says which and why."""
+
+
+class Ledger(Protocol):
+    """Where the sha256 of each checkpoint is kept, out of reach of whoever can write the files."""
+
+    def record(self, step: int, sha256: str, size_bytes: int) -> None:
+        """The checkpoint of `step` was written with these bytes."""
+
+    def sha256(self, step: int) -> str | None:
+        """The recorded sha256 of the checkpoint of `step`, or None if none was recorded."""
+
+
+class FileLedger:
+    """`checkpoints.json` in the checkpoint folder: {step: sha256} (the command line's ledger)."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / "checkpoints.json"
+
+    def _read(self) -> dict[str, str]:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def record(self, step: int, sha256: str, size_bytes: int) -> None:
+        entries = self._read()
+        entries[str(step)] = sha256
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, sort_keys=True))
+        tmp.replace(self.path)
+
+    def sha256(self, step: int) -> str | None:
+        return self._read().get(str(step))
+
+
+def path_of(directory: Path, step: int) -> Path:
+    return Path(directory) / f"step-{step:06d}.pt"
+
+
+def existing(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the checkpoints in `directory`, newest first."""
+    found = []
+    for path in Path(directory).glob(GLOB):
+        try:
+            found.append((int(path.stem.removeprefix("step-")), path))
+        except ValueError:
+            continue
+    return sorted(found, reverse=True)
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(2**20):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def save(directory: Path, step: int, state: dict[str, Any], ledger: Ledger, keep: int = KEEP) -> Path:
+    """Write `state` as the checkpoint of `step` atomically, record its sha256, then delete all
+    but the newest `keep` checkpoints."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = path_of(directory, step)
+    tmp = target.with_suffix(".tmp")
+    torch.save(state, tmp)
+    sha256, size = file_sha256(tmp)
+    tmp.replace(target)
+    ledger.record(step, sha256, size)
+    for _, old in existing(directory)[max(1, keep) :]:
+        old.unlink(missing_ok=True)
+    return target
+
+
+def problem(path: Path, step: int, ledger: Ledger) -> str:
+    """Why the checkpoint at `path` must not be restored ("" if its bytes are the recorded ones)."""
+    expected = ledger.sha256(step)
+    if expected is None:
+        return f"{path.name} has no recorded sha256 (written by an older version, or not by this run)"
+    actual, _ = file_sha256(path)
+    if actual != expected:
+        return f"{path.name} does not match the sha256 recorded when it was written (damaged or altered)"
+    return ""
+
+
+def reject(path: Path) -> None:
+    """Set a checkpoint that failed its check aside, where no resume looks."""
+    path.replace(path.with_name(path.name + REJECTED_SUFFIX))
+
+
+def load(path: Path, device: torch.device) -> dict[str, Any]:
+    """The state in a verified checkpoint: tensors and plain data only, no code is unpickled."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # an unpicklable object, a truncated zip: either way not ours to run
+        raise CheckpointError(
+            f"{path.name} cannot be read as a checkpoint: {type(exc).__name__}: {exc}"
+        ) from exc
