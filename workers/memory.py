@@ -76,8 +76,10 @@ def resident_bytes() -> int | None:
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
-    """An allocation refused under the address-space limit, as Python, torch or the OS report it."""
-    if isinstance(exc, MemoryError):
+    """An allocation refused under the address-space limit, as Python, torch or the OS report it
+    (C code that gets no memory can also return an error without setting one: a SystemError, seen
+    importing a model's module in a rollout job)."""
+    if isinstance(exc, MemoryError | SystemError):
         return True
     if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
         return True

@@ -13,7 +13,9 @@ newest published) from the run's buffer, generates and scores its prompt groups 
 `rlcore.produce.Producer` (with θ0's log-probs when the run's `execution.init_logprobs` is
 `rollout`, or `auto` and no other job waits on the worker's queue) and writes the batch file; an
 eval job evaluates its version on its held-out problems (`rlcore.trainer.evaluate_part`, with a
-copy of the policy next to the rollout engine) and stores the sums on the job. A waiting
+copy of the policy next to the rollout engine) and stores the sums on the job. A job runs under
+its run's memory ceiling (`LAB_RUN_MEMORY_MB`, as the trainer does); over it, or with weights
+that are missing or damaged (`CannotMake`), it fails at once, saying why. A waiting
 trainer makes eval parts of its own run through the same `make` (`workers.source`). A worker
 keeps the producers (tokenizer, θ0, engine) of the runs it served last, so consecutive jobs of
 one run load only new weights. Its database calls ride out a short outage (`retry_db`).
@@ -37,12 +39,18 @@ from experiments.models import PolicyVersion, RolloutJob, Run
 from rlcore.produce import Producer
 from rlcore.rollout import HFEngine
 from workers.db_outage import retry_db
+from workers.memory import MemoryCeiling, OverMemoryCeiling
 from workers.source import batch_path, newest_version, weight_store
 
 log = logging.getLogger(__name__)
 
 CACHED_RUNS = 2
 LOAD_TRIES = 5
+
+
+class CannotMake(RuntimeError):
+    """The job would fail the same way on any attempt (its weights file is missing or damaged):
+    it fails at once, saying why, instead of using up its attempts."""
 
 
 @dataclass
@@ -126,6 +134,7 @@ def load_into(
     """Load the version `job` needs with `load(weights)` unless `held` says it is there; return it.
     `copy_from`: another model of this worker (what it holds, its weights), used instead of the
     store when it holds that version."""
+    store = weight_store(run)
     for _ in range(LOAD_TRIES):
         if job.version is not None:
             row = PolicyVersion.objects.filter(run=run, version=job.version).first()
@@ -142,10 +151,16 @@ def load_into(
             weights = copy_from[1]()
         else:
             try:
-                weights = weight_store(run).load(row.version, row.sha256)
+                weights = store.load(row.version, row.sha256)
             except FileNotFoundError:
-                # Async: the trainer published a newer version and pruned this one meanwhile.
-                continue
+                if job.version is None:
+                    continue  # async: the trainer published a newer version and pruned this one meanwhile
+                raise CannotMake(
+                    f"the weights of policy version {row.version} are missing from the run's buffer "
+                    f"({store.path(row.version)}): deleted while a job still needed them"
+                ) from None
+            except ValueError as exc:  # the bytes do not match the recorded sha256
+                raise CannotMake(str(exc)) from None
         load(weights)
         held.version, held.sha256 = row.version, row.sha256
         log.info(
@@ -156,7 +171,10 @@ def load_into(
             time.perf_counter() - started,
         )
         return row.version
-    raise RuntimeError(f"could not load policy weights of run {run.pk} after {LOAD_TRIES} tries")
+    raise RuntimeError(
+        f"could not load the newest policy weights of run {run.pk}: {LOAD_TRIES} times in a row its newest "
+        "version's file was missing (the trainer removes versions no job needs; is it publishing?)"
+    )
 
 
 def generate(job_id: int, attempt: int, worker: str) -> str:
@@ -227,7 +245,13 @@ def execute(job_id: int, attempt: int, worker: str) -> str:
     job = claim(job_id, attempt, worker)
     if job is None:
         return f"rollout job {job_id} attempt {attempt}: not queued any more, nothing to do"
-    return make(job, worker, lambda: _make_here(job))
+    # The run's memory ceiling holds around its rollout jobs too (the trainer's eval parts are
+    # made inside its own ceiling); the libraries every job loads are not the job's.
+    import transformers  # noqa: F401
+
+    on_cpu = job.run.config.get("device", "auto") == "cpu" or not torch.cuda.is_available()
+    ceiling = MemoryCeiling(settings.LAB_RUN_MEMORY_MB, limit_address_space=on_cpu)
+    return make(job, worker, lambda: ceiling.call(_make_here, job))
 
 
 def make(job: RolloutJob, worker: str, produce: Callable[[], Made]) -> str:
@@ -242,7 +266,10 @@ def make(job: RolloutJob, worker: str, produce: Callable[[], Made]) -> str:
     except Exception as exc:
         log.exception("rollout job %s attempt %s failed", job.pk, attempt)
         leases.release(job)
-        retry_db(job.fail)(worker, attempt, f"{type(exc).__name__}: {exc}")
+        # Over the memory ceiling, or weights that cannot be loaded: another attempt would fail alike.
+        final = isinstance(exc, OverMemoryCeiling | CannotMake)
+        reason = str(exc) if final else f"{type(exc).__name__}: {exc}"
+        retry_db(job.fail)(worker, attempt, reason, final)
         return f"rollout job {job.pk} attempt {attempt}: failed"
     leases.release(job)
     if not retry_db(job.finish)(worker, attempt, made.version, made.path, made.sha256, made.result):

@@ -11,7 +11,11 @@ reports (`phase`) rides along on the same heartbeat, with the wall times of the 
 latest training step of this attempt, from which the run computes s/step and an ETA. `should_stop` reads
 the run's row, so a cancel (or the run being reaped from this worker) is honoured at the
 next step boundary. Every database call here rides out a short outage (`retry_db`): a flush is
-one transaction, retried whole, and what it did not write stays buffered.
+one transaction, retried whole, and what it did not write stays buffered. A flush the database
+refuses for another reason (what it was given cannot be stored) is not tried forever: the run
+stops at its next step boundary with that reason (`StoringFailed`). Text reaches the database
+storable (`storable`: model output can hold a NUL). `CheckpointLedger` keeps each checkpoint's
+sha256 in the database, where the trainer checks it before resuming.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from datetime import datetime
 
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
-from experiments.models import Completion, MetricPoint, Run
+from experiments.models import Checkpoint, Completion, MetricPoint, Run, storable
 
 from rlcore.sinks import TRAINING, Sample
-from workers.db_outage import retry_db
+from workers.db_outage import UNREACHABLE, retry_db
 
 FLUSH_INTERVAL_S = 0.5
 
@@ -37,6 +41,10 @@ log = logging.getLogger(__name__)
 def finite_or_none(value: float) -> float | None:
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+class StoringFailed(RuntimeError):
+    """The database refused what the run reported (not an outage): the run cannot go on."""
 
 
 class DatabaseSink:
@@ -56,6 +64,7 @@ class DatabaseSink:
         # {"from_step", "from", "to_step", "to"}: steps done and when (Unix time) in this attempt.
         self._timing: dict[str, float] = {}
         self._closing = threading.Event()
+        self._refused: Exception | None = None  # the database refused a flush (not an outage)
         self._thread = threading.Thread(target=self._flush_loop, name=f"flush-run-{run.pk}", daemon=True)
         self._thread.start()
 
@@ -91,9 +100,15 @@ class DatabaseSink:
         with self._lock:
             self._samples.setdefault(step, []).extend(samples)
 
-    @retry_db
+    def note(self, text: str) -> None:
+        """Written at once: a note is rare and says something about this attempt."""
+        retry_db(self.run.add_note)(self.worker, text)
+
     def should_stop(self) -> bool:
-        return self.run.stop_requested(self.worker)
+        """Raises `StoringFailed` once a flush was refused for good."""
+        if self._refused is not None:
+            raise StoringFailed(f"the database refused the run's metrics: {self._refused}") from self._refused
+        return retry_db(self.run.stop_requested)(self.worker)
 
     @retry_db
     def flush(self) -> None:
@@ -123,8 +138,8 @@ class DatabaseSink:
                     Completion(
                         run=self.run,
                         step=step,
-                        prompt=s.prompt,
-                        completion=s.completion,
+                        prompt=storable(s.prompt),
+                        completion=storable(s.completion),
                         reward=finite_or_none(s.reward),
                     )
                     for step, batch in samples.items()
@@ -144,8 +159,10 @@ class DatabaseSink:
             while not self._closing.wait(FLUSH_INTERVAL_S):
                 try:
                     self.flush()
-                except Exception:
+                except Exception as exc:
                     log.exception("run %s: flushing metrics failed; retrying", self.run.pk)
+                    if not isinstance(exc, UNREACHABLE):
+                        self._refused = exc
                     close_old_connections()
         finally:
             connection.close()
@@ -155,3 +172,20 @@ class DatabaseSink:
         self._closing.set()
         self._thread.join()
         self.flush()
+
+
+class CheckpointLedger:
+    """The sha256 of each of a run's checkpoints, in the database (`rlcore.checkpoints.Ledger`)."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    @retry_db
+    def record(self, step: int, sha256: str, size_bytes: int) -> None:
+        Checkpoint.objects.update_or_create(
+            run=self.run, step=step, defaults={"sha256": sha256, "size_bytes": size_bytes}
+        )
+
+    @retry_db
+    def sha256(self, step: int) -> str | None:
+        return Checkpoint.objects.filter(run=self.run, step=step).values_list("sha256", flat=True).first()

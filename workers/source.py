@@ -25,14 +25,21 @@ evaluates often keeps both kinds of worker busy: with a copy of that version's w
 execution while the model has at most `EVAL_COPY_PARAMS` parameters, else only while its own
 policy still holds that version (the final evaluation, and the wait right after an evaluation). The buffer
 (weights and batch files) is durable: a trainer resumed after its worker died finds every
-batch already made, and a lost rollout job is simply made again. Every database call rides
-out a short outage (`retry_db`); publishing records a version and its jobs in one transaction,
-retried whole.
+batch already made, and a lost rollout job is simply made again. What fails its check is made
+again, not trusted: a batch file missing or damaged when the trainer takes it is re-queued (a
+batch is a pure function of config, step and weights; the versions of batches not taken yet
+are kept for that); a job whose weights are missing or damaged makes the trainer raise
+`BufferDamaged` (it has moved past that version), and the worker re-queues the run, which then
+resumes from a checkpoint this source can go on from (`resume_problem`) and publishes the
+version again, re-queueing the jobs that waited for it (`resume`, `_record`). Every database
+call rides out a short outage (`retry_db`); publishing records a version and its jobs in one
+transaction, retried whole.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import shutil
 import time
@@ -66,6 +73,12 @@ GIVEN_UP = (RolloutJob.FAILED, RolloutJob.LOST, RolloutJob.CANCELLED)
 EVAL_COPY_PARAMS = 2**27
 # Weight files no job needs are deleted once they hold this much (the tiny model: every 16 steps).
 PRUNE_SPARE_BYTES = 64 * 2**20
+
+
+class BufferDamaged(RuntimeError):
+    """A batch or an evaluation the trainer waits for cannot be made: the weights it needs are
+    missing or damaged and this attempt has moved past that version. The worker re-queues the run,
+    which resumes from an earlier checkpoint and publishes the version again."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +161,7 @@ class DatabaseSource:
         self.eval_parts_made = 0  # by the trainer itself, while it waited
         self.eval_parts_s = 0.0
         self._recorded: set[int] = set()  # versions this attempt recorded
-        self._before = self._start_attempt()
+        self._before = self._existing()
         self.created_upto = self._before.batch_step
 
     # ----- BatchSource -----------------------------------------------------------------------
@@ -225,11 +238,25 @@ class DatabaseSource:
             eval part made here meanwhile costs the step nothing it would not wait anyway."""
             return any(j.status == RolloutJob.QUEUED for j in jobs)
 
-        # Async eval jobs come in small parts; distributed's one whole evaluation would hold the step up.
-        self._wait_for(
-            check, f"step {step}'s batch", evaluate_meanwhile=unclaimed if self.mode == "async" else None
-        )
-        parts = [Batch.load(Path(j.path), j.sha256) for j in jobs]
+        while True:
+            # Async eval jobs come in small parts; distributed's one whole evaluation would hold the step up.
+            self._wait_for(
+                check, f"step {step}'s batch", evaluate_meanwhile=unclaimed if self.mode == "async" else None
+            )
+            parts, bad = [], []
+            for job in jobs:
+                try:
+                    parts.append(Batch.load(Path(job.path), job.sha256))
+                except (OSError, ValueError) as exc:  # missing, or not the bytes recorded
+                    bad.append((job, exc))
+            if not bad:
+                break
+            # A batch is a pure function of config, step and weights: made again, then taken.
+            for job, exc in bad:
+                log.warning(
+                    "run %s: %s: its batch file cannot be used (%s); made again", self.run.pk, job, exc
+                )
+                self._remake(job, f"its batch file could not be used when the trainer took it ({exc})")
         batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
         self.last_taken = step
         self.policy_version = None  # the step's update comes next
@@ -245,6 +272,49 @@ class DatabaseSource:
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.checkpointed = self.last_taken = state["checkpoint_step"]
+
+    @retry_db
+    def resume_problem(self, step: int) -> str:
+        """Why this attempt cannot go on from the checkpoint of `step` ("" if it can): a batch or
+        an evaluation that a later step needs is not made, and its policy version is older than
+        `step` (the trainer publishes only versions from `step` on) and its weights file is missing
+        or damaged. A resume from an earlier checkpoint publishes that version again."""
+        checked: dict[int, str] = {}
+
+        def weights(version: int) -> str:
+            if version not in checked:
+                checked[version] = self._weights_problem(version)
+            return checked[version]
+
+        unfinished_evals = RolloutJob.objects.filter(
+            run=self.run, kind=RolloutJob.EVAL, version__lt=step
+        ).exclude(status=RolloutJob.DONE)
+        for job in unfinished_evals:
+            if problem := weights(job.version):
+                return f"the evaluation of step {job.step} is not made and {problem}"
+        if self.mode != "distributed":
+            return ""  # async batch jobs take the newest weights, which the trainer publishes at once
+        s = self.config.staleness
+        for t in range(step + 1, self.config.steps + 1):
+            version = behavior_version(t, s.sync_interval, s.sync_offset, s.offline)
+            if version >= step:
+                continue
+            jobs = self._jobs_of(t)
+            if len(jobs) == len(self.slices) and all(self._batch_file_intact(j) for j in jobs):
+                continue
+            if problem := weights(version):
+                return f"step {t}'s batch is not made and {problem}"
+        return ""
+
+    @retry_db
+    def resume(self, step: int) -> None:
+        """Give the jobs earlier attempts gave up (failed, lost, cancelled) a fresh chance, except
+        those whose weights are missing or damaged: this attempt publishes them again (from `step`
+        on), and they are re-queued then (`_record`)."""
+        for job in RolloutJob.objects.filter(run=self.run, status__in=GIVEN_UP):
+            if job.version is not None and job.version >= step and self._weights_problem(job.version):
+                continue
+            self._remake(job, "re-queued by a new trainer attempt")
 
     # ----- what the worker reports once the run is over ------------------------------------
 
@@ -302,7 +372,7 @@ class DatabaseSource:
                         raise Stopped(f"stopped while waiting for {what}")
                     next_stop_check = now + STOP_CHECK_S
                 if given_up is not None:
-                    raise RuntimeError(f"{given_up} {given_up.status}: {given_up.error}")
+                    raise self._given_up(given_up)
                 time.sleep(pause)
                 pause = min(MAX_POLL_S, pause * 1.5)
         finally:
@@ -387,13 +457,9 @@ class DatabaseSource:
         return ready, pending, given_up
 
     @retry_db
-    def _start_attempt(self) -> Existing:
-        """Give every unfinished step's jobs of earlier attempts a fresh chance; return the newest
-        rows that exist (async creates each step's jobs once, as soon as they are admissible)."""
-        for job in RolloutJob.objects.filter(
-            run=self.run, status__in=(RolloutJob.CANCELLED, RolloutJob.FAILED, RolloutJob.LOST)
-        ):
-            job.requeue(Q(status=job.status, attempt=job.attempt), "re-queued by a new trainer attempt")
+    def _existing(self) -> Existing:
+        """The newest rows that exist as this attempt starts (async creates each step's jobs once,
+        as soon as they are admissible)."""
         jobs = RolloutJob.objects.filter(run=self.run)
         newest = jobs.aggregate(
             batch=Max("step", filter=Q(kind=RolloutJob.BATCH)),
@@ -405,6 +471,47 @@ class DatabaseSource:
             batch_step=newest["batch"] or 0,
             eval_step=-1 if newest["eval"] is None else newest["eval"],
         )
+
+    def _remake(self, job: RolloutJob, error: str) -> bool:
+        """Queue `job` again as a new attempt (async batch jobs take the newest weights anew)."""
+        changes = {"version": None} if self.mode == "async" and job.kind == RolloutJob.BATCH else {}
+        return job.requeue(Q(status=job.status, attempt=job.attempt), error, **changes)
+
+    def _weights_problem(self, version: int) -> str:
+        """Why the weights file of `version` cannot be loaded ("" if it can): read and checked."""
+        row = PolicyVersion.objects.filter(run=self.run, version=version).first()
+        if row is None:
+            return f"policy version {version} was never published"
+        try:
+            self.store.load(version, row.sha256)
+        except FileNotFoundError:
+            return f"the weights of policy version {version} are missing ({self.store.path(version)})"
+        except ValueError as exc:
+            return str(exc)
+        return ""
+
+    def _batch_file_intact(self, job: RolloutJob) -> bool:
+        if job.status != RolloutJob.DONE or not job.path:
+            return False
+        try:
+            return hashlib.sha256(Path(job.path).read_bytes()).hexdigest() == job.sha256
+        except OSError:
+            return False
+
+    def _given_up(self, job: RolloutJob) -> Exception:
+        """What to raise for a job the trainer waits on that was given up: `BufferDamaged` when its
+        weights cannot be loaded (this attempt cannot publish that version again: the run goes on
+        from an earlier checkpoint), else a RuntimeError with the job's own error."""
+        published = (
+            job.version is not None
+            and retry_db(PolicyVersion.objects.filter(run=self.run, version=job.version).exists)()
+        )
+        if published and (problem := retry_db(self._weights_problem)(job.version)):
+            return BufferDamaged(
+                f"{job} cannot be made: {problem}; the run resumes from a checkpoint before policy version "
+                f"{job.version} (or from the start) and publishes it again"
+            )
+        return RuntimeError(f"{job} {job.status}: {job.error}")
 
     @retry_db
     def _record_version(
@@ -448,6 +555,9 @@ class DatabaseSource:
                 for job in RolloutJob.objects.filter(redo, run=self.run, version=version):
                     job.requeue(Q(attempt=job.attempt), "weights republished with other bytes")
                 self.evals_logged.discard(version)  # its evaluation is logged again once re-made
+            # Jobs given up on this version's weights (missing or damaged) can be made now.
+            for job in RolloutJob.objects.filter(run=self.run, version=version, status__in=GIVEN_UP):
+                job.requeue(Q(status=job.status, attempt=job.attempt), "its weights were published again")
         for step in steps:
             self._create_jobs(step, version, fresh=fresh and step > self._before.batch_step)
         if evaluate:
@@ -511,7 +621,17 @@ class DatabaseSource:
         `PRUNE_SPARE_BYTES` (at least two files): a small model's files go a dozen at a time,
         not with a query every step."""
         mine = self._published[0] if self._published is not None else None
-        older = [v for v in self._on_disk if v not in (mine, max(self._on_disk, default=None))]
+        # Distributed: the versions of the batches not taken yet, in case one must be made again.
+        s = self.config.staleness
+        untaken = (
+            {
+                behavior_version(t, s.sync_interval, s.sync_offset, s.offline)
+                for t in range(self.last_taken + 1, min(self.config.steps, self.created_upto) + 1)
+            }
+            if self.mode == "distributed"
+            else set()
+        )
+        older = [v for v in self._on_disk if v not in (mine, max(self._on_disk, default=None), *untaken)]
         file_bytes = self.publish_bytes / max(1, len(self.publish_s))
         if len(older) < 2 or len(older) * file_bytes < PRUNE_SPARE_BYTES:
             return

@@ -8,7 +8,10 @@ modes, with a `DatabaseSource` whose batches rollout workers make — under the 
 ceiling (`LAB_RUN_MEMORY_MB`, `workers.memory`), and end it `succeeded`, `cancelled` or
 `failed` with the reason (a failed run's summary is computed from the points it logged). A
 message that finds no queued run on its queue (a duplicate, or one redelivered after its run
-was executed) does nothing. Every worker also runs the reaper in a background thread, so a
+was executed) does nothing, and whatever goes wrong once a run is claimed ends it `failed` with
+the reason (a run this worker left `running` is failed before it claims another, never executed
+again); a run whose buffer was damaged past what its attempt can make again (`BufferDamaged`)
+is re-queued on its own attempts. Every worker also runs the reaper in a background thread, so a
 run whose worker died is re-queued as soon as any worker is alive; `python manage.py reap`
 does the same once by hand. The same thread records the worker's own heartbeat
 (`Worker.seen`, with the queues it listens on), so the platform can tell a queue no live
@@ -42,8 +45,8 @@ from lab.celery import app
 
 from workers.db_outage import UNREACHABLE, note_unreachable, reachable_for, retry_db
 from workers.memory import MemoryCeiling, OverMemoryCeiling
-from workers.sink import DatabaseSink, finite_or_none
-from workers.source import DatabaseSource, clear_buffer
+from workers.sink import CheckpointLedger, DatabaseSink, finite_or_none
+from workers.source import BufferDamaged, DatabaseSource, clear_buffer
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +58,28 @@ def worker_identity() -> str:
 def execute(run_id: int, attempt: int) -> str:
     """Execute the next queued run of run `run_id`'s queue (often that run itself: a message
     says "a run of this queue is waiting", the database says which goes first); return what
-    happened. Nothing to do when that queue has no queued run that may start."""
+    happened. Nothing to do when that queue has no queued run that may start.
+
+    Whatever goes wrong once a run is claimed, training or after it (storing its last points,
+    its summary), ends the run `failed` with the reason: a run is never left `running` by a task
+    that raised."""
     worker = worker_identity()
+    retry_db(fail_left_running)(worker)
     run = claim(run_id, worker)
     if run is None:
         return f"run {run_id} attempt {attempt}: not queued any more, nothing to do"
+    log.info("run %s attempt %s: claimed by %s", run.pk, run.attempt, worker)
+    try:
+        return _train(run, worker)
+    except Exception as exc:  # not the training's own failure (that is handled in `_train`)
+        log.exception("run %s attempt %s: failed after training", run.pk, run.attempt)
+        retry_db(run.fail)(worker, f"{type(exc).__name__}: {exc}")
+        retry_db(RolloutJob.cancel_for)(run)
+        return f"run {run.pk} attempt {run.attempt}: failed"
+
+
+def _train(run: Run, worker: str) -> str:
     run_id, attempt = run.pk, run.attempt
-    log.info("run %s attempt %s: claimed by %s", run_id, attempt, worker)
     sink = DatabaseSink(run, worker)
     source = None
     try:
@@ -82,15 +100,20 @@ def execute(run_id: int, attempt: int) -> str:
             checkpoint_dir=run.checkpoint_dir,
             cache_dir=settings.LAB_CACHE_DIR,
             source=source,
+            ledger=CheckpointLedger(run),
         )
         if source is not None:
             summary.update(source.summary())
+        sink.close()
     except Exception as exc:
         log.exception("run %s attempt %s failed", run_id, attempt)
         over_memory = isinstance(exc, OverMemoryCeiling)
         if over_memory:
             connection.close()  # the interruption may have cut a query short: reconnect afresh
-        sink.close()
+        try:
+            sink.close()  # what it logged before it failed, for the summary below
+        except Exception:
+            log.exception("run %s: the points still buffered could not be stored", run_id)
         # Over its memory ceiling: failed with the reason, never re-queued (only a manual retry).
         # The summary is what it logged before it failed (`Run.summary_from_points`).
         execution = None
@@ -101,8 +124,11 @@ def execute(run_id: int, attempt: int) -> str:
                 log.exception("run %s: no execution report for the failed attempt", run_id)
         retry_db(run.fail)(worker, str(exc) if over_memory else f"{type(exc).__name__}: {exc}", execution)
         retry_db(RolloutJob.cancel_for)(run)
+        if isinstance(exc, BufferDamaged) and run.attempt < settings.LAB_MAX_ATTEMPTS:
+            # Not the run's fault, and a new attempt can go on: from an earlier checkpoint.
+            retry_db(run.retry)(within_cap=False)
+            return f"run {run_id} attempt {attempt}: failed; re-queued as attempt {run.attempt}"
         return f"run {run_id} attempt {attempt}: failed"
-    sink.close()
     retry_db(run.finish)(worker, {name: finite_or_none(value) for name, value in summary.items()})
     if run.status in (Run.SUCCEEDED, Run.CANCELLED):
         retry_db(RolloutJob.cancel_for)(run)
@@ -110,14 +136,33 @@ def execute(run_id: int, attempt: int) -> str:
     return f"run {run_id} attempt {attempt}: {run.status}"
 
 
+LEFT_RUNNING = (
+    "the worker's earlier execution of this run ended without finishing it (see the worker's log); "
+    "it is not executed again by the same worker"
+)
+
+
+def fail_left_running(worker: str) -> list[Run]:
+    """Fail the runs still `running` under this worker's name before it claims another: a worker
+    executes one run at a time, so such a run is left over from an execution of this process
+    that ended without finishing it. Another message must not execute it again (that was a loop:
+    every later message re-claimed it). Returns them."""
+    left = list(Run.objects.filter(status=Run.RUNNING, worker=worker))
+    for run in left:
+        log.error("run %s attempt %s: %s", run.pk, run.attempt, LEFT_RUNNING)
+        if run.fail(worker, LEFT_RUNNING):
+            RolloutJob.cancel_for(run)
+    return left
+
+
 @retry_db
 def claim(run_id: int, worker: str) -> Run | None:
     """The next queued run of run `run_id`'s queue, claimed by `worker`; None if there is none.
 
-    A run already running under this worker's name comes first: a worker executes one run at a
-    time, so that is a claim whose UPDATE committed but whose answer the database dropped (an
-    outage between the two: this is `retry_db`'s retry). Claiming another would leave that one
-    claimed, without a heartbeat, until the reaper took an attempt from it."""
+    A run already running under this worker's name comes first: `execute` failed those left over
+    before it called this, so that is a claim whose UPDATE committed but whose answer the
+    database dropped (an outage between the two: this is `retry_db`'s retry). Claiming another
+    would leave that one claimed, without a heartbeat, until the reaper took an attempt from it."""
     held = Run.objects.filter(status=Run.RUNNING, worker=worker).order_by("id").first()
     if held is not None:
         log.warning("run %s attempt %s: already claimed by this worker; executing it", held.pk, held.attempt)

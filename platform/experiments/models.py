@@ -12,16 +12,20 @@ queued when the broker is down, and a worker's dispatcher sends what may be miss
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import secrets
 import shutil
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection, models, transaction
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
@@ -30,8 +34,20 @@ from pydantic import ValidationError
 from experiments.collapse import METRIC as COLLAPSE_METRIC
 from experiments.collapse import Collapse, find_collapse
 from experiments.templatetags.units import seconds
-from rlcore.config import RunConfig
+from rlcore.config import RunConfig, error_list
 from rlcore.sinks import SUMMARY_LATEST
+
+
+def storable(text: str) -> str:
+    """`text` as PostgreSQL can store it: a NUL character (which model output and error messages
+    can hold) becomes U+FFFD, the replacement character."""
+    return text.replace("\x00", "\ufffd")
+
+
+def public_error(text: str) -> str:
+    """An error message as the pages and the API show it: storable, and with paths inside
+    `LAB_VAR_DIR` relative to it (`runs/<key>/…`), so no server path reaches a team member."""
+    return storable(text).replace(f"{settings.VAR_DIR}/", "")
 
 
 def validation_context() -> dict[str, list[str]]:
@@ -155,7 +171,6 @@ class Invitation(models.Model):
     def invite(cls, team: Team, username: str, invited_by, is_admin: bool) -> None:
         """Invite the active account called `username` if there is one that is not a superuser
         and not in the team yet; the caller is never told whether there was."""
-        from django.contrib.auth import get_user_model
 
         user = (
             get_user_model()
@@ -263,15 +278,23 @@ class Experiment(models.Model):
         and an ETA: the steps left at the mean s/step of the runs training now, shared among them."""
         runs = list(self.runs.all())
         live = Worker.live_queues()
-        rows = [(run, run.progress_report(live)) for run in runs]
+        queues = QueueState.read({run.queue for run in runs if run.status == Run.QUEUED})
+        rows = [(run, run.progress_report(live, queues)) for run in runs]
         rates = [report["s_per_step"] for _, report in rows if report["s_per_step"] is not None]
         steps_left = sum(max(0, run.steps - run.progress) for run in runs if run.is_active)
         running = sum(run.status == Run.RUNNING for run in runs)
         eta_s = None
         if rates and running:
             eta_s = steps_left * (sum(rates) / len(rates)) / running
+        started = [run.started for run in runs if run.started is not None]
+        finished = [run.finished for run in runs if run.finished is not None]
+        over = not any(run.is_active for run in runs)
+        end = max(finished) if over and finished else timezone.now()
         return {
             "rows": rows,
+            "started": min(started, default=None),
+            "finished": max(finished) if over and finished else None,
+            "duration_s": (end - min(started)).total_seconds() if started else None,
             "runs": len(runs),
             "runs_done": sum(not run.is_active for run in runs),
             "steps": sum(run.steps for run in runs),
@@ -280,7 +303,79 @@ class Experiment(models.Model):
         }
 
 
+class SweepTemplate(models.Model):
+    """A sweep a team saved to start new ones from (`Experiment.spec`'s form): the new-sweep page
+    lists its team's templates beside the built-in ones."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="sweep_templates")
+    name = models.CharField(max_length=200)
+    spec = models.JSONField(help_text="base config, presets, staleness settings, seeds")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team", "name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="one_template_name_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.team})"
+
+
 NEVER = datetime.min.replace(tzinfo=UTC)  # a team never served goes before any that was
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """Where queued runs stand, read once for a page (two queries, not one per run): per (team,
+    queue) its queued runs in the order a worker takes them (first in, first out within a team;
+    teams take turns, `Run.claim_next`), and per queue the running runs of each team."""
+
+    queued: dict[tuple[int, str], list[int]]
+    running: dict[str, dict[int, int]]
+
+    @classmethod
+    def read(cls, queues: Iterable[str]) -> QueueState:
+        queues = list(queues)
+        queued: dict[tuple[int, str], list[int]] = {}
+        running: dict[str, dict[int, int]] = {}
+        if queues:
+            rows = Run.objects.filter(status=Run.QUEUED, queue__in=queues).order_by("id")
+            for pk, team, queue in rows.values_list("pk", "experiment__team", "queue"):
+                queued.setdefault((team, queue), []).append(pk)
+            counts = (
+                Run.objects.filter(status=Run.RUNNING, queue__in=queues)
+                .values_list("queue", "experiment__team")
+                .annotate(n=Count("id"))
+                .order_by()
+            )
+            for queue, team, n in counts:
+                running.setdefault(queue, {})[team] = n
+        return cls(queued, running)
+
+    def waiting(self, run: Run, team: int) -> tuple[int | None, str]:
+        """(its place among its team's queued runs of its queue, 1 = next; what it waits for)."""
+        line = self.queued.get((team, run.queue), [])
+        place = line.index(run.pk) + 1 if run.pk in line else None
+        ahead = (place or 1) - 1
+        parts = [
+            f"next of its team's runs on queue {run.queue}"
+            if ahead == 0
+            else f"{ahead} of its team's runs ahead of it on queue {run.queue}"
+        ]
+        running = self.running.get(run.queue, {})
+        mine, others = running.get(team, 0), sum(n for t, n in running.items() if t != team)
+        cap = settings.LAB_TEAM_MAX_RUNNING
+        if cap and mine >= cap:
+            parts.append(f"its team is at its limit of {cap} running runs (LAB_TEAM_MAX_RUNNING)")
+        elif others:
+            parts.append(
+                f"the workers of queue {run.queue} are running {others} run{'s' if others != 1 else ''} of "
+                "other teams: teams take turns (fair share), so its team's next run starts when one ends"
+            )
+        return place, " · ".join(parts)
+
 
 DISPATCHED_AT_HELP = (
     "when a message for the current attempt was last sent to the broker; empty while the broker "
@@ -385,6 +480,12 @@ class Run(Leased, models.Model):
         blank=True,
         help_text="θ0 and dataset hashes, versions, device, host (rlcore.provenance)",
     )
+    notes = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="what its workers had to work around (a damaged checkpoint passed over, …): "
+        "[{at, attempt, text}]",
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -427,6 +528,21 @@ class Run(Leased, models.Model):
             )
         Run.objects.filter(pk=self.pk, status=Run.RUNNING, worker=worker).update(provenance=record)
 
+    def add_note(self, worker: str, text: str) -> bool:
+        """Append a note to the run while `worker` executes it (one UPDATE under the row's lock)."""
+        with transaction.atomic():
+            notes = (
+                Run.objects.select_for_update()
+                .filter(pk=self.pk, status=Run.RUNNING, worker=worker)
+                .values_list("notes", flat=True)
+                .first()
+            )
+            if notes is None:
+                return False
+            note = {"at": timezone.now().isoformat(), "attempt": self.attempt, "text": public_error(text)}
+            Run.objects.filter(pk=self.pk).update(notes=[*notes, note])
+        return True
+
     def run_config(self) -> RunConfig:
         """The stored config, validated again against today's allowed data and model roots."""
         return RunConfig.model_validate(self.config, context=validation_context())
@@ -442,6 +558,15 @@ class Run(Leased, models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in Run.ACTIVE
+
+    @property
+    def duration_s(self) -> float | None:
+        """Wall-clock seconds of the current attempt: start to finish, or to now while it runs;
+        None before a worker started it."""
+        if self.started is None:
+            return None
+        end = self.finished or (timezone.now() if self.status == Run.RUNNING else None)
+        return None if end is None else max(0.0, (end - self.started).total_seconds())
 
     @property
     def is_retryable(self) -> bool:
@@ -528,14 +653,19 @@ class Run(Leased, models.Model):
         except ValidationError:
             return [self.queue]
 
-    def progress_report(self, live_queues: set[str] | None = None) -> dict[str, Any]:
+    def progress_report(
+        self, live_queues: set[str] | None = None, queues: QueueState | None = None
+    ) -> dict[str, Any]:
         """What the run is doing now, for its row, its page and the API.
 
         `phase` is "waiting" (queued), "starting" (claimed, nothing reported yet), one of
-        `rlcore.sinks.PHASES`, or "" once the run is over. `text` says it in words; `no_worker`
-        names a queue the run needs that no live worker listens on. While training, `s_per_step`
-        is measured over the steps this attempt has done and `eta_s` extrapolates it to the last
-        step. `live_queues` (from `Worker.live_queues()`) saves a query per run in a table.
+        `rlcore.sinks.PHASES`, or "" once the run is over. `text` says it in words: while it waits,
+        its place among its team's queued runs (`queue_position`, 1 = next) and what holds it up
+        (another team's runs on the workers, its team's running cap); `no_worker` names a queue
+        the run needs that no live worker listens on. While training, `s_per_step` is measured
+        over the steps this attempt has done and `eta_s` extrapolates it to the last step.
+        `live_queues` (from `Worker.live_queues()`) and `queues` (`QueueState.read`) save queries
+        per run in a table.
         """
         detail = self.phase_detail
         report: dict[str, Any] = {
@@ -547,6 +677,7 @@ class Run(Leased, models.Model):
             "eta_s": None,
             "warm_start": None,
             "no_worker": "",
+            "queue_position": None,
         }
         if not self.is_active:
             return report
@@ -556,7 +687,12 @@ class Run(Leased, models.Model):
         if dead:
             report["no_worker"] = f"no worker is listening on queue {' or '.join(dead)}"
         if self.status == Run.QUEUED:
-            text = "waiting for a worker"
+            if queues is None:
+                queues = QueueState.read([self.queue])
+            team = self.experiment.team_id
+            place, waiting = queues.waiting(self, team)
+            report["queue_position"] = place
+            text = f"waiting for a worker: {waiting}"
             if self.dispatched_at is None:
                 text += " (the message broker could not be reached: it is sent as soon as the broker is back)"
             report.update(phase="waiting", text=text)
@@ -586,6 +722,19 @@ class Run(Leased, models.Model):
         else:
             report["text"] = "starting"
         return report
+
+    def metrics_csv(self, name: str = "") -> str:
+        """Every metric point of the run (or of metric `name`) as CSV: name,step,value,wall_time,
+        in name and step order; a missing value (NaN or infinity when logged) is empty."""
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["name", "step", "value", "wall_time"])
+        points = MetricPoint.objects.filter(run=self).order_by("name", "step")
+        if name:
+            points = points.filter(name=name)
+        for metric, step, value, wall in points.values_list("name", "step", "value", "wall_time"):
+            writer.writerow([metric, step, "" if value is None else repr(value), wall.isoformat()])
+        return out.getvalue()
 
     def rollout_job_counts(self) -> dict[str, int]:
         """How many of the run's rollout jobs are in each status: every status, in lifecycle order."""
@@ -695,7 +844,7 @@ class Run(Leased, models.Model):
             Q(status=Run.RUNNING, worker=worker),
             status=Run.FAILED,
             finished=timezone.now(),
-            error=error,
+            error=public_error(error),
             summary=summary,
         )
 
@@ -725,15 +874,33 @@ class Run(Leased, models.Model):
                 f"run {self.pk} has used all {settings.LAB_MAX_ATTEMPTS} attempts (LAB_MAX_ATTEMPTS); "
                 "start a new sweep to run it again"
             )
-        return queued_cap_refusal(self.experiment.team, 1)
+        try:
+            self.run_config()
+        except ValidationError as exc:
+            problems = "; ".join(f"{field}: {message}" for field, message in error_list(exc))
+            return f"run {self.pk} cannot succeed: its config no longer passes today's checks ({problems})"
+        team = Team.objects.filter(experiments__runs=self.pk).first()
+        if team is None:
+            return f"run {self.pk} no longer exists"
+        return queued_cap_refusal(team, 1)
 
-    def retry(self) -> bool:
+    def retry(self, within_cap: bool = True) -> bool:
         """failed / cancelled / lost → queued as a new attempt, resuming from its last checkpoint,
-        while the run has attempts left (manual retries count against LAB_MAX_ATTEMPTS too).
+        while the run has attempts left (manual retries count against LAB_MAX_ATTEMPTS too) and,
+        with `within_cap`, its team stays within LAB_TEAM_MAX_QUEUED: checked under the team's row
+        lock, as sweeps are, so concurrent retries cannot overrun it. Raises `Run.DoesNotExist`
+        if the run was deleted meanwhile.
 
         The previous attempt's error stays visible until a worker claims the new one.
         """
         with transaction.atomic():
+            if within_cap:
+                team_id = Experiment.objects.filter(runs=self.pk).values_list("team_id", flat=True).first()
+                if team_id is None:
+                    raise Run.DoesNotExist(f"run {self.pk} no longer exists")
+                team = Team.objects.select_for_update().get(pk=team_id)
+                if queued_cap_refusal(team, 1):
+                    return False
             done = self._update(
                 Q(status__in=Run.RETRYABLE, attempt__lt=settings.LAB_MAX_ATTEMPTS),
                 status=Run.QUEUED,
@@ -774,7 +941,7 @@ class Run(Leased, models.Model):
                 run._update(Q(status=cls.LOST), status=cls.CANCELLED)
                 RolloutJob.cancel_for(run)
             elif run.attempt < settings.LAB_MAX_ATTEMPTS:
-                run.retry()
+                run.retry(within_cap=False)  # already admitted: a lost worker is no new submission
             reaped.append(run)
         return reaped
 
@@ -815,6 +982,9 @@ class RolloutJob(Leased, models.Model):
     queue = models.CharField(max_length=20, default="rollout")
     status = models.CharField(max_length=20, choices=STATUSES, default=QUEUED, db_index=True)
     attempt = models.PositiveIntegerField(default=1)
+    losses = models.PositiveIntegerField(
+        default=0, help_text="attempts lost with their worker (not the job's own failures)"
+    )
     dispatched_at = models.DateTimeField(
         null=True, blank=True, default=timezone.now, help_text=DISPATCHED_AT_HELP
     )
@@ -881,16 +1051,28 @@ class RolloutJob(Leased, models.Model):
             finished=timezone.now(),
         )
 
-    def fail(self, worker: str, attempt: int, error: str) -> bool:
-        """running → queued as a new attempt while attempts are left, else → failed."""
+    @property
+    def failures(self) -> int:
+        """Attempts that ended in the job's own failure, this one included while it runs."""
+        return self.attempt - self.losses
+
+    def fail(self, worker: str, attempt: int, error: str, final: bool = False) -> bool:
+        """running → queued as a new attempt while its failures leave attempts (LAB_MAX_ATTEMPTS;
+        attempts lost with a worker do not count), else, or if `final` (another attempt would
+        fail the same way), → failed."""
+        error = public_error(error)
         with transaction.atomic():
-            if self.attempt < settings.LAB_MAX_ATTEMPTS and self._update(
-                Q(status=RolloutJob.RUNNING, worker=worker, attempt=attempt),
-                status=RolloutJob.QUEUED,
-                attempt=F("attempt") + 1,
-                worker="",
-                error=error,
-                dispatched_at=timezone.now(),
+            if (
+                not final
+                and self.failures < settings.LAB_MAX_ATTEMPTS
+                and self._update(
+                    Q(status=RolloutJob.RUNNING, worker=worker, attempt=attempt),
+                    status=RolloutJob.QUEUED,
+                    attempt=F("attempt") + 1,
+                    worker="",
+                    error=error,
+                    dispatched_at=timezone.now(),
+                )
             ):
                 self.enqueue()
                 return True
@@ -901,20 +1083,23 @@ class RolloutJob(Leased, models.Model):
                 error=error,
             )
 
-    def requeue(self, condition: Q, error: str = "") -> bool:
-        """→ queued as a new attempt if the row still matches `condition`."""
+    def requeue(self, condition: Q, error: str = "", lost: bool = False, **changes) -> bool:
+        """→ queued as a new attempt if the row still matches `condition`; `lost`: the attempt
+        ended with its worker (counted in `losses`, not as a failure)."""
         with transaction.atomic():
             done = self._update(
                 condition,
                 status=RolloutJob.QUEUED,
                 attempt=F("attempt") + 1,
+                losses=F("losses") + int(lost),
                 worker="",
                 finished=None,
                 path="",
                 sha256="",
                 result=None,
-                error=error,
+                error=public_error(error),
                 dispatched_at=timezone.now(),
+                **changes,
             )
             if done:
                 self.enqueue()
@@ -928,15 +1113,18 @@ class RolloutJob(Leased, models.Model):
 
     @classmethod
     def reap(cls) -> list[RolloutJob]:
-        """Re-queue jobs whose worker stopped heartbeating (or fail them after the last attempt)."""
+        """Re-queue jobs whose worker stopped heartbeating: a worker's death is not the job's
+        failure, so it counts against `LAB_MAX_JOB_LOSSES`, not LAB_MAX_ATTEMPTS; past that, the
+        job is `lost`."""
         stale_before = timezone.now() - timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S)
         reaped = []
         for job in cls.objects.filter(status=cls.RUNNING, heartbeat__lt=stale_before):
             stale = Q(status=cls.RUNNING, heartbeat__lt=stale_before, attempt=job.attempt)
             error = f"worker {job.worker} stopped sending heartbeats"
-            if job.attempt < settings.LAB_MAX_ATTEMPTS:
-                changed = job.requeue(stale, error)
+            if job.losses + 1 < settings.LAB_MAX_JOB_LOSSES:
+                changed = job.requeue(stale, error, lost=True)
             else:
+                error += f" ({job.losses + 1} workers lost in this job; LAB_MAX_JOB_LOSSES)"
                 changed = job._update(stale, status=cls.LOST, finished=timezone.now(), error=error)
             if changed:
                 reaped.append(job)
@@ -959,6 +1147,24 @@ class PolicyVersion(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} version {self.version}"
+
+
+class Checkpoint(models.Model):
+    """A trainer checkpoint of a run, as written: its sha256 is checked before the checkpoint is
+    restored, so a file altered in the shared `LAB_VAR_DIR` is never resumed from."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.IntegerField()
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+    created = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["run", "step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="one_checkpoint_per_run_step")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} checkpoint of step {self.step}"
 
 
 class MetricPoint(models.Model):
@@ -1024,26 +1230,41 @@ class Completion(models.Model):
         return f"step {self.step}: {self.prompt!r} → {self.completion!r}"
 
 
+class TooManyTokens(Exception):
+    """The user has `LAB_MAX_TOKENS_PER_USER` tokens already."""
+
+
 class ApiToken(models.Model):
     """A bearer token for the API; only its SHA-256 digest is stored."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True, help_text="what its owner calls it")
     digest = models.CharField(max_length=64, unique=True)
     created = models.DateTimeField(auto_now_add=True)
     last_used = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
-        return f"token {self.digest[:8]}… of {self.user}"
+        return f"token {self.name or self.digest[:8] + '…'} of {self.user}"
 
     @staticmethod
     def _digest(token: str) -> str:
         return hashlib.sha256(token.encode()).hexdigest()
 
     @classmethod
-    def issue(cls, user) -> str:
-        """Create a token for `user` and return it; it cannot be shown again."""
+    def issue(cls, user, name: str = "") -> str:
+        """Create a token for `user` and return it; it cannot be shown again. Raises
+        `TooManyTokens` when the user has `LAB_MAX_TOKENS_PER_USER` already (checked under the
+        user's row lock, so concurrent requests cannot pass it together)."""
         token = secrets.token_urlsafe(32)
-        cls.objects.create(user=user, digest=cls._digest(token))
+        with transaction.atomic():
+            get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+            cap = settings.LAB_MAX_TOKENS_PER_USER
+            if cls.objects.filter(user=user).count() >= cap:
+                raise TooManyTokens(
+                    f"you have {cap} API tokens, the most a user may have (LAB_MAX_TOKENS_PER_USER); "
+                    "revoke one you no longer use"
+                )
+            cls.objects.create(user=user, name=storable(name), digest=cls._digest(token))
         return token
 
     @classmethod

@@ -102,6 +102,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "lab.middleware.DeletedMeanwhileMiddleware",
 ]
 
 # Every response's Content-Security-Policy: scripts only from our own static files (no inline
@@ -199,6 +200,7 @@ LAB_LOGIN_FAILURE_LIMIT = int(os.environ.get("LAB_LOGIN_FAILURE_LIMIT", 10))
 LAB_TOKEN_FAILURE_LIMIT = int(os.environ.get("LAB_TOKEN_FAILURE_LIMIT", 20))
 LAB_RATE_WINDOW_S = int(os.environ.get("LAB_RATE_WINDOW_S", 900))
 LAB_CLIENT_IP_HEADER = os.environ.get("LAB_CLIENT_IP_HEADER", "")
+LAB_MAX_TOKENS_PER_USER = _number("LAB_MAX_TOKENS_PER_USER", int, 20, minimum=1)
 for _name in ("LAB_LOGIN_FAILURE_LIMIT", "LAB_TOKEN_FAILURE_LIMIT", "LAB_RATE_WINDOW_S"):
     if globals()[_name] < 1:
         raise ImproperlyConfigured(f"{_name} must be at least 1, not {globals()[_name]}")
@@ -233,6 +235,9 @@ LAB_MAX_RUN_S = int(os.environ.get("LAB_MAX_RUN_S", 7 * 24 * 3600))
 LAB_HEARTBEAT_TIMEOUT_S = float(os.environ.get("LAB_HEARTBEAT_TIMEOUT_S", 60))
 LAB_REAP_INTERVAL_S = float(os.environ.get("LAB_REAP_INTERVAL_S", 15))
 LAB_MAX_ATTEMPTS = int(os.environ.get("LAB_MAX_ATTEMPTS", 3))
+# A rollout job may lose its worker (killed, out of memory) this many times before it is given up;
+# its own failures count against LAB_MAX_ATTEMPTS.
+LAB_MAX_JOB_LOSSES = _number("LAB_MAX_JOB_LOSSES", int, 10, minimum=1)
 LAB_MAX_SWEEP_RUNS = int(os.environ.get("LAB_MAX_SWEEP_RUNS", 512))
 # How long a worker keeps retrying a running attempt's database writes and reads while the
 # database is unreachable (workers/db_outage.py) before the attempt fails.

@@ -1,17 +1,19 @@
 """`RolloutJob` transitions: the lease idiom of runs (claimed once per attempt, a late message or a
-late finish of an older attempt changes nothing, the reaper re-queues a lost job up to the attempt
-limit), and cancelling a run cancels its unfinished jobs."""
+late finish of an older attempt changes nothing), a job's own failures retried up to the attempt
+limit and a lost worker re-queued up to its own limit (`LAB_MAX_JOB_LOSSES`), a job that cannot
+succeed failed at once, and cancelling a run cancels its unfinished jobs."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
+import torch
 from conftest import TINY_CONFIG, purge_queue, queued_messages
 from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
-from experiments.models import RolloutJob, Run
+from experiments.models import PolicyVersion, RolloutJob, Run
 from experiments.sweeps import create_experiment, expand
 
 from workers.rollout import claim, generate
@@ -83,12 +85,71 @@ def test_failures_retry_until_the_attempts_run_out(job):
     job.fail("r2:2", 2, "RuntimeError: boom again")
     job.refresh_from_db()
     assert (job.status, job.attempt) == (RolloutJob.FAILED, 2)
-    job2 = RolloutJob.objects.create(run=job.run, step=2, groups_start=0, groups_stop=4, version=1, attempt=2)
-    job2.claim("r1:1", attempt=2)
-    stale(job2)
+
+
+@override_settings(LAB_MAX_ATTEMPTS=3, LAB_MAX_JOB_LOSSES=5)
+def test_a_worker_lost_in_a_job_is_not_charged_as_the_jobs_failure(job):
+    # Three workers killed in the same job (the probe's async run ended on attempt 1 this way).
+    for attempt in (1, 2, 3, 4):
+        job.claim(f"r{attempt}:1", attempt=attempt)
+        stale(job)
+        assert [j.pk for j in RolloutJob.reap()] == [job.pk]
+        job.refresh_from_db()
+        assert (job.status, job.attempt, job.losses) == (RolloutJob.QUEUED, attempt + 1, attempt)
+    # Its own failures still have their LAB_MAX_ATTEMPTS: two more are retried, the third is final.
+    for attempt in (5, 6, 7):
+        job.claim("r9:1", attempt=attempt)
+        job.fail("r9:1", attempt, "RuntimeError: boom")
+        job.refresh_from_db()
+    assert (job.status, job.attempt, job.failures) == (RolloutJob.FAILED, 7, 3)
+
+
+@override_settings(LAB_MAX_JOB_LOSSES=2)
+def test_a_job_that_keeps_losing_its_worker_is_lost_in_the_end(job):
+    job.claim("r1:1", attempt=1)
+    stale(job)
     RolloutJob.reap()
-    job2.refresh_from_db()
-    assert job2.status == RolloutJob.LOST, "no attempts left: lost, not re-queued"
+    job.claim("r2:1", attempt=2)
+    stale(job)
+    RolloutJob.reap()
+    job.refresh_from_db()
+    assert (job.status, job.attempt, job.losses) == (RolloutJob.LOST, 2, 1)
+    assert (
+        job.error == "worker r2:1 stopped sending heartbeats (2 workers lost in this job; LAB_MAX_JOB_LOSSES)"
+    )
+
+
+def test_a_failure_that_would_repeat_fails_the_job_at_once(job):
+    job.claim("r1:1", attempt=1)
+    assert job.fail("r1:1", 1, "memory: used 301 MiB > ceiling 300 MiB (LAB_RUN_MEMORY_MB)", final=True)
+    job.refresh_from_db()
+    assert (job.status, job.attempt) == (RolloutJob.FAILED, 1)
+
+
+def test_weights_that_cannot_be_loaded_say_why_and_fail_the_job_for_good(run, job):
+    from rlcore.weights import WeightStore
+    from workers import rollout
+    from workers.source import weight_store
+
+    store: WeightStore = weight_store(run)
+    published = store.publish(0, {"w": torch.ones(3)})
+    PolicyVersion.objects.create(
+        run=run, version=0, sha256=published.sha256, size_bytes=published.size_bytes, publish_s=0.0
+    )
+    assert rollout.load_into(run, job, rollout.Held(), lambda weights: None, "") == 0
+    store.path(0).write_bytes(b"x" + store.path(0).read_bytes()[1:])
+    with pytest.raises(rollout.CannotMake, match="weights of version 0 at .* do not match their sha256"):
+        rollout.load_into(run, job, rollout.Held(), lambda weights: None, "")
+    store.path(0).unlink()
+    with pytest.raises(
+        rollout.CannotMake, match="the weights of policy version 0 are missing from the run's buffer"
+    ):
+        rollout.load_into(run, job, rollout.Held(), lambda weights: None, "")
+    job.claim("r1:1", attempt=1)
+    made = rollout.make(job, "r1:1", lambda: rollout.load_into(run, job, rollout.Held(), lambda w: None, ""))
+    job.refresh_from_db()
+    assert made.endswith("failed") and (job.status, job.attempt) == (RolloutJob.FAILED, 1)
+    assert job.error.startswith("the weights of policy version 0 are missing from the run's buffer (runs/")
 
 
 def test_cancelling_a_run_cancels_its_unfinished_jobs(run, job):
