@@ -11,14 +11,14 @@ responses, errors included (`experiments.api_schemas`), so /api/openapi.json des
 
 from __future__ import annotations
 
-import csv
-import io
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
+from lab.middleware import DatabaseUnreachable, unavailable_response
 from ninja import Field, NinjaAPI, Query, Schema, Status
 from ninja.errors import HttpError, ValidationError
 from ninja.security import HttpBearer
@@ -31,19 +31,20 @@ from rlcore.config import RunConfig, StalenessConfig
 
 
 class TokenAuth(HttpBearer):
-    """A bearer token of an active user; past `LAB_TOKEN_FAILURE_LIMIT` unknown tokens from one
-    client address the API answers 429 to it, whatever the token (experiments.throttle)."""
+    """A bearer token of an active user. Past `LAB_TOKEN_FAILURE_LIMIT` unknown tokens from one
+    client address the API answers 429 to that address's unknown tokens (experiments.throttle);
+    a known token still gets through, so a guesser cannot lock a team out of the API."""
 
     def authenticate(self, request: HttpRequest, token: str):
+        user = ApiToken.user_for(token)
+        if user is not None:
+            request.user = user
+            return user
         counters = throttle.token_counters(request)
         if (seconds := throttle.retry_after(counters)) is not None:
             raise TooManyRequests(seconds)
-        user = ApiToken.user_for(token)
-        if user is None:
-            throttle.record_failure(counters)
-        else:
-            request.user = user
-        return user
+        throttle.record_failure(counters)
+        return None
 
 
 class TooManyRequests(Exception):
@@ -63,6 +64,22 @@ def too_many_requests(request: HttpRequest, exc: TooManyRequests) -> HttpRespons
     )
     response["Retry-After"] = str(exc.retry_after)
     return response
+
+
+@api.exception_handler(ObjectDoesNotExist)
+def gone(request: HttpRequest, exc: ObjectDoesNotExist) -> HttpResponse:
+    """An object deleted while the request worked on it (a retry racing a delete): as if it had
+    never been there."""
+    return api.create_response(request, {"detail": "Not Found"}, status=404)
+
+
+def database_unreachable(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """503 with Retry-After, never a 500, while the database cannot be reached."""
+    return unavailable_response(request, exc)
+
+
+for _unreachable in DatabaseUnreachable:
+    api.add_exception_handler(_unreachable, database_unreachable)
 
 
 @api.exception_handler(ValidationError)
@@ -231,6 +248,10 @@ class ProgressOut(Schema):
     eta_s: float | None = Field(description="seconds to the last step at that pace")
     warm_start: WarmStartOut | None = Field(description="the tiny model's warm start (first run only)")
     no_worker: str = Field(description="names a queue the run needs that no live worker listens on")
+    queue_position: int | None = Field(
+        description="while queued: its place among its team's queued runs of its queue (1: next); "
+        "teams take turns for workers"
+    )
 
 
 class RunDetailOut(RunOut):
@@ -421,18 +442,13 @@ def get_run(request: HttpRequest, run_id: int):
 def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"] = "json", name: NoNul = ""):
     """Every metric point of the run: JSON `{name: [[step, value], ...]}` or CSV `name,step,value,wall_time`."""
     run = _visible_run(request, run_id)
+    if format == "csv":
+        response = HttpResponse(run.metrics_csv(name), content_type="text/csv")
+        response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
+        return response
     points = MetricPoint.objects.filter(run=run).order_by("name", "step")
     if name:
         points = points.filter(name=name)
-    if format == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out)
-        writer.writerow(["name", "step", "value", "wall_time"])
-        for p in points.values_list("name", "step", "value", "wall_time"):
-            writer.writerow([p[0], p[1], "" if p[2] is None else repr(p[2]), p[3].isoformat()])
-        response = HttpResponse(out.getvalue(), content_type="text/csv")
-        response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
-        return response
     metrics: dict[str, list[list[float | None]]] = {}
     for metric, step, value in points.values_list("name", "step", "value"):
         metrics.setdefault(metric, []).append([step, value])
@@ -493,7 +509,7 @@ def compare_runs(request: HttpRequest, runs: str, params: Query[ComparisonParams
 def cancel_run(request: HttpRequest, run_id: int):
     """Cancel a queued run now, or a running one at its next step."""
     run = _visible_run(request, run_id)
-    if not run.cancel():
+    if not run.cancel():  # a run deleted meanwhile: Run.DoesNotExist, a 404 (lab.middleware)
         raise HttpError(409, f"run {run.pk} is {run.status}; only queued or running runs can be cancelled")
     return _run_detail_out(run)
 
@@ -505,6 +521,6 @@ def retry_run(request: HttpRequest, run_id: int):
     attempts left or its team already has LAB_TEAM_MAX_QUEUED queued runs."""
     run = _visible_run(request, run_id)
     refusal = run.retry_refusal()
-    if refusal or not run.retry():
+    if refusal or not run.retry():  # a run deleted meanwhile: Run.DoesNotExist, a 404 (lab.middleware)
         raise HttpError(409, refusal or run.retry_refusal())
     return _run_detail_out(run)

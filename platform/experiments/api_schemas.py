@@ -61,6 +61,19 @@ class LineOut(Schema):
     experiment: int
 
 
+INTERVAL_HELP = (
+    "what lo and hi are: 95% bootstrap CI (from 5 seeds on), min–max (2 to 4 seeds), or null (one seed)"
+)
+
+
+class IntervalOut(Schema):
+    lo: float | None = Field(description="lower end of the interval (see interval)")
+    hi: float | None
+    interval: str | None = Field(description=INTERVAL_HELP)
+    ci_lo: float | None = Field(description="lo when the interval is a 95% bootstrap CI, else null")
+    ci_hi: float | None
+
+
 class CellOut(LineOut):
     staleness: str
     n_runs: int
@@ -74,15 +87,17 @@ class GroupOut(CellOut):
     lo: Numbers | None = Field(description="lower edge of the band; null for band=none")
     hi: Numbers | None
     n: list[int] = Field(description="seeds behind each point")
+    band: str = Field(
+        description="the band drawn: the one asked for, except ci below 5 seeds, drawn as minmax"
+    )
     points: int = Field(description="points on the common grid before downsampling")
     downsampled: bool
 
 
-class FinalValueOut(CellOut):
+class FinalValueOut(CellOut, IntervalOut):
     n_seeds: int
+    n_active: int = Field(description="runs of the cell still queued or running (their value is partial)")
     value: float | None = Field(description="mean over seeds of each run's final value (`rule`)")
-    ci_lo: float | None = Field(description="95% bootstrap CI over seeds")
-    ci_hi: float | None
     std: float | None
     n_collapsed: int = Field(description="runs of the cell whose policy collapsed (experiments.collapse)")
 
@@ -90,9 +105,15 @@ class FinalValueOut(CellOut):
 class ThroughputOut(CellOut):
     n_seeds: int = Field(description="runs with logged step times")
     steps_per_hour: float | None
+    steps_per_hour_lo: float | None
+    steps_per_hour_hi: float | None
+    steps_per_hour_interval: str | None = Field(description=INTERVAL_HELP)
     steps_per_hour_ci_lo: float | None
     steps_per_hour_ci_hi: float | None
     tokens_per_s: float | None
+    tokens_per_s_lo: float | None
+    tokens_per_s_hi: float | None
+    tokens_per_s_interval: str | None
     tokens_per_s_ci_lo: float | None
     tokens_per_s_ci_hi: float | None
 
@@ -113,12 +134,12 @@ class ComparedRunOut(LineOut):
     tokens_per_s: float | None
 
 
-class DropOut(LineOut):
+class DropOut(LineOut, IntervalOut):
     staleness: str
     n_seeds: int = Field(description="seed pairs")
-    value: float | None = Field(description="final value minus the line's on-policy one, paired by seed")
-    ci_lo: float | None
-    ci_hi: float | None
+    value: float | None = Field(
+        description="final value minus the line's on-policy one, paired by seed, rounded to `digits` decimals"
+    )
     std: float | None
 
 
@@ -126,19 +147,21 @@ class RobustnessOut(LineOut):
     settings: list[str]
     mean_drop: float | None
     worst_drop: float | None
-    tolerance: str | None = Field(description="the stalest setting whose drop's CI stays within δ below 0")
+    tolerance: str | None = Field(
+        description="the stalest setting whose drop's interval stays within δ below 0"
+    )
     rank: int | None = Field(description="by mean drop within its experiment; null if not ranked")
+    n_seeds: int = Field(description="the fewest seed pairs its drops rest on")
+    interval: str | None = Field(description="the kind of interval of that drop: " + INTERVAL_HELP)
 
 
-class TieOut(Schema):
+class TieOut(IntervalOut):
     experiment: int
     staleness: str
     a: str
     b: str
     n_seeds: int
     value: float | None = Field(description="b − a, paired by seed")
-    ci_lo: float | None
-    ci_hi: float | None
     std: float | None
     seeds_needed: int | None = Field(description="seeds per preset that would tell them apart")
 
@@ -148,7 +171,11 @@ class FindingOut(Schema):
     claim: str
     verdict: str = Field(description="support, contradict, cannot tell yet or missing cells")
     text: str
+    reasons: list[str] = Field(description="per setting and preset, the condition that decided the verdict")
     missing: list[str]
+    provisional: bool = Field(description="some runs of the claim's cells are still queued or running")
+    runs_active: int
+    runs: int = Field(description="runs of the claim's cells")
 
 
 class ExperimentRefOut(Schema):
@@ -166,6 +193,8 @@ class ComparisonOut(Schema):
     rule: str
     k: int
     delta: float
+    digits: int = Field(description="decimals changes are shown and compared with δ at")
+    min_ci_seeds: int = Field(description="seeds from which an interval is a bootstrap CI (below: min–max)")
     active: bool
     experiments: list[ExperimentRefOut]
     presets: list[str]

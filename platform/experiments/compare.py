@@ -49,11 +49,13 @@ STEP_TIME_METRIC = "time/step_s"
 TOKEN_RATE_METRIC = "tokens_per_s"
 THROUGHPUT_COLUMNS = (
     "steps_per_hour",
-    "steps_per_hour_ci_lo",
-    "steps_per_hour_ci_hi",
+    "steps_per_hour_lo",
+    "steps_per_hour_hi",
+    "steps_per_hour_interval",
     "tokens_per_s",
-    "tokens_per_s_ci_lo",
-    "tokens_per_s_ci_hi",
+    "tokens_per_s_lo",
+    "tokens_per_s_hi",
+    "tokens_per_s_interval",
 )
 MAX_K = 100_000
 MAX_DELTA = 1e6
@@ -306,9 +308,22 @@ def _tokens_per_s(run: Run) -> float:
     return math.nan if run.mean_tokens_per_s is None else run.mean_tokens_per_s
 
 
+def _interval_fields(result: curves.Summary | curves.Difference, prefix: str = "") -> dict[str, Any]:
+    """`lo`, `hi` and `interval` (its kind: 95% bootstrap CI, min–max, or None for one seed), and
+    `ci_lo`, `ci_hi`: the same bounds when they are a CI, else None."""
+    ci = result.interval == curves.CI
+    return {
+        f"{prefix}lo": _scalar(result.lo),
+        f"{prefix}hi": _scalar(result.hi),
+        f"{prefix}interval": result.interval,
+        f"{prefix}ci_lo": _scalar(result.lo) if ci else None,
+        f"{prefix}ci_hi": _scalar(result.hi) if ci else None,
+    }
+
+
 def _throughput(runs: list[Run]) -> dict[str, Any]:
     """Steps per hour and tokens per second of a group's runs, each summarised across seeds like the
-    final values: the mean with a 95% bootstrap CI; `n_seeds` counts the runs with step times."""
+    final values: the mean with its interval; `n_seeds` counts the runs with step times."""
     per_run = {
         "steps_per_hour": [_steps_per_hour(run) for run in runs],
         "tokens_per_s": [_tokens_per_s(run) for run in runs],
@@ -316,11 +331,7 @@ def _throughput(runs: list[Run]) -> dict[str, Any]:
     row: dict[str, Any] = {"n_seeds": sum(math.isfinite(v) for v in per_run["steps_per_hour"])}
     for name, values in per_run.items():
         result = curves.summarise(values)
-        row |= {
-            name: _scalar(result.mean),
-            f"{name}_ci_lo": _scalar(result.ci_lo),
-            f"{name}_ci_hi": _scalar(result.ci_hi),
-        }
+        row |= {name: _scalar(result.mean), **_interval_fields(result, f"{name}_")}
     return row
 
 
@@ -433,7 +444,9 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 run.pk: _series(run, query, points[run.pk], lengths) for run in group_runs if run.pk in points
             }
             series = {pk: s for pk, s in series.items() if len(s)}
-            full = curves.aggregate(list(series.values()), query.band)
+            # A bootstrap band over fewer than MIN_CI_SEEDS seeds is no CI: their min–max, said so.
+            band = "minmax" if query.band == "ci" and len(series) < curves.MIN_CI_SEEDS else query.band
+            full = curves.aggregate(list(series.values()), band)
             shown = curves.downsample(full)
             groups.append(
                 {
@@ -444,6 +457,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                     "lo": None if shown.lo is None else json_numbers(shown.lo),
                     "hi": None if shown.hi is None else json_numbers(shown.hi),
                     "n": shown.n.tolist(),
+                    "band": band,
                     "points": len(full.x),
                     "downsampled": len(shown.x) < len(full.x),
                 }
@@ -457,9 +471,9 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 {
                     **key,
                     "n_seeds": result.n_seeds,
+                    "n_active": sum(run.is_active for run in group_runs),
                     "value": _scalar(result.mean),
-                    "ci_lo": _scalar(result.ci_lo),
-                    "ci_hi": _scalar(result.ci_hi),
+                    **_interval_fields(result),
                     "std": _scalar(result.std),
                     "n_collapsed": sum(bool(run.collapsed) for run in group_runs),
                 }
@@ -482,6 +496,10 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 for run in group_runs
             ]
     mean_lags = {label: staleness_rank(first_of[label].config) for label in staleness}
+    cell_runs = {
+        cell: (sum(run.is_active for run in members_of), len(members_of))
+        for cell, members_of in members.items()
+    }
     return {
         "warnings": provenance_warnings(runs),
         "metric": query.metric,
@@ -500,18 +518,14 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         "summary": summary,
         "throughput": throughput,
         "runs": run_rows,
-        **staleness_answer(finals_by_cell, lines, staleness, mean_lags, query.delta),
+        "digits": curves.decision_digits(query.delta),
+        "min_ci_seeds": curves.MIN_CI_SEEDS,
+        **staleness_answer(finals_by_cell, lines, staleness, mean_lags, query.delta, cell_runs),
     }
 
 
 def _difference_row(d: curves.Difference) -> dict[str, Any]:
-    return {
-        "n_seeds": d.n_pairs,
-        "value": _scalar(d.mean),
-        "ci_lo": _scalar(d.ci_lo),
-        "ci_hi": _scalar(d.ci_hi),
-        "std": _scalar(d.std),
-    }
+    return {"n_seeds": d.n_pairs, "value": _scalar(d.mean), **_interval_fields(d), "std": _scalar(d.std)}
 
 
 def staleness_answer(
@@ -520,17 +534,27 @@ def staleness_answer(
     staleness: list[str],
     mean_lags: dict[str, float],
     delta: float,
+    cell_runs: dict[tuple[int, str, str], tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
     """How much each line loses to staleness, and what the data say about the paper's claims.
 
     `drops`: per line and staleness setting, the final value minus the same line's on-policy final
-    value, paired by seed. `robustness`: per line, the mean and the worst drop over its staleness
-    settings, its tolerance (the stalest setting up to which every drop's CI stays within δ below
-    0), and its rank within its experiment by mean drop (lines missing a setting the experiment
-    tested are not ranked). `ties`: pairs of presets at one setting whose paired difference's CI
-    contains 0, with the seeds per preset that would tell them apart. `findings`: per experiment,
-    `findings.findings`.
+    value, paired by seed, rounded as shown (`curves.decision_digits`: what every decision below
+    compares with δ). `robustness`: per line, the mean and the worst drop over its staleness
+    settings, its tolerance (the stalest setting up to which every drop's interval stays within δ
+    below 0), its rank within its experiment by mean drop (lines missing a setting the experiment
+    tested are not ranked), and `n_seeds` / `interval`: the fewest seed pairs those rest on and
+    whether every one had a CI. `ties`: pairs of presets at one setting whose paired difference's
+    interval contains 0, with the seeds per preset that would tell them apart. `findings`: per
+    experiment, `findings.findings`; `cell_runs` (active, all runs per cell) makes them
+    provisional while cells still run.
     """
+    digits = curves.decision_digits(delta)
+    cell_runs = cell_runs or {}
+
+    def change(a, b) -> curves.Difference:
+        return curves.paired_difference(a, b).rounded(digits)
+
     drops, robustness, ties, found = [], [], [], []
     for line in lines:
         cells = {
@@ -541,17 +565,20 @@ def staleness_answer(
         if findings.ON_POLICY not in cells:
             continue
         tested = [findings.ON_POLICY] + [s for s in staleness if s in cells and s != findings.ON_POLICY]
-        changes = {s: curves.paired_difference(cells[s], cells[findings.ON_POLICY]) for s in tested[1:]}
+        changes = {s: change(cells[s], cells[findings.ON_POLICY]) for s in tested[1:]}
         drops += [{**line, "staleness": s, **_difference_row(d)} for s, d in changes.items()]
         means = [d.mean for d in changes.values() if math.isfinite(d.mean)]
+        pairs = [d.n_pairs for d in changes.values()]
         robustness.append(
             {
                 **line,
                 "settings": list(changes),
-                "mean_drop": _scalar(float(np.mean(means))) if means else None,
+                "mean_drop": _scalar(round(float(np.mean(means)), digits)) if means else None,
                 "worst_drop": _scalar(min(means)) if means else None,
                 "tolerance": curves.tolerance(tested, changes, delta),
                 "rank": None,
+                "n_seeds": min(pairs) if pairs else 0,
+                "interval": curves.interval_kind(min(pairs)) if pairs else None,
             }
         )
     for experiment in dict.fromkeys(line["experiment"] for line in lines):
@@ -566,9 +593,7 @@ def staleness_answer(
                 for b in presets[i + 1 :]:
                     if (experiment, a, setting) not in finals or (experiment, b, setting) not in finals:
                         continue
-                    d = curves.paired_difference(
-                        finals[(experiment, b, setting)], finals[(experiment, a, setting)]
-                    )
+                    d = change(finals[(experiment, b, setting)], finals[(experiment, a, setting)])
                     if d.n_pairs and d.contains_zero():
                         ties.append(
                             {
@@ -581,8 +606,10 @@ def staleness_answer(
                             }
                         )
         cells = {(p, s): v for (e, p, s), v in finals.items() if e == experiment}
-        tested = [s for s in staleness if any(key[1] == s for key in cells)]
-        found += [{"experiment": experiment, **f} for f in findings.findings(cells, tested, mean_lags, delta)]
+        runs = {(p, s): counts for (e, p, s), counts in cell_runs.items() if e == experiment}
+        tested = [s for s in staleness if any(key[1] == s for key in cells | runs)]
+        evidence = findings.Evidence(cells, delta, digits, runs)
+        found += [{"experiment": experiment, **f} for f in findings.findings(evidence, tested, mean_lags)]
     return {"drops": drops, "robustness": robustness, "ties": ties, "findings": found}
 
 
@@ -612,15 +639,17 @@ def curves_csv(payload: dict[str, Any]) -> str:
 
 
 def summary_csv(payload: dict[str, Any]) -> str:
-    """The summary table as CSV: one row per (preset, staleness), the final value, how many of
-    its runs collapsed, and then the group's throughput (`throughput_n_seeds`: the runs with
-    logged step times)."""
+    """The summary table as CSV: one row per (preset, staleness), the final value with its interval
+    (`interval` says what `lo`, `hi` are: a 95% bootstrap CI, also in `ci_lo`/`ci_hi`, from
+    `curves.MIN_CI_SEEDS` seeds, else the min–max), how many of its runs collapsed, and then the
+    group's throughput (`throughput_n_seeds`: the runs with logged step times)."""
     out = io.StringIO()
     writer = csv.writer(out)
     several = len(payload["experiments"]) > 1
     columns = [
         *(["experiment"] if several else []),
-        *("preset", "staleness", "n_runs", "n_seeds", "value", "ci_lo", "ci_hi", "std", "n_collapsed"),
+        *("preset", "staleness", "n_runs", "n_seeds", "value", "lo", "hi", "interval", "ci_lo", "ci_hi"),
+        *("std", "n_collapsed"),
     ]
     writer.writerow([*columns, *THROUGHPUT_COLUMNS, "throughput_n_seeds"])
     for row, speed in zip(payload["summary"], payload["throughput"], strict=True):

@@ -13,6 +13,12 @@ computed per run on its raw series and summarised across seeds with the same CI.
 final values are compared paired by seed (same seed: same prompts), with a bootstrap CI over seed
 pairs; from such differences come a preset's staleness tolerance (the stalest setting whose drop
 from on-policy stays within δ) and the seeds a comparison would need to tell two presets apart.
+
+A percentile bootstrap over fewer than `MIN_CI_SEEDS` values is little more than their range (over
+two it is exactly the two values), so below that no CI is given: the interval is the seeds' min–max,
+labelled as such, and every decision made from it says how many seeds it rests on. Decisions
+compare numbers at the precision they are shown at (`decision_digits`): held-out accuracies move
+in steps of 1/eval_size, so a change of exactly δ is common, and 0.535 − 0.555 must count as −0.02.
 """
 
 from __future__ import annotations
@@ -31,6 +37,26 @@ MAX_GRID = 4000
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 CI_LEVEL = 0.95
+MIN_CI_SEEDS = 5  # fewer seeds get their min–max, not a bootstrap CI
+CI, MINMAX = "95% bootstrap CI", "min–max"
+SHOWN_DIGITS = 3  # decimals of the changes the pages show (more when δ needs them)
+
+
+def interval_kind(n: int) -> str | None:
+    """What the interval over `n` seeds is: a bootstrap CI from `MIN_CI_SEEDS` on, the min–max
+    below that, none for one seed."""
+    if n >= MIN_CI_SEEDS:
+        return CI
+    return MINMAX if n >= 2 else None
+
+
+def decision_digits(delta: float) -> int:
+    """Decimals at which changes are shown and compared with δ: `SHOWN_DIGITS`, or as many as δ
+    itself has (δ = 0.0025 needs 4), at most 10."""
+    for digits in range(SHOWN_DIGITS, 10):
+        if round(delta, digits) == delta:
+            return digits
+    return 10
 
 
 @dataclass(frozen=True)
@@ -233,24 +259,40 @@ def final_value(series: Series, rule: str, k: int = 10) -> float:
 
 @dataclass(frozen=True)
 class Summary:
-    """A group's final value across seeds: mean, 95% bootstrap CI, std and the per-seed values."""
+    """A group's final value across seeds: mean, an interval (`interval`: a 95% bootstrap CI, the
+    min–max below `MIN_CI_SEEDS` seeds, None for one), std and the per-seed values."""
 
     mean: float
-    ci_lo: float
-    ci_hi: float
+    lo: float
+    hi: float
     std: float
     n_seeds: int
     values: list[float]
 
+    @property
+    def interval(self) -> str | None:
+        return interval_kind(self.n_seeds)
+
+
+def _interval(values: np.ndarray, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """(lo, hi) of `values` as `interval_kind` says: bootstrap CI, min–max, or NaN."""
+    kind = interval_kind(len(values))
+    if kind == CI:
+        lo, hi = bootstrap_ci(values[:, None], seed)
+        return float(lo[0]), float(hi[0])
+    if kind == MINMAX:
+        return float(values.min()), float(values.max())
+    return float("nan"), float("nan")
+
 
 def summarise(values: Sequence[float]) -> Summary:
-    """Mean and bootstrap CI of per-seed final values (NaN values, runs with no points, are left out)."""
+    """Mean and interval of per-seed final values (NaN values, runs with no points, are left out)."""
     finite = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
     if len(finite) == 0:
         return Summary(float("nan"), float("nan"), float("nan"), float("nan"), 0, [])
-    lo, hi = bootstrap_ci(finite[:, None])
+    lo, hi = _interval(finite)
     std = float(finite.std(ddof=1)) if len(finite) > 1 else 0.0
-    return Summary(float(finite.mean()), float(lo[0]), float(hi[0]), std, len(finite), finite.tolist())
+    return Summary(float(finite.mean()), lo, hi, std, len(finite), finite.tolist())
 
 
 # Two-sided α = 0.05 and power 0.8 for the seeds-needed figure: z_{0.975} and z_{0.8}.
@@ -260,13 +302,14 @@ Z_80 = 0.8416212335729143
 
 @dataclass(frozen=True)
 class Difference:
-    """`a − b` paired by seed: the mean of the per-seed differences, its 95% bootstrap CI over seed
-    pairs (NaN with fewer than 2 pairs: one pair says nothing about the spread), the sample std of
-    the differences (NaN below 2 pairs) and the seeds paired."""
+    """`a − b` paired by seed: the mean of the per-seed differences, its interval over seed pairs
+    (a 95% bootstrap CI from `MIN_CI_SEEDS` pairs, their min–max below, NaN with one pair: one pair
+    says nothing about the spread), the sample std of the differences (NaN below 2 pairs) and the
+    seeds paired."""
 
     mean: float
-    ci_lo: float
-    ci_hi: float
+    lo: float
+    hi: float
     std: float
     seeds: list[int]
 
@@ -275,48 +318,62 @@ class Difference:
         return len(self.seeds)
 
     @property
-    def has_ci(self) -> bool:
-        return self.n_pairs >= 2
+    def interval(self) -> str | None:
+        return interval_kind(self.n_pairs)
+
+    @property
+    def has_interval(self) -> bool:
+        return self.interval is not None
 
     def contains_zero(self) -> bool:
-        """Whether the CI cannot tell the difference from 0 (true without a CI)."""
-        return not self.has_ci or self.ci_lo <= 0 <= self.ci_hi
+        """Whether the interval cannot tell the difference from 0 (true without one)."""
+        return not self.has_interval or self.lo <= 0 <= self.hi
+
+    def rounded(self, digits: int) -> Difference:
+        """The difference as shown, to `digits` decimals: what every decision compares."""
+        return Difference(
+            float(round(self.mean, digits)),
+            float(round(self.lo, digits)),
+            float(round(self.hi, digits)),
+            self.std,
+            self.seeds,
+        )
 
 
 def paired_difference(
     a: Mapping[int, float], b: Mapping[int, float], seed: int = BOOTSTRAP_SEED
 ) -> Difference:
     """`a[s] − b[s]` over the seeds `s` both have finite values for (same seed: same prompts at
-    every step), with a percentile bootstrap CI that resamples seed pairs with a fixed RNG seed."""
+    every step), with its interval (a percentile bootstrap CI that resamples seed pairs with a fixed
+    RNG seed, from `MIN_CI_SEEDS` pairs; their min–max below)."""
     seeds = sorted(s for s in a.keys() & b.keys() if np.isfinite(a[s]) and np.isfinite(b[s]))
     if not seeds:
         return Difference(float("nan"), float("nan"), float("nan"), float("nan"), [])
     d = np.array([a[s] - b[s] for s in seeds], dtype=float)
-    if len(d) < 2:
-        return Difference(float(d[0]), float("nan"), float("nan"), float("nan"), seeds)
-    lo, hi = bootstrap_ci(d[:, None], seed)
-    return Difference(float(d.mean()), float(lo[0]), float(hi[0]), float(d.std(ddof=1)), seeds)
+    lo, hi = _interval(d, seed)
+    std = float(d.std(ddof=1)) if len(d) > 1 else float("nan")
+    return Difference(float(d.mean()), lo, hi, std, seeds)
 
 
 def seeds_needed(difference: Difference) -> int | None:
     """Seeds per preset for a paired difference like the observed one to be told from 0 (two-sided
     α = 0.05, power 0.8): ⌈((z_{0.975} + z_{0.8}) · σ_d / Δ)²⌉, at least 2; None ("cannot tell with
     these data") when the observed mean difference Δ is 0 or σ_d is unknown (fewer than 2 pairs)."""
-    if not difference.has_ci or not np.isfinite(difference.std) or difference.mean == 0:
+    if not difference.has_interval or not np.isfinite(difference.std) or difference.mean == 0:
         return None
     n = ((Z_975 + Z_80) * difference.std / abs(difference.mean)) ** 2
     return max(2, int(np.ceil(n - 1e-9)))
 
 
 def holds_within(difference: Difference | None, delta: float) -> bool:
-    """Whether the change's CI lies no more than `delta` below 0 (a change up is no loss)."""
-    return difference is not None and difference.has_ci and difference.ci_lo >= -delta
+    """Whether the change's interval lies no more than `delta` below 0 (a change up is no loss)."""
+    return difference is not None and difference.has_interval and difference.lo >= -delta
 
 
 def tolerance(settings: Sequence[str], drops: Mapping[str, Difference], delta: float) -> str | None:
     """The stalest of `settings` (ordered from on-policy to the stalest, on-policy first, its own
-    reference) up to which every drop's CI stays within `delta` below 0: a preset tolerates a
-    setting only if it also tolerates every less stale one. None when `settings` is empty."""
+    reference) up to which every drop's interval stays within `delta` below 0: a preset tolerates
+    a setting only if it also tolerates every less stale one. None when `settings` is empty."""
     tolerated = settings[0] if settings else None
     for setting in settings[1:]:
         if not holds_within(drops.get(setting), delta):

@@ -31,6 +31,7 @@ AXIS_ERROR_FIELDS = {
     "staleness.sync_interval": "sync_intervals",
     "staleness.sync_offset": "sync_offsets",
     "staleness.offline": "offline",
+    "execution": "execution.mode",
 }
 
 
@@ -102,9 +103,40 @@ def _leaves(
     return out
 
 
+class _TypedNumber:
+    """A number field typed into a text box: the browser submits exactly what was typed (a number
+    box drops letters and submits a blank, which meant the default), and a value that is not a
+    number is refused, naming what was typed and the default."""
+
+    what = "a number"
+
+    def __init__(self, *, default=None, **kwargs):
+        self.default = default
+        super().__init__(**kwargs)
+
+    def to_python(self, value):
+        try:
+            return super().to_python(value)
+        except forms.ValidationError as exc:
+            if exc.code != "invalid":
+                raise
+            blank = "the preset's value" if self.default is None else f"the default, {self.default}"
+            raise forms.ValidationError(
+                f"“{str(value)[:50]}” is not {self.what}; leave it blank for {blank}", code="invalid"
+            ) from None
+
+
+class TypedIntegerField(_TypedNumber, forms.IntegerField):
+    what = "a whole number"
+
+
+class TypedFloatField(_TypedNumber, forms.FloatField):
+    what = "a number"
+
+
 _FIELD_CLASSES = {
-    "integer": forms.IntegerField,
-    "number": forms.FloatField,
+    "integer": TypedIntegerField,
+    "number": TypedFloatField,
     "string": forms.CharField,
     "boolean": forms.BooleanField,
 }
@@ -113,7 +145,8 @@ _FIELD_CLASSES = {
 def _form_field(param: ParamField) -> forms.Field | None:
     """A blank-allowed form field for one scalar leaf (None for lists and mappings), labelled
     with the schema's title and helped by its description. A leaf without a default (an
-    algorithm knob) offers blank as "the preset's value"."""
+    algorithm knob) offers blank as "the preset's value"; the placeholder of a blank box says
+    what blank means ("default 150"), so it never reads as a value typed in."""
     options = [n for n in param.node.get("anyOf", [param.node]) if n.get("type") != "null"]
     if len(options) != 1:
         return None
@@ -135,10 +168,19 @@ def _form_field(param: ParamField) -> forms.Field | None:
             choices = [("", "the preset's value"), ("true", "yes"), ("false", "no")]
             return forms.NullBooleanField(widget=forms.Select(choices=choices), **common)
         return field_class(initial=param.node.get("default"), **common)
-    # A blank box means "RunConfig's default", which the placeholder shows.
     default = param.node.get("default")
-    placeholder = "" if default is None else str(default).replace("\n", "\\n")
-    return field_class(widget=field_class.widget(attrs={"placeholder": placeholder}), **common)
+    shown = "" if default is None else str(default).replace("\n", "\\n")
+    if field_class is forms.CharField:
+        placeholder = f"default {shown}" if shown else ""
+        return field_class(widget=forms.TextInput(attrs={"placeholder": placeholder}), **common)
+    placeholder = f"default {shown}" if default is not None else "the preset's value"
+    attrs = {
+        "placeholder": placeholder,
+        "inputmode": "numeric" if field_class is TypedIntegerField else "decimal",
+        "data-number": "integer" if field_class is TypedIntegerField else "float",
+        "data-default": shown,
+    }
+    return field_class(default=default, widget=forms.TextInput(attrs=attrs), **common)
 
 
 @functools.cache
@@ -179,6 +221,47 @@ TEMPLATES = {
         "steps": 150,
     },
 }
+
+
+def initial_from_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The form's initial values for a stored sweep (`Experiment.spec`, a saved template): what
+    "Clone this experiment" and a team's templates fill the form with; and the parts of the sweep
+    the form cannot show (a setting combining sync_interval and sync_offset, a config field that
+    is no scalar run parameter), each as a warning to submit that part through the API."""
+    initial: dict[str, Any] = {"presets": list(spec.get("presets", [])), "on_policy": False}
+    warnings: list[str] = []
+    intervals, offsets = [], []
+    for setting in spec.get("staleness", []):
+        keys = set(setting)
+        if not keys:
+            initial["on_policy"] = True
+        elif keys == {"sync_interval"}:
+            intervals.append(setting["sync_interval"])
+        elif keys == {"sync_offset"}:
+            offsets.append(setting["sync_offset"])
+        elif keys == {"offline"} and setting["offline"]:
+            initial["offline"] = True
+        else:
+            warnings.append(
+                f"the staleness setting {setting} combines fields the form sets apart; submit it through the API"
+            )
+    initial["sync_intervals"] = ", ".join(map(str, intervals))
+    initial["sync_offsets"] = ", ".join(map(str, offsets))
+    initial["seeds"] = ", ".join(map(str, spec.get("seeds", [])))
+    known = {param.path for param, _ in run_parameter_fields()}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict) and path not in known:
+                walk(value, path + ".")
+            elif path in known:
+                initial[path] = value
+            else:
+                warnings.append(f"the config field {path} is not on the form; submit it through the API")
+
+    walk(spec.get("config", {}), "")
+    return initial, warnings
 
 
 class SweepForm(forms.Form):
@@ -249,6 +332,19 @@ class SweepForm(forms.Form):
             out.extend((anchor, str(bound.label), message) for message in bound.errors)
         return out
 
+    def summary_line(self) -> str:
+        """What the checked sweep will queue, with the values that take effect, e.g. "This sweep
+        makes 18 runs × 150 steps (default), lr 3e-05 (default)." """
+        if self.sweep is None:
+            return ""
+        config = self.sweep.configs[0]
+        base = self.sweep.base
+        steps = f"{config.steps} steps{'' if 'steps' in base else ' (default)'}"
+        typed_lr = "lr" in base.get("optimizer", {})
+        lr = f"lr {config.optimizer.lr:g}{'' if typed_lr else ' (default)'}"
+        size = self.sweep.size
+        return f"This sweep makes {size} run{'s' if size != 1 else ''} × {steps}, {lr}."
+
     def clean_sync_intervals(self) -> list[int]:
         return _int_list(self.cleaned_data["sync_intervals"], "sync intervals")
 
@@ -318,6 +414,17 @@ class TeamForm(forms.ModelForm):
     class Meta:
         model = Team
         fields = ["name"]
+
+
+# A CharField refuses NUL characters by itself (Django's ProhibitNullCharactersValidator).
+class TemplateForm(forms.Form):
+    name = forms.CharField(max_length=200, label="Template name", strip=True)
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(
+        max_length=100, label="Name", help_text="what the token is for, e.g. laptop or CI", strip=True
+    )
 
 
 class InviteForm(forms.Form):

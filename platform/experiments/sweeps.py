@@ -15,13 +15,13 @@ import copy
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from django.conf import settings
 from django.db import transaction
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
-from experiments.models import Experiment, Run, Team, queued_cap_refusal, validation_context
+from experiments.models import Experiment, Membership, Run, Team, queued_cap_refusal, validation_context
 from rlcore import presets as rl_presets
 from rlcore.config import RunConfig, StalenessConfig, error_list
 
@@ -122,10 +122,22 @@ def _staleness_field(setting: dict[str, Any]) -> str:
     return "staleness"
 
 
+def _valid_steps(steps: Any) -> int | None:
+    """`steps` if it keeps the field's own rule (a whole number within RunConfig's bounds), else None:
+    a rule that combines fields is checked only on fields that are valid on their own."""
+    field = RunConfig.model_fields["steps"]
+    try:
+        return TypeAdapter(Annotated[int, *field.metadata]).validate_python(steps)
+    except ValidationError:
+        return None
+
+
 def _staleness_errors(staleness: list[dict[str, Any]], steps: Any) -> list[tuple[str, str]]:
     """Settings that repeat another one, or that never leave θ₀ within `steps` (offline in disguise).
 
-    Settings RunConfig rejects are left to it."""
+    Settings RunConfig rejects are left to it, and so is the rule about `steps` while `steps` itself
+    is not valid (RunConfig names its own error)."""
+    steps = _valid_steps(steps)
     errors = []
     seen: dict[StalenessConfig, dict[str, Any]] = {}
     for setting in staleness:
@@ -141,7 +153,7 @@ def _staleness_errors(staleness: list[dict[str, Any]], steps: Any) -> list[tuple
             continue
         seen[resolved] = setting
         k, d = resolved.sync_interval, resolved.sync_offset
-        if not resolved.offline and isinstance(steps, int) and (k, d) != (1, 0) and k + d >= steps:
+        if not resolved.offline and steps is not None and (k, d) != (1, 0) and k + d >= steps:
             what = f"sync_offset {d}" if d else f"sync_interval {k}"
             errors.append(
                 (
@@ -239,10 +251,14 @@ def expand(
 def create_experiment(team: Team, owner, name: str, description: str, sweep: Sweep) -> Experiment:
     """Store the experiment and one queued run per cell; enqueue them after commit.
 
-    Raises `SweepError` (field `team`) when the team would have more than `LAB_TEAM_MAX_QUEUED`
-    queued runs; the team's row stays locked meanwhile, so two submissions cannot both pass."""
+    Raises `SweepError` (field `team`) when the owner is no longer a member of the team, or the
+    team would have more than `LAB_TEAM_MAX_QUEUED` queued runs; both are checked with the team's
+    row locked until commit, so two submissions cannot both pass the cap, and a member removed
+    meanwhile (the removal takes the same lock) queues nothing."""
     with transaction.atomic():
         Team.objects.select_for_update().filter(pk=team.pk).first()
+        if not Membership.objects.filter(team=team, user=owner).exists():
+            raise SweepError([("team", f"you are not a member of team {team} (any more)")])
         if refusal := queued_cap_refusal(team, len(sweep.configs)):
             raise SweepError([("team", refusal)])
         experiment = Experiment.objects.create(

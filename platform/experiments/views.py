@@ -10,8 +10,10 @@ something is still queued or running.
 from __future__ import annotations
 
 import itertools
+import os
 import platform
 import re
+import typing
 
 import numpy as np
 from django.contrib import messages
@@ -19,17 +21,27 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.paginator import Paginator
-from django.db import transaction
-from django.db.models import Case, Count, F, Q, Value, When, Window
+from django.db import connection, transaction
+from django.db.models import Case, Count, F, Max, Min, Q, Value, When, Window
 from django.db.models.functions import RowNumber
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.views.decorators.http import require_POST
+from lab.middleware import RETRY_AFTER_S, DatabaseUnreachable
 
 from experiments import collapse, compare, curves, dispatch, sweeps
-from experiments.forms import TEMPLATES, InviteForm, LoginForm, SweepForm, TeamForm
+from experiments.forms import (
+    TEMPLATES,
+    InviteForm,
+    LoginForm,
+    SweepForm,
+    TeamForm,
+    TemplateForm,
+    TokenForm,
+    initial_from_spec,
+)
 from experiments.models import (
     ApiToken,
     Completion,
@@ -39,10 +51,14 @@ from experiments.models import (
     Membership,
     MetricPoint,
     Run,
+    SweepTemplate,
     Team,
+    TooManyTokens,
 )
+from rlcore.config import ExecutionConfig
 
 UNDISPATCHED = dispatch.NOT_SENT[:1].upper() + dispatch.NOT_SENT[1:] + "."
+EXECUTION_MODES = typing.get_args(ExecutionConfig.model_fields["mode"].annotation)
 RECENT_STEPS = 10
 RECENT_COMPLETIONS = 20
 # The run page's side-by-side table: this many of the run's latest prompts, this many other runs each.
@@ -54,8 +70,25 @@ RUNS_PER_PAGE = 100
 
 
 def health(request: HttpRequest) -> JsonResponse:
-    """Liveness for load balancers and tests; also shows the stdlib `platform` module works here."""
-    return JsonResponse({"status": "ok", "system": platform.system(), "python": platform.python_version()})
+    """Readiness for load balancers, `manage.py up` and tests: 200 while this web process can
+    reach the database, else 503 with Retry-After. `worker` tells the web server's processes
+    apart (`up` waits for each); `system` shows the stdlib `platform` module works here."""
+    body = {
+        "status": "ok",
+        "database": "ok",
+        "worker": os.getpid(),
+        "system": platform.system(),
+        "python": platform.python_version(),
+    }
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DatabaseUnreachable as exc:
+        body |= {"status": "unavailable", "database": f"unreachable ({type(exc).__name__})"}
+        response = JsonResponse(body, status=503)
+        response["Retry-After"] = str(RETRY_AFTER_S)
+        return response
+    return JsonResponse(body)
 
 
 class LoginView(auth_views.LoginView):
@@ -111,6 +144,8 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
             n_runs=Count("runs"),
             n_active=Count("runs", filter=Q(runs__status__in=Run.ACTIVE)),
             n_succeeded=Count("runs", filter=Q(runs__status=Run.SUCCEEDED)),
+            first_started=Min("runs__started"),
+            last_finished=Max("runs__finished"),
         )
         .order_by("-created", "-id")  # Meta.ordering does not apply to a query with GROUP BY
     )
@@ -132,10 +167,40 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _starting_point(request: HttpRequest) -> tuple[dict, list[str], str]:
+    """The form's initial values from `?template=` (built in), `?saved=` (a team's template) or
+    `?clone=` (an experiment of the user's teams); what of it the form cannot show; where it came
+    from ("" for a blank form). Another team's template or experiment is a 404."""
+    if name := request.GET.get("template"):
+        return dict(TEMPLATES.get(name, {})), [], f"the template {name}" if name in TEMPLATES else ""
+    if (saved := request.GET.get("saved", "")).isdigit():
+        template = get_object_or_404(SweepTemplate.objects.filter(team__members=request.user), pk=int(saved))
+        initial, warnings = initial_from_spec(template.spec)
+        return (
+            {**initial, "name": template.name, "team": template.team_id},
+            warnings,
+            f"the template {template}",
+        )
+    if (clone := request.GET.get("clone", "")).isdigit():
+        experiment = get_object_or_404(Experiment.visible_to(request.user), pk=int(clone))
+        initial, warnings = initial_from_spec(experiment.spec)
+        initial |= {
+            "name": f"{experiment.name} (copy)",
+            "team": experiment.team_id,
+            "description": experiment.description,
+        }
+        return initial, warnings, f"experiment #{experiment.pk} {experiment.name}"
+    return {}, [], ""
+
+
 @login_required
 def submit_sweep(request: HttpRequest) -> HttpResponse:
-    template = TEMPLATES.get(request.GET.get("template", ""), {})
-    form = SweepForm(request.POST or None, user=request.user, initial=template)
+    """The sweep form; a user in no team is told to create or join one first."""
+    teams = Team.objects.filter(members=request.user)
+    if not teams.exists():
+        return render(request, "experiments/submit.html", {"no_team": True})
+    initial, warnings, source = _starting_point(request) if request.method == "GET" else ({}, [], "")
+    form = SweepForm(request.POST or None, user=request.user, initial=initial)
     if request.method == "POST" and form.is_valid() and "preview" not in request.POST:
         data = form.cleaned_data
         try:
@@ -153,7 +218,13 @@ def submit_sweep(request: HttpRequest) -> HttpResponse:
                 messages.warning(request, warning)
             return redirect("experiment-detail", experiment.pk)
     status = 422 if request.method == "POST" and form.errors else 200
-    return render(request, "experiments/submit.html", {"form": form}, status=status)
+    context = {
+        "form": form,
+        "source": source,
+        "source_warnings": warnings,
+        "saved_templates": SweepTemplate.objects.filter(team__in=teams).select_related("team"),
+    }
+    return render(request, "experiments/submit.html", context, status=status)
 
 
 def _experiment(request: HttpRequest, experiment_id: int) -> Experiment:
@@ -165,15 +236,55 @@ def _experiment(request: HttpRequest, experiment_id: int) -> Experiment:
 @login_required
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = _experiment(request, experiment_id)
-    return render(
-        request, "experiments/detail.html", {"experiment": experiment, "sweep": experiment.progress_report()}
-    )
+    context = {
+        "experiment": experiment,
+        "sweep": experiment.progress_report(),
+        "is_admin": experiment.team.is_admin(request.user),
+        "template_form": TemplateForm(initial={"name": experiment.name}),
+    }
+    return render(request, "experiments/detail.html", context)
 
 
 @login_required
-@require_POST
-def experiment_cancel(request: HttpRequest, experiment_id: int) -> HttpResponse:
+def experiment_save_template(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """POST: save the experiment's sweep as a template of its team, under a name the team has not used."""
     experiment = _experiment(request, experiment_id)
+    if request.method != "POST":
+        return redirect("experiment-detail", experiment.pk)
+    form = TemplateForm(request.POST)
+    if not form.is_valid():
+        messages.error(
+            request, "Not saved: " + "; ".join(e for errors in form.errors.values() for e in errors)
+        )
+    else:
+        name = form.cleaned_data["name"]
+        _, created = SweepTemplate.objects.get_or_create(
+            team=experiment.team, name=name, defaults={"spec": experiment.spec, "created_by": request.user}
+        )
+        if created:
+            messages.success(
+                request, f"Saved as the template {name!r} of {experiment.team}: New sweep starts from it."
+            )
+        else:
+            messages.error(request, f"Not saved: {experiment.team} has a template called {name!r} already.")
+    return redirect("experiment-detail", experiment.pk)
+
+
+@login_required
+def experiment_cancel(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """GET: what cancelling would stop, to confirm; POST: cancel every queued or running run."""
+    experiment = _experiment(request, experiment_id)
+    if request.method != "POST":
+        active = experiment.runs.filter(status__in=Run.ACTIVE)
+        return render(
+            request,
+            "experiments/cancel.html",
+            {
+                "experiment": experiment,
+                "queued": active.filter(status=Run.QUEUED).count(),
+                "running": active.filter(status=Run.RUNNING).count(),
+            },
+        )
     cancelled = experiment.cancel()
     if cancelled:
         messages.success(
@@ -251,6 +362,7 @@ def _compare_page(request: HttpRequest, context: dict) -> HttpResponse:
             "x_axes": curves.X_AXES,
             "bands": curves.BANDS,
             "rules": curves.RULES,
+            "min_ci_seeds": curves.MIN_CI_SEEDS,
             "collapse_rule": {
                 "fraction": collapse.NEAR_ZERO_FRACTION,
                 "min_best": collapse.MIN_BEST,
@@ -322,17 +434,32 @@ def _selected_runs(request: HttpRequest):
 
 @login_required
 def runs_compare(request: HttpRequest) -> HttpResponse:
-    """Any runs of the user's teams, picked on the runs page, on one dashboard."""
+    """Any runs of the user's teams, picked on the runs page, on one dashboard. A link naming runs
+    the user cannot see (a permalink from another team's member) shows the ones they can, saying
+    how many were left out, and never which of those exist."""
     try:
-        runs = _selected_runs(request)
+        wanted = compare.parse_run_ids(request.GET)
     except compare.QueryError as exc:
         messages.error(request, exc.message)
         return redirect("run-list")
-    ids = ",".join(str(pk) for pk in runs.order_by("pk").values_list("pk", flat=True))
+    runs = Run.visible_to(request.user).filter(pk__in=wanted)
+    shown = list(runs.order_by("pk").values_list("pk", flat=True))
+    if not shown:
+        messages.error(request, "None of the linked runs is in your teams (or they no longer exist).")
+        return redirect("run-list")
+    left_out = len(wanted) - len(shown)
+    if left_out:
+        messages.warning(
+            request,
+            f"{left_out} of the {len(wanted)} linked runs {'is' if left_out == 1 else 'are'} not in your teams "
+            "or no longer exist, and left out: the dashboard shows the others.",
+        )
+    ids = ",".join(map(str, shown))
     return _compare_page(
         request,
         {
             "selected": ids,
+            "n_selected": len(shown),
             "experiments": Experiment.objects.filter(runs__in=runs).distinct().order_by("pk"),
             "data_url": reverse("runs-compare-data"),
             "summary_url": reverse("runs-compare-summary"),
@@ -377,9 +504,18 @@ def run_list(request: HttpRequest) -> HttpResponse:
     if not show_archived:
         runs = runs.filter(experiment__archived=None)
         experiments = experiments.filter(archived=None)
-    chosen = {name: request.GET.get(name, "").strip() for name in filters}
+    chosen = {name: request.GET.get(name, "").strip() for name in (*filters, "mode")}
     for name, value in chosen.items():
         if not value:
+            continue
+        if name == "mode":
+            if value not in EXECUTION_MODES:
+                messages.error(
+                    request,
+                    f"mode must be one of {', '.join(EXECUTION_MODES)} (got {value[:50]!r}); not filtered",
+                )
+            else:
+                runs = runs.filter(_mode_filter(value))
             continue
         if name in ("team", "experiment") and not (value.isdigit() and len(value) <= 18):
             article = "an" if name == "experiment" else "a"
@@ -405,8 +541,20 @@ def run_list(request: HttpRequest) -> HttpResponse:
             ),
             "staleness": sorted(visible.order_by().values_list("staleness", flat=True).distinct()),
             "statuses": [s for s, _ in Run.STATUSES],
+            "modes": EXECUTION_MODES,
         },
     )
+
+
+def _mode_filter(mode: str) -> Q:
+    """Runs of execution mode `mode` (runs stored before execution modes existed were simulated)."""
+    if mode == "simulated":
+        return (
+            Q(config__execution__mode="simulated")
+            | Q(config__execution__isnull=True)
+            | Q(config__execution__mode__isnull=True)
+        )
+    return Q(config__execution__mode=mode)
 
 
 def _run(request: HttpRequest, run_id: int) -> Run:
@@ -494,7 +642,11 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 def run_live(request: HttpRequest, run_id: int) -> HttpResponse:
-    return render(request, "experiments/_run_live.html", _run_context(_run(request, run_id)))
+    """The run page's live parts: `?part=status` the status at the top, else the details below the curves."""
+    run = _run(request, run_id)
+    if request.GET.get("part") == "status":
+        return render(request, "experiments/_run_status.html", {"run": run, "report": run.progress_report()})
+    return render(request, "experiments/_run_live.html", _run_context(run))
 
 
 @login_required
@@ -515,6 +667,15 @@ def run_curves(request: HttpRequest, run_id: int) -> JsonResponse:
         metrics[name] = {"x": compare.json_numbers(x[keep]), "y": compare.json_numbers(y[keep])}
         start = end
     return JsonResponse({"run": run.pk, "active": run.is_active, "metrics": metrics})
+
+
+@login_required
+def run_metrics_csv(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Every metric point of the run as CSV, for the browser's session (the API's needs a token)."""
+    run = _run(request, run_id)
+    response = HttpResponse(run.metrics_csv(), content_type="text/csv")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
+    return response
 
 
 @login_required
@@ -592,11 +753,34 @@ def team_detail(request: HttpRequest, team_id: int) -> HttpResponse:
             )
             return redirect("team-detail", team.pk)
     memberships = team.memberships.select_related("user").order_by("user__username")
+    invitations = (
+        team.invitations.select_related("user", "invited_by").order_by("created") if is_admin else []
+    )
     return render(
         request,
         "experiments/team.html",
-        {"team": team, "memberships": memberships, "is_admin": is_admin, "form": form},
+        {
+            "team": team,
+            "memberships": memberships,
+            "is_admin": is_admin,
+            "form": form,
+            "invitations": invitations,
+        },
     )
+
+
+@login_required
+@require_POST
+def invitation_revoke(request: HttpRequest, team_id: int, invitation_id: int) -> HttpResponse:
+    """A team admin withdraws an invitation not accepted yet (a typo, a change of mind)."""
+    team = _team(request, team_id)
+    invitation = get_object_or_404(team.invitations.select_related("user"), pk=invitation_id)
+    if not team.is_admin(request.user):
+        messages.error(request, "Only team admins can revoke invitations; ask one of them.")
+    else:
+        invitation.delete()
+        messages.success(request, f"Revoked the invitation of {invitation.user} to {team}.")
+    return redirect("team-detail", team.pk)
 
 
 @login_required
@@ -627,17 +811,43 @@ def team_remove_member(request: HttpRequest, team_id: int, membership_id: int) -
     elif membership.is_admin and team.memberships.filter(is_admin=True).count() == 1:
         messages.error(request, "A team needs at least one admin; make someone else admin first.")
     else:
-        membership.delete()
+        with transaction.atomic():
+            # Under the team's row lock, which a sweep holds while it queues runs (sweeps.create_experiment):
+            # once this answers, no sweep of the removed member is queued any more.
+            Team.objects.select_for_update().filter(pk=team.pk).first()
+            membership.delete()
         messages.success(request, f"Removed {membership.user} from {team}.")
     return redirect("team-detail", team.pk)
 
 
+NEW_TOKEN_SESSION_KEY = "new_api_token"
+
+
 @login_required
 def api_tokens(request: HttpRequest) -> HttpResponse:
-    """The user's API tokens; POST makes a new one, shown on this response only (only its digest is kept)."""
-    new_token = ApiToken.issue(request.user) if request.method == "POST" else None
+    """The user's API tokens. POST makes a named one and redirects here (post/redirect/get: a
+    reload makes no second token); the new token is shown once, on that next page, and then only
+    its digest is kept."""
+    form = TokenForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        name = form.cleaned_data["name"]
+        try:
+            request.session[NEW_TOKEN_SESSION_KEY] = {
+                "name": name,
+                "token": ApiToken.issue(request.user, name),
+            }
+        except TooManyTokens as exc:
+            messages.error(request, f"No token made: {exc}.")
+        return redirect("api-tokens")
+    new_token = request.session.pop(NEW_TOKEN_SESSION_KEY, None)
     tokens = request.user.api_tokens.order_by("-created")
-    return render(request, "experiments/tokens.html", {"tokens": tokens, "new_token": new_token})
+    status = 422 if form.errors else 200
+    return render(
+        request,
+        "experiments/tokens.html",
+        {"tokens": tokens, "new_token": new_token, "form": form},
+        status=status,
+    )
 
 
 @login_required
@@ -645,5 +855,7 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
 def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     token = get_object_or_404(request.user.api_tokens, pk=token_id)
     token.delete()
-    messages.success(request, f"Revoked token {token.digest[:8]}…; the API refuses it from now on.")
+    messages.success(
+        request, f"Revoked token {token.name or token.digest[:8] + '…'}; the API refuses it from now on."
+    )
     return redirect("api-tokens")

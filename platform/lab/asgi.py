@@ -26,3 +26,10 @@ for _database in settings.DATABASES.values():
 warnings.filterwarnings("ignore", message="StreamingHttpResponse must consume synchronous iterators")
 
 application = get_asgi_application()
+
+# Import the URL map and everything behind it (views, the API and its schemas) now, while the
+# worker boots, rather than in its first request: that one would take a second or more on a
+# loaded machine, and the server is announced only once every worker answers at once.
+from django.urls import get_resolver  # noqa: E402
+
+get_resolver().url_patterns  # noqa: B018

@@ -8,6 +8,8 @@ from django.views.generic import RedirectView
 from experiments import views
 from experiments.api import api
 
+handler500 = "lab.middleware.server_error"
+
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="experiment-list"), name="home"),
     path("health", views.health, name="health"),
@@ -26,6 +28,11 @@ urlpatterns = [
         "experiments/<int:experiment_id>/unarchive/", views.experiment_unarchive, name="experiment-unarchive"
     ),
     path("experiments/<int:experiment_id>/delete/", views.experiment_delete, name="experiment-delete"),
+    path(
+        "experiments/<int:experiment_id>/save-template/",
+        views.experiment_save_template,
+        name="experiment-save-template",
+    ),
     path("experiments/<int:experiment_id>/live/", views.experiment_runs_live, name="experiment-runs-live"),
     path("experiments/<int:experiment_id>/compare/", views.experiment_compare, name="experiment-compare"),
     path(
@@ -45,6 +52,7 @@ urlpatterns = [
     path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
     path("runs/<int:run_id>/live/", views.run_live, name="run-live"),
     path("runs/<int:run_id>/curves", views.run_curves, name="run-curves"),
+    path("runs/<int:run_id>/metrics.csv", views.run_metrics_csv, name="run-metrics-csv"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),
     path("runs/<int:run_id>/retry/", views.run_retry, name="run-retry"),
     path("account/tokens/", views.api_tokens, name="api-tokens"),
@@ -54,6 +62,11 @@ urlpatterns = [
     path("teams/invitations/<int:invitation_id>/accept/", views.invitation_accept, name="invitation-accept"),
     path(
         "teams/invitations/<int:invitation_id>/decline/", views.invitation_decline, name="invitation-decline"
+    ),
+    path(
+        "teams/<int:team_id>/invitations/<int:invitation_id>/revoke/",
+        views.invitation_revoke,
+        name="invitation-revoke",
     ),
     path(
         "teams/<int:team_id>/members/<int:membership_id>/remove/",

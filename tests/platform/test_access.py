@@ -3,6 +3,8 @@ and only team admins change a team's members."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import TINY_CONFIG
 from django.test import Client
@@ -170,3 +172,25 @@ def test_the_admin_manages_teams_members_and_runs(admin_client, run):
     )
     assert response.status_code == 302, response.context["errors"] if response.context else response
     assert team.members.count() == 2
+
+
+def test_a_member_sees_only_the_actions_their_role_allows(alice_client, run, django_user_model):
+    carol = django_user_model.objects.create_user("carol")
+    Membership.objects.create(team=run.experiment.team, user=carol)
+    member = Client()
+    member.force_login(carol)
+    url = reverse("experiment-detail", args=[run.experiment_id])
+    assert 'id="delete-link"' in alice_client.get(url).content.decode()
+    assert 'id="delete-link"' not in member.get(url).content.decode()
+    assert 'id="archive"' in member.get(url).content.decode(), "members may archive"
+
+
+def test_a_non_member_gets_the_sites_own_404_page(client, run, bob):
+    client.force_login(bob)
+    response = client.get(reverse("experiment-detail", args=[run.experiment_id]))
+    html = response.content.decode()
+    assert response.status_code == 404 and "<nav>" in html and "Not found" in html
+    assert "team A's" not in html
+    missing = client.get(reverse("experiment-detail", args=[10**9])).content.decode()
+    token = re.compile(r'name="csrfmiddlewaretoken" value="[^"]+"')
+    assert token.sub("", html) == token.sub("", missing), "the same page as for one that does not exist"

@@ -1,7 +1,8 @@
 """Chaos: PostgreSQL stopped for 20 s in the middle of two runs at once: a simulated run and an
 async run whose batches a rollout worker makes. The workers wait and retry their database calls
 (workers/db_outage.py), so each run succeeds on its first attempt with every metric point, each
-(name, step) exactly once, and every rollout job is done on its first attempt.
+(name, step) exactly once, and every rollout job is done on its first attempt. Meanwhile the web
+server answers the API and `/health` with 503 and Retry-After, never 500.
 
 The test starts its own PostgreSQL server (initdb into a temporary folder, listening on a free
 port of 127.0.0.1 only, trust authentication) so that it can stop and start it without touching
@@ -13,6 +14,7 @@ one the other tests use. Every process it starts is stopped at teardown, even on
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import glob
 import json
@@ -25,12 +27,24 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import REPO, TINY_CONFIG, WORKER_THREADS, WorkerProcess, purge_queue, stop_workers, wait_for
+from conftest import (
+    REPO,
+    TINY_CONFIG,
+    WORKER_THREADS,
+    WorkerProcess,
+    purge_queue,
+    stop_group,
+    stop_workers,
+    wait_for,
+)
+from experiments.management.commands.up import web_command
 
 from rlcore.sinks import STEP_METRICS
 
@@ -217,6 +231,17 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
 
     workers: list[WorkerProcess] = []
     runs, before, after, counts = {}, {}, {}, {}
+    web_port = _free_port()
+    web_url = f"http://127.0.0.1:{web_port}"
+    web_log = (tmp_path / "web.log").open("w")
+    web = subprocess.Popen(
+        ["timeout", "-s", "KILL", "600", *web_command("127.0.0.1", web_port)],
+        cwd=REPO,
+        env=env,
+        stdout=web_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         # A training worker per run, so both are mid-run when the one outage starts.
         for n, queue in enumerate(("cpu", "cpu", "rollout")):
@@ -224,6 +249,7 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
         for name, config in configs.items():
             submitted = _manage(env, "shell", "-c", SUBMIT.format(name=name, config=json.dumps(config)))
             runs[name] = int(submitted.split()[-1])
+        token = _manage(env, "create_token", "chaos").strip()
         for name, run_id in runs.items():
             wait_for(lambda run_id=run_id: state(run_id)[1] >= 2, 240, f"2 training steps of the {name} run")
         for name, run_id in runs.items():
@@ -233,7 +259,7 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
             )
 
         postgres.stop("fast")
-        time.sleep(OUTAGE_S)
+        outage = poll_the_web(web_url, token, runs["async"], OUTAGE_S)
         for w in workers:
             assert w.proc.poll() is None, f"a worker died during the outage:\n{w.log()}"
         why_not = postgres.start()
@@ -259,8 +285,11 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
             "SELECT step, part, attempt, error FROM experiments_rolloutjob WHERE run_id = %s AND error <> ''",
             (runs["async"],),
         )
+        web_back = [next(iter(seen))[0] for seen in poll_the_web(web_url, token, runs["async"], 0).values()]
     finally:
         stop_workers(workers)
+        stop_group(web, signal.SIGKILL, timeout_s=10)
+        web_log.close()
         for queue in ("cpu", "rollout"):
             purge_queue(queue)
 
@@ -289,3 +318,28 @@ def test_runs_survive_a_database_outage_on_their_first_attempt(postgres, tmp_pat
         "one rollout job per step, none made twice"
     )
     assert "database unreachable" in logs and "database reachable again" in logs, "the outage hit the runs"
+    print(f"web server during the outage (status, Retry-After: count): {outage}")
+    for path, statuses in outage.items():
+        assert 500 not in {status for status, _ in statuses}, (path, statuses)
+        assert (503, "5") in statuses, f"{path} said it was unavailable: {statuses}"
+    assert web_back == [200, 200], "answering again once the database is back"
+
+
+def poll_the_web(url: str, token: str, run_id: int, seconds: float) -> dict[str, collections.Counter]:
+    """(status, Retry-After) of /health and the API, every 0.5 s for `seconds` (at least once)."""
+    paths = {"/health": {}, f"/api/runs/{run_id}": {"Authorization": f"Bearer {token}"}}
+    seen: dict[str, collections.Counter] = {path: collections.Counter() for path in paths}
+    deadline = time.monotonic() + seconds
+    while True:
+        for path, headers in paths.items():
+            request = urllib.request.Request(url + path, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    seen[path][(response.status, response.headers.get("Retry-After"))] += 1
+            except urllib.error.HTTPError as exc:
+                seen[path][(exc.code, exc.headers.get("Retry-After"))] += 1
+            except OSError as exc:
+                seen[path][(type(exc).__name__, None)] += 1
+        if time.monotonic() >= deadline:
+            return seen
+        time.sleep(0.5)

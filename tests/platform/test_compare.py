@@ -87,7 +87,9 @@ def test_summary_rules_and_per_run_final_values(alice_client, experiment):
     payload = data(alice_client, experiment, rule="last")
     row = next(r for r in payload["summary"] if (r["preset"], r["staleness"]) == ("grpo", "on-policy"))
     assert row["n_seeds"] == 2 and row["value"] == pytest.approx(0.775)
-    assert (row["ci_lo"], row["ci_hi"]) == (pytest.approx(0.75), pytest.approx(0.8))
+    # Two seeds: their min–max, said so; a bootstrap over two values is no CI.
+    assert (row["lo"], row["hi"], row["interval"]) == (pytest.approx(0.75), pytest.approx(0.8), "min–max")
+    assert (row["ci_lo"], row["ci_hi"]) == (None, None)
     best = data(alice_client, experiment, rule="best")["summary"][0]
     assert best["value"] == pytest.approx(0.525)
     # Mean of the last 3 steps (18, 19, 20) of reward = step / 40 + 0.05 seed, over both seeds.
@@ -108,23 +110,24 @@ def test_throughput_is_3600_over_the_mean_step_time_and_the_mean_tokens_per_s_ac
     rows = {(r["preset"], r["staleness"]): r for r in payload["throughput"]}
     assert list(rows) == [(r["preset"], r["staleness"]) for r in payload["summary"]]
     # reinforce, on-policy: mean step times 0.5 s (seed 0) and 0.75 s (seed 1), so 7200 and 4800
-    # steps an hour; the mean of two seeds, with the bootstrap CI spanning both.
+    # steps an hour; the mean of two seeds, with their min–max (no CI from two seeds).
     row = rows["reinforce", "on-policy"]
     assert (row["n_runs"], row["n_seeds"]) == (2, 2)
-    assert (row["steps_per_hour"], row["steps_per_hour_ci_lo"], row["steps_per_hour_ci_hi"]) == (
+    assert (row["steps_per_hour"], row["steps_per_hour_lo"], row["steps_per_hour_hi"]) == (
         pytest.approx(6000),
         pytest.approx(4800),
         pytest.approx(7200),
     )
+    assert (row["steps_per_hour_interval"], row["steps_per_hour_ci_lo"]) == ("min–max", None)
     steps = range(1, 21)
     for (preset, staleness), row in rows.items():
         p, s = ("reinforce", "grpo").index(preset), ("on-policy", "sync_offset=2").index(staleness)
         hourly = [3600 / (sum(step_time(t, p, s, seed) for t in steps) / 20) for seed in (0, 1)]
         tokens = [sum(tokens_per_s(t, p, s, seed) for t in steps) / 20 for seed in (0, 1)]
         assert row["steps_per_hour"] == pytest.approx(sum(hourly) / 2), (preset, staleness)
-        assert [row["steps_per_hour_ci_lo"], row["steps_per_hour_ci_hi"]] == pytest.approx(sorted(hourly))
+        assert [row["steps_per_hour_lo"], row["steps_per_hour_hi"]] == pytest.approx(sorted(hourly))
         assert row["tokens_per_s"] == pytest.approx(sum(tokens) / 2), (preset, staleness)
-        assert [row["tokens_per_s_ci_lo"], row["tokens_per_s_ci_hi"]] == pytest.approx(sorted(tokens))
+        assert [row["tokens_per_s_lo"], row["tokens_per_s_hi"]] == pytest.approx(sorted(tokens))
     # grpo, sync_offset=2, seed 1: 2 × 0.75 × 1.5 = 2.25 s a step, 1600 steps an hour; each step
     # 176 tokens in 1.8 or 2.7 s.
     run = next(
@@ -147,11 +150,11 @@ def test_a_run_without_step_times_is_left_out_of_its_groups_throughput(alice_cli
     row = next(r for r in payload["throughput"] if (r["preset"], r["staleness"]) == ("grpo", "on-policy"))
     # Seed 0 alone: 0.75 s a step.
     assert (row["n_runs"], row["n_seeds"]) == (2, 1)
-    assert (row["steps_per_hour"], row["steps_per_hour_ci_lo"], row["steps_per_hour_ci_hi"]) == (
+    assert (row["steps_per_hour"], row["steps_per_hour_lo"], row["steps_per_hour_interval"]) == (
         pytest.approx(4800),
-        pytest.approx(4800),
-        pytest.approx(4800),
-    )
+        None,
+        None,
+    ), "one seed: a value, no interval"
     assert next(r for r in payload["runs"] if r["id"] == run.pk)["steps_per_hour"] is None
     assert next(r for r in payload["runs"] if r["id"] == run.pk)["tokens_per_s"] is None
 
@@ -165,7 +168,14 @@ def test_a_group_with_one_seed_with_points_says_so(alice_client, experiment):
     g = group(payload, "grpo", "on-policy")
     assert (g["n_runs"], g["n_seeds"]) == (2, 1)
     row = next(r for r in payload["summary"] if (r["preset"], r["staleness"]) == ("grpo", "on-policy"))
-    assert (row["n_seeds"], row["value"], row["ci_lo"], row["ci_hi"]) == (1, 0.75, 0.75, 0.75)
+    assert (row["n_seeds"], row["value"], row["lo"], row["hi"], row["interval"]) == (
+        1,
+        0.75,
+        None,
+        None,
+        None,
+    )
+    assert row["n_active"] == 1, "its other run is still going"
     assert payload["active"] is True
 
 
@@ -209,8 +219,12 @@ def test_csv_downloads_of_curves_and_summary_parse(alice_client, experiment):
     ]
     assert float(rows[0]["value"]) == pytest.approx(0.525)
     assert (float(rows[0]["steps_per_hour"]), rows[0]["throughput_n_seeds"]) == (pytest.approx(6000), "2")
-    assert float(rows[0]["steps_per_hour_ci_lo"]) == pytest.approx(4800)
-    assert float(rows[-1]["tokens_per_s"]) > 0 and rows[-1]["tokens_per_s_ci_hi"] != ""
+    assert (
+        float(rows[0]["steps_per_hour_lo"]) == pytest.approx(4800)
+        and rows[0]["steps_per_hour_interval"] == "min–max"
+    )
+    assert (rows[0]["interval"], rows[0]["ci_lo"]) == ("min–max", ""), "no CI from two seeds"
+    assert float(rows[-1]["tokens_per_s"]) > 0 and rows[-1]["tokens_per_s_hi"] != ""
 
 
 @pytest.mark.parametrize(
@@ -364,16 +378,24 @@ def test_drops_from_on_policy_are_paired_by_seed_with_a_ci(alice_client, demo):
     drops = {(r["preset"], r["staleness"]): r for r in payload["drops"]}
     assert set(drops) == {(p, s) for p in DEMO_PRESETS for s in ("sync_offset=2", "offline")}
     reinforce = drops[("reinforce", "sync_offset=2")]
-    # Seeds differ by 0.02 each, but paired by seed the drop is −0.2 on every seed: a CI of width 0.
-    assert (reinforce["value"], reinforce["ci_lo"], reinforce["ci_hi"], reinforce["n_seeds"]) == (
-        pytest.approx(-0.2),
-        pytest.approx(-0.2),
-        pytest.approx(-0.2),
+    # Seeds differ by 0.02 each, but paired by seed the drop is −0.2 on every seed: an interval of width 0,
+    # their min–max (3 seeds: no CI), at the 3 decimals shown.
+    assert (
+        reinforce["value"],
+        reinforce["lo"],
+        reinforce["hi"],
+        reinforce["n_seeds"],
+        reinforce["interval"],
+    ) == (
+        -0.2,
+        -0.2,
+        -0.2,
         3,
+        "min–max",
     )
     nois = drops[("rec-oneside-nois", "offline")]
-    assert nois["value"] == pytest.approx(-0.09)
-    assert (nois["ci_lo"], nois["ci_hi"]) == (pytest.approx(-0.11), pytest.approx(-0.07))
+    assert nois["value"] == -0.09
+    assert (nois["lo"], nois["hi"]) == (-0.11, -0.07)
 
 
 def test_robustness_ranks_presets_by_mean_drop_and_names_their_tolerance(alice_client, demo):
@@ -400,7 +422,7 @@ def test_robustness_ranks_presets_by_mean_drop_and_names_their_tolerance(alice_c
 def test_presets_that_cannot_be_told_apart_say_how_many_seeds_would(alice_client, demo):
     ties = data(alice_client, demo, metric="eval/accuracy")["ties"]
     tie = next(t for t in ties if (t["staleness"], t["a"], t["b"]) == ("offline", "grpo", "rec-oneside-nois"))
-    assert tie["value"] == pytest.approx(0.01) and tie["ci_lo"] <= 0 <= tie["ci_hi"]
+    assert tie["value"] == pytest.approx(0.01) and tie["lo"] <= 0 <= tie["hi"]
     assert tie["std"] == pytest.approx(0.02) and tie["seeds_needed"] == 32
     identical = next(
         t for t in ties if (t["staleness"], t["a"], t["b"]) == ("on-policy", "reinforce", "grpo")
@@ -414,13 +436,27 @@ def test_findings_check_the_papers_claims_with_numbers(alice_client, demo):
     assert [f["verdict"] for f in found] == ["support", "support", "support"]
     assert all(f["experiment"] == demo.pk and not f["missing"] for f in found)
     assert (
-        "rec-oneside-nois − reinforce: +0.000 [+0.000, +0.000] (95% bootstrap CI, 3 seeds)"
+        "rec-oneside-nois − reinforce: +0.000 [+0.000, +0.000] (min–max of 3 seeds; no CI below 5)"
         in found[0]["text"]
     )
     assert (
-        "at sync_offset=2: reinforce -0.200 [-0.200, -0.200] (95% bootstrap CI, 3 seeds)" in found[1]["text"]
+        "at sync_offset=2: reinforce -0.200 [-0.200, -0.200] (min–max of 3 seeds; no CI below 5)"
+        in found[1]["text"]
     )
-    assert "at offline: +0.075 [+0.055, +0.095] (95% bootstrap CI, 3 seeds)" in found[2]["text"]
+    assert "at offline: +0.075 [+0.055, +0.095] (min–max of 3 seeds; no CI below 5)" in found[2]["text"]
+    # What decided each verdict, per preset and setting.
+    assert found[0]["reasons"] == [
+        "rec-oneside-nois − reinforce: within ±δ = 0.02",
+        "rec-oneside-nois-wide − reinforce: within ±δ = 0.02",
+    ]
+    assert found[1]["reasons"][0].startswith(
+        "at sync_offset=2: supports: reinforce degrades and every clipped preset holds "
+        "(reinforce degrades (upper end below −δ = -0.02); grpo holds (lower end at or above −δ = -0.02)"
+    )
+    assert found[2]["reasons"] == [
+        "at offline: rec-oneside-nois-wide − rec-oneside-nois ahead (lower end above 0)"
+    ]
+    assert not any(f["provisional"] for f in found)
 
 
 def test_findings_name_the_missing_cells_and_contradict_when_every_preset_degrades(alice_client, experiment):
@@ -450,3 +486,59 @@ def test_runs_of_different_theta0_or_versions_are_warned_about(alice_client, tea
         and "bbbbbbbbbbbb" in warnings[0]
     )
     assert "torch versions (2.13.0, 2.14.0)" in warnings[1]
+
+
+def test_a_change_of_exactly_delta_counts_as_within_it(alice_client, team, alice):
+    # Held-out accuracy moves in steps of 1/eval_size: 0.555 → 0.535 is a change of exactly δ = 0.02,
+    # which floating point makes −0.020000000000000018.
+    finals = {"on-policy": 0.555, "sync_offset=2": 0.535}
+    experiment = make_finished_experiment(
+        team, alice, presets=("grpo",), seeds=(0, 1), final_accuracy=lambda p, s, seed: finals[s]
+    )
+    raw = [
+        MetricPoint.objects.get(run__staleness=s, run__seed=0, name="eval/accuracy", step=20).value
+        for s in ("sync_offset=2", "on-policy")
+    ]
+    assert raw[0] - raw[1] < -0.02, "the data do hold the floating-point boundary case"
+    payload = data(alice_client, experiment, metric="eval/accuracy")
+    (row,) = payload["robustness"]
+    assert (row["tolerance"], row["n_seeds"], row["interval"]) == ("sync_offset=2", 2, "min–max")
+    (drop,) = payload["drops"]
+    assert (drop["value"], drop["lo"], drop["hi"]) == (-0.02, -0.02, -0.02)
+    assert payload["digits"] == 3
+    finer = data(alice_client, experiment, metric="eval/accuracy", delta="0.0195")
+    assert finer["digits"] == 4 and finer["robustness"][0]["tolerance"] == "on-policy"
+
+
+def test_five_seeds_get_a_bootstrap_ci_and_fewer_their_min_max(alice_client, team, alice):
+    experiment = make_finished_experiment(
+        team, alice, presets=("grpo",), staleness=({},), seeds=(0, 1, 2, 3, 4)
+    )
+    row = data(alice_client, experiment)["summary"][0]
+    assert (row["n_seeds"], row["interval"]) == (5, "95% bootstrap CI")
+    assert row["lo"] == row["ci_lo"] and row["hi"] == row["ci_hi"] and row["lo"] < row["value"] < row["hi"]
+    band = group(data(alice_client, experiment, band="ci"), "grpo", "on-policy")
+    assert band["band"] == "ci"
+    few = make_finished_experiment(
+        team, alice, name="few", presets=("grpo",), staleness=({},), seeds=(0, 1, 2, 3)
+    )
+    assert data(alice_client, few)["summary"][0]["interval"] == "min–max"
+    assert group(data(alice_client, few, band="ci"), "grpo", "on-policy")["band"] == "minmax", (
+        "no CI band either"
+    )
+
+
+def test_verdicts_on_cells_still_running_say_so_and_cells_without_values_are_waited_for(
+    alice_client, demo, team, alice
+):
+    running = demo.runs.filter(preset="reinforce", staleness="sync_offset=2")
+    running.update(status=Run.RUNNING)
+    found = data(alice_client, demo, metric="eval/accuracy")["findings"]
+    assert [f["provisional"] for f in found] == [False, True, False]
+    assert (found[1]["runs_active"], found[1]["runs"]) == (3, 36)
+    assert found[1]["text"].startswith("Provisional: 3 of these cells' 36 runs are still queued or running.")
+    # A cell whose runs have logged nothing yet is waited for, not missing.
+    MetricPoint.objects.filter(run__in=running).delete()
+    waiting = data(alice_client, demo, metric="eval/accuracy")["findings"][1]
+    assert waiting["verdict"] != "missing cells" and waiting["provisional"], waiting
+    assert "reinforce × sync_offset=2" not in " ".join(waiting["missing"])

@@ -83,7 +83,7 @@ def test_the_grid_controls_permalink_and_csv_of_a_finished_experiment(page, live
     assert line["x"][-1] == 20 and line["y"][-1] == pytest.approx(0.675)
 
     assert page.text_content("#summary tr[data-preset=reinforce] td[data-staleness=on-policy]") == (
-        "0.5250 [0.5000, 0.5500] 95% bootstrap CI · 2 seeds"
+        "0.5250 [0.5000, 0.5500] min–max · 2 seeds, no CI below 5"
     )
     degradation = page.evaluate("() => document.getElementById('degradation').data.map(t => [t.name, t.y])")
     assert [name for name, _ in degradation] == ["reinforce", "grpo"]
@@ -178,7 +178,8 @@ def test_a_running_experiment_is_polled_without_reloading(page, live_server, tea
     page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]) + "?metric=reward/mean")
     rendered(page, metric="reward/mean")
     assert "some still running" in page.text_content("#status")
-    assert "1 seed, no CI" in page.text_content("#summary tr[data-preset=grpo] td[data-staleness=on-policy]")
+    cell = page.text_content("#summary tr[data-preset=grpo] td[data-staleness=on-policy]")
+    assert "1 seed, no interval" in cell and "1 still running (partial)" in cell
     page.evaluate("() => { window.notReloaded = true; }")
     MetricPoint.objects.create(
         run=run, name="reward/mean", step=5, value=2.0, wall_time=START + timedelta(seconds=5)
@@ -230,7 +231,7 @@ def test_runs_picked_from_two_experiments_share_one_dashboard_and_permalink(page
     lines = [f"grpo · #{first.pk} first", f"grpo · #{second.pk} second"]
     assert panels == [[[lines[0], "#ff7f0e", "solid"], [lines[1], "#ff7f0e", "dash"]]] * 2
     assert page.text_content(f"#summary tr[data-line='{lines[1]}'] td[data-staleness=on-policy]").endswith(
-        "· 2 seeds"
+        "· 2 seeds, no CI below 5"
     )
     rows = download(page, "#csv-summary")
     assert {(r["experiment"], r["n_seeds"]) for r in rows} == {(str(first.pk), "1"), (str(second.pk), "2")}
@@ -294,8 +295,11 @@ def test_the_staleness_answer_drop_table_findings_and_the_template_link(page, li
     page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]))
     rendered(page, metric="eval/accuracy", delta="0.02")
     row = page.text_content("#drops tr[data-preset=reinforce]")
-    assert "-0.200 [-0.200, -0.200] 95% bootstrap CI · 3 seeds" in row and row.endswith("on-policy4")
-    verdicts = page.eval_on_selector_all("#findings li", "items => items.map(li => li.dataset.verdict)")
+    assert "-0.200 [-0.200, -0.200] min–max · 3 seeds, no CI below 5" in row
+    assert row.endswith("on-policy (3 seeds, min–max, no CI)4 (3 seeds, min–max, no CI)"), "what they rest on"
+    verdicts = page.eval_on_selector_all("#findings > li", "items => items.map(li => li.dataset.verdict)")
+    reasons = page.text_content("#findings > li[data-verdict] .reasons")
+    assert "rec-oneside-nois − reinforce: within ±δ = 0.02" in reasons
     assert verdicts == ["support", "support", "support"]
     assert "would (α 0.05, power 0.8)" in page.text_content("#ties")
     symbols = page.evaluate("() => document.getElementById('scatter').data[0].marker.symbol")
@@ -303,7 +307,9 @@ def test_the_staleness_answer_drop_table_findings_and_the_template_link(page, li
     assert page.evaluate("() => document.getElementById('degradation').layout.scattermode") == "group"
     page.fill("input[name=delta]", "0.2")
     rendered(page, delta="0.2")
-    assert page.text_content("#drops tr[data-preset=reinforce]").endswith("sync_offset=24")
+    assert page.text_content("#drops tr[data-preset=reinforce]").endswith(
+        "sync_offset=2 (3 seeds, min–max, no CI)4 (3 seeds, min–max, no CI)"
+    )
     page.goto(live_server.url + reverse("submit-sweep"))
     page.click("#template-cpu-demo")
     page.wait_for_url("**template=cpu-demo")

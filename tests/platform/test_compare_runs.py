@@ -177,3 +177,21 @@ def test_staleness_settings_are_ordered_by_how_stale_their_data_is(alice_client,
     assert payload["staleness"] == ["on-policy", "sync_interval=3", "sync_offset=4", "offline"]
     assert staleness_rank({"steps": 6, "staleness": {"sync_offset": 4}}) == pytest.approx(14 / 6)
     assert staleness_rank({"steps": 6, "execution": {"mode": "async", "max_staleness": 2}}) == 2
+
+
+def test_a_permalink_with_runs_of_another_team_shows_the_visible_ones_with_a_note(
+    alice_client, experiments, django_user_model
+):
+    first, _ = experiments
+    bob = django_user_model.objects.create_user("bob", password="bob-password-1")
+    theirs = make_finished_experiment(
+        Team.objects.create(name="team-b"), bob, name="theirs", presets=("grpo",), seeds=(0,)
+    )
+    Membership.objects.create(team=theirs.team, user=bob)
+    mine = picked(first, staleness="on-policy")
+    response = alice_client.get(reverse("runs-compare"), {"runs": ",".join(map(str, mine + picked(theirs)))})
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert f'data-runs="{",".join(map(str, sorted(mine)))}"' in html, "the dashboard draws the visible runs"
+    assert f"{len(picked(theirs))} of the {len(mine) + len(picked(theirs))} linked runs" in html
+    assert "theirs" not in html, "nothing of the other team's runs is told"

@@ -151,13 +151,18 @@ def test_area_under_curve_is_normalised_by_the_x_span():
         curves.final_value(Series.of([0], [1.0]), "median")
 
 
-def test_summary_across_seeds_has_a_fixed_seed_ci_and_says_how_many_seeds():
-    summary = curves.summarise([1.0, 2.0, 3.0, 6.0, float("nan")])
-    assert summary.n_seeds == 4 and summary.mean == 3.0
-    assert summary.std == pytest.approx(np.std([1, 2, 3, 6], ddof=1))
-    assert (summary.ci_lo, summary.ci_hi) == (1.5, 5.0)
+def test_summary_across_seeds_has_a_fixed_seed_ci_from_five_seeds_and_says_how_many():
+    summary = curves.summarise([1.0, 2.0, 3.0, 6.0, 4.0, float("nan")])
+    assert summary.n_seeds == 5 and summary.mean == 3.2 and summary.interval == "95% bootstrap CI"
+    assert summary.std == pytest.approx(np.std([1, 2, 3, 6, 4], ddof=1))
+    assert (summary.lo, summary.hi) == (pytest.approx(1.8), pytest.approx(4.8))
+    assert curves.summarise([1.0, 2.0, 3.0, 6.0, 4.0]) == summary, "a fixed bootstrap seed"
+    # Below five seeds a bootstrap is little more than the range (two seeds: exactly the two values).
+    four = curves.summarise([1.0, 2.0, 3.0, 6.0])
+    assert (four.lo, four.hi, four.interval) == (1.0, 6.0, "min–max")
     one = curves.summarise([0.5])
-    assert (one.n_seeds, one.mean, one.ci_lo, one.ci_hi, one.std) == (1, 0.5, 0.5, 0.5, 0.0)
+    assert (one.n_seeds, one.mean, one.std, one.interval) == (1, 0.5, 0.0, None)
+    assert np.isnan(one.lo) and np.isnan(one.hi)
     assert curves.summarise([]).n_seeds == 0
 
 
@@ -179,22 +184,27 @@ def test_a_paired_difference_pairs_seeds_so_a_shared_seed_effect_cancels():
     b = {0: 0.6, 1: 1.0, 2: 0.4, 3: 0.7, 5: 0.5}
     d = curves.paired_difference(a, b)
     assert d.seeds == [0, 1, 2], "seed 3 and 4 have no partner, seed 5 no value"
-    assert (d.mean, d.ci_lo, d.ci_hi) == (pytest.approx(-0.1), pytest.approx(-0.1), pytest.approx(-0.1))
+    assert (d.mean, d.lo, d.hi) == (pytest.approx(-0.1), pytest.approx(-0.1), pytest.approx(-0.1))
     assert d.std == pytest.approx(0.0, abs=1e-12) and not d.contains_zero()
 
 
-def test_the_paired_bootstrap_resamples_pairs_with_a_fixed_seed():
-    # Two pairs, differences 0 and 0.2: resampled means 0, 0.1, 0.2 with chances ¼, ½, ¼.
+def test_two_pairs_get_their_min_max_and_five_a_paired_bootstrap_with_a_fixed_seed():
+    # Two pairs, differences 0 and 0.2: a bootstrap would only resample means 0, 0.1, 0.2.
     d = curves.paired_difference({0: 0.5, 1: 0.7}, {0: 0.5, 1: 0.5})
-    assert (d.mean, d.ci_lo, d.ci_hi) == (pytest.approx(0.1), 0.0, pytest.approx(0.2))
+    assert (d.mean, d.lo, d.hi, d.interval) == (pytest.approx(0.1), 0.0, pytest.approx(0.2), "min–max")
     assert d.std == pytest.approx(0.2 / 2**0.5) and d.contains_zero()
-    assert curves.paired_difference({0: 0.5, 1: 0.7}, {0: 0.5, 1: 0.5}) == d, "same data, same CI"
+    five = curves.paired_difference({s: 0.5 + 0.05 * s for s in range(5)}, dict.fromkeys(range(5), 0.5))
+    assert five.interval == "95% bootstrap CI" and five.mean == pytest.approx(0.1)
+    assert 0 < five.lo < five.mean < five.hi < 0.2
+    assert (
+        curves.paired_difference({s: 0.5 + 0.05 * s for s in range(5)}, dict.fromkeys(range(5), 0.5)) == five
+    )
 
 
 def test_one_pair_has_no_ci_and_no_pair_no_value():
     one = curves.paired_difference({0: 0.7, 1: 0.2}, {0: 0.5})
-    assert one.mean == pytest.approx(0.2) and one.n_pairs == 1 and not one.has_ci
-    assert np.isnan(one.ci_lo) and np.isnan(one.std) and one.contains_zero()
+    assert one.mean == pytest.approx(0.2) and one.n_pairs == 1 and not one.has_interval
+    assert np.isnan(one.lo) and np.isnan(one.std) and one.contains_zero()
     assert np.isnan(curves.paired_difference({0: 0.7}, {1: 0.5}).mean)
 
 
@@ -226,3 +236,13 @@ def test_the_tolerance_is_the_stalest_setting_up_to_which_every_drop_stays_withi
     one_seed = curves.Difference(0.0, float("nan"), float("nan"), float("nan"), [0])
     assert curves.tolerance(settings, {**drops, "sync_offset=8": one_seed}, 0.02) == "on-policy"
     assert curves.tolerance([], {}, 0.02) is None
+
+
+def test_decisions_are_made_at_the_precision_shown():
+    # 0.535 − 0.555 is −0.020000000000000018 in floating point: shown as −0.020, so within δ = 0.02.
+    drop = curves.paired_difference({0: 0.535, 1: 0.535}, {0: 0.555, 1: 0.555})
+    assert drop.lo < -0.02 and not curves.holds_within(drop, 0.02)
+    shown = drop.rounded(curves.decision_digits(0.02))
+    assert (shown.mean, shown.lo, shown.hi) == (-0.02, -0.02, -0.02) and curves.holds_within(shown, 0.02)
+    assert curves.tolerance(["on-policy", "stale"], {"stale": shown}, 0.02) == "stale"
+    assert [curves.decision_digits(d) for d in (0.02, 0.0, 0.0025, 0.1, 1e-7)] == [3, 3, 4, 3, 7]

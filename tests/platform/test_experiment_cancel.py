@@ -50,3 +50,11 @@ def test_the_api_says_how_many_runs_it_cancelled(client, alice, experiment):
     assert client.post(url, **auth).json() == {"cancelled": 2}
     assert client.post(url, **auth).json() == {"cancelled": 0}
     assert experiment.runs.filter(status=Run.QUEUED).count() == 0
+
+
+def test_cancelling_all_active_runs_asks_first(alice_client, experiment):
+    confirm = alice_client.get(reverse("experiment-cancel", args=[experiment.pk])).content.decode()
+    assert "1 queued run stops at once, and\n    1 running run after its current step" in confirm
+    assert statuses(experiment)[:2] == [(Run.RUNNING, False), (Run.QUEUED, False)], "nothing cancelled yet"
+    detail = alice_client.get(reverse("experiment-detail", args=[experiment.pk])).content.decode()
+    assert f'<a id="cancel-all" href="{reverse("experiment-cancel", args=[experiment.pk])}">' in detail

@@ -124,3 +124,22 @@ def test_a_retry_over_the_queued_cap_is_refused(client, alice, team):
     assert "the limit of 2 queued runs per team (LAB_TEAM_MAX_QUEUED)" in response.json()["detail"]
     run.refresh_from_db()
     assert (run.status, run.attempt) == (Run.FAILED, 1)
+
+
+@override_settings(LAB_TEAM_MAX_RUNNING=1)
+def test_a_waiting_run_says_where_it_stands_and_what_it_waits_for(a_many_then_b_one, bob_team):
+    a_runs, b_run = a_many_then_b_one
+    taken = Run.claim_next("cpu", "w1:1")
+    assert taken.pk == a_runs[0]
+    b = Run.objects.get(pk=b_run)
+    report = b.progress_report()
+    assert report["queue_position"] == 1
+    assert report["text"] == (
+        "waiting for a worker: next of its team's runs on queue cpu · the workers of queue cpu are running "
+        "1 run of other teams: teams take turns (fair share), so its team's next run starts when one ends"
+    )
+    fourth = Run.objects.get(pk=a_runs[3]).progress_report()
+    assert fourth["queue_position"] == 3 and fourth["text"] == (
+        "waiting for a worker: 2 of its team's runs ahead of it on queue cpu · its team is at its limit "
+        "of 1 running runs (LAB_TEAM_MAX_RUNNING)"
+    )

@@ -59,7 +59,16 @@ def test_make_up_serves_the_site_and_runs_a_sweep_on_embedded_defaults(make_up):
     url = wait_for(
         lambda: re.search(r"Serving on (\S+)", log_path.read_text()), 120, "make up to serve"
     ).group(1)
+    # Announced once every web server process answers: from then on no request waits on a start.
+    answered = set()
+    for _ in range(40):
+        with urllib.request.urlopen(url + "health", timeout=5) as response:
+            answered.add(json.loads(response.read())["worker"])
+        assert urllib.request.urlopen(url, timeout=5).status == 200
+    assert len(answered) >= 1
     output = log_path.read_text()
+    before = output[: output.index("Serving on")]
+    assert before.count("ASGI server listening") == 2, "both web server processes were up"
     username, password = re.search(r"created user '(\S+)' with password '(\S+)'", output).groups()
     assert "Database: sqlite3; queue: filesystem broker" in output
     assert (var / "db.sqlite3").exists()

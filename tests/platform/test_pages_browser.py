@@ -4,7 +4,7 @@ type, and the experiment page refreshes its runs by polling until none is active
 from __future__ import annotations
 
 import pytest
-from conftest import TINY_CONFIG
+from conftest import TEST_VAR, TINY_CONFIG
 from django.urls import reverse
 from experiments.models import Run
 from experiments.sweeps import create_experiment, expand
@@ -16,11 +16,55 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_the_form_counts_the_runs_of_the_grid_while_typing(page, live_server):
     page.goto(live_server.url + reverse("submit-sweep"))
-    assert page.text_content("#grid-size") == "This sweep makes 1 run."
+    assert (
+        page.text_content("#grid-size") == "This sweep makes 1 run × 150 steps (default), lr 3e-05 (default)."
+    )
     page.check("input[name=presets][value=grpo]")
     page.fill("input[name=sync_offsets]", "8, 32")
     page.fill("input[name=seeds]", "0 1 2")
-    assert page.text_content("#grid-size") == "This sweep makes 18 runs."
+    assert (
+        page.text_content("#grid-size")
+        == "This sweep makes 18 runs × 150 steps (default), lr 3e-05 (default)."
+    )
+    page.fill("input[name=steps]", "60")
+    assert page.text_content("#grid-size") == "This sweep makes 18 runs × 60 steps, lr 3e-05 (default)."
+    assert page.get_attribute("input[name='optimizer.lr']", "placeholder") == "default 3e-05"
+
+
+def test_letters_in_a_number_field_are_named_and_never_submitted(page, live_server, team):
+    page.goto(live_server.url + reverse("submit-sweep"))
+    page.fill("input[name=name]", "typed badly")
+    page.fill("input[name=steps]", "sixty")
+    page.fill("input[name='optimizer.lr']", "fast")
+    assert page.input_value("input[name=steps]") == "sixty", "the box keeps what was typed"
+    problems = page.inner_text("#typing-problems")
+    assert "Trainer steps: “sixty” is not a whole number" in problems
+    assert "Learning rate: “fast” is not a number" in problems
+    assert "steps" not in page.text_content("#grid-size"), "no value shown that is not the one typed"
+    page.click("button:text('Submit sweep')")
+    page.screenshot(path=TEST_VAR / "screenshots" / "sweep-letters.png", full_page=True)
+    assert page.url.endswith(reverse("submit-sweep")) and Run.objects.count() == 0
+    # Without the page's script (or past it) the server refuses them too, naming each.
+    page.evaluate("document.getElementById('sweep-form').submit()")
+    page.wait_for_selector("#error-summary")
+    summary = page.inner_text("#error-summary")
+    assert "“sixty” is not a whole number; leave it blank for the default, 150" in summary
+    assert "“fast” is not a number; leave it blank for the default, 3e-05" in summary
+    assert Run.objects.count() == 0
+
+
+def test_a_user_in_no_team_is_told_to_create_or_join_one_first(browser, live_server, django_user_model):
+    django_user_model.objects.create_user("loner", password="loner-password-1")
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(live_server.url + reverse("login"))
+    page.fill("input[name=username]", "loner")
+    page.fill("input[name=password]", "loner-password-1")
+    page.click("button[type=submit]")
+    page.goto(live_server.url + reverse("submit-sweep"))
+    assert "You are in no team yet" in page.inner_text("#no-team")
+    assert page.locator("#sweep-form").count() == 0
+    context.close()
 
 
 def test_the_experiment_page_polls_until_no_run_is_active(page, live_server, team, alice):

@@ -35,7 +35,8 @@ def test_a_running_run_shows_its_training_step_pace_and_eta_then_ends(start_work
     token = ApiToken.issue(alice)
     Worker.objects.all().delete()  # workers of earlier test modules, stopped less than a timeout ago
     waiting = api_run(client, token, run)["progress_report"]
-    assert waiting["phase"] == "waiting" and waiting["text"] == "waiting for a worker"
+    assert waiting["phase"] == "waiting" and waiting["queue_position"] == 1
+    assert waiting["text"] == "waiting for a worker: next of its team's runs on queue cpu"
     assert waiting["no_worker"] == "no worker is listening on queue cpu"
 
     worker = start_worker()

@@ -40,3 +40,21 @@ def test_every_kind_of_response_carries_the_security_headers(alice_client, alice
             assert response.headers.get(header, "").startswith(value), (what, header, response.headers)
     policy = responses["login"].headers["Content-Security-Policy"]
     assert "frame-ancestors 'none'" in policy and "object-src 'none'" in policy
+
+
+def test_an_unreachable_database_is_a_503_with_retry_after_not_a_500(rf):
+    from django.db import OperationalError
+    from lab.middleware import server_error
+
+    for path, accept, kind in (
+        ("/experiments/", "text/html", "text/html"),
+        ("/api/runs/1", "*/*", "application/json"),
+    ):
+        request = rf.get(path, HTTP_ACCEPT=accept)
+        try:
+            raise OperationalError("connection refused")
+        except OperationalError:
+            response = server_error(request)  # as Django calls it: inside the except block
+        assert response.status_code == 503 and response["Retry-After"] == "5", path
+        assert response["Content-Type"].startswith(kind), path
+        assert b"the database cannot be reached right now" in response.content.lower(), path

@@ -1,7 +1,8 @@
 """Slow clients do not take the site down: the web server started exactly as `make up` starts it
 (`up.web_command`, on a free loopback port, SQLite under a temporary var/) keeps answering
 `/health` while 32 connections trickle a request one byte at a time, half of them stuck in
-their headers, half in a POST body."""
+their headers, half in a POST body; and a connection whose headers are not complete within
+`LAB_HEADER_TIMEOUT_S` is closed (here 2 s: the default is 10)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -24,6 +26,7 @@ HEALTH_CHECKS = 20
 ANSWER_TIMEOUT_S = 30  # generous: an answer is what is asserted, not how fast it came
 TRICKLE_INTERVAL_S = 0.2
 SERVER_LIMIT_S = 300
+HEADER_TIMEOUT_S = 2
 
 
 def health(url: str) -> bool:
@@ -40,6 +43,7 @@ def front(tmp_path) -> Iterator[tuple[str, int]]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "LAB_"))}
     env["LAB_VAR_DIR"] = str(tmp_path / "var")
+    env["LAB_HEADER_TIMEOUT_S"] = str(HEADER_TIMEOUT_S)
     log_path = tmp_path / "web.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -117,3 +121,26 @@ def test_health_keeps_answering_while_slow_clients_trickle_requests(front):
     finally:
         slow.close()
     assert still_trickling >= 3
+
+
+def test_a_connection_whose_headers_take_too_long_is_closed(front):
+    url, port = front
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        sock.settimeout(TRICKLE_INTERVAL_S)
+        opened = time.monotonic()
+        closed_after = None
+        while time.monotonic() - opened < HEADER_TIMEOUT_S * 10:
+            try:
+                sock.send(b"a")  # one byte of header at a time, never the end
+                if sock.recv(1024) == b"":
+                    closed_after = time.monotonic() - opened
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed_after = time.monotonic() - opened
+                break
+    assert closed_after is not None, f"still open after {HEADER_TIMEOUT_S * 10} s"
+    assert HEADER_TIMEOUT_S * 0.9 <= closed_after < HEADER_TIMEOUT_S * 3
+    assert health(url), "complete requests are answered as before"

@@ -12,6 +12,7 @@ import json
 import pytest
 from conftest import TEST_VAR, TINY_CONFIG, purge_queue, queued_messages
 from django.urls import reverse
+from django.utils.html import escape
 from experiments.models import ApiToken, Experiment, Run
 
 from rlcore.config import RunConfig
@@ -49,7 +50,34 @@ INVALID_FORMS = {
         "task.path",
         "outside the allowed roots",
     ),
-    "not a number": ({"rollout.group_size": "eight"}, "rollout.group_size", "Enter a whole number"),
+    "not a number": (
+        {"rollout.group_size": "eight"},
+        "rollout.group_size",
+        "“eight” is not a whole number; leave it blank for the default, 8",
+    ),
+    # What a number box dropped silently (it submitted a blank, i.e. the default): refused, named.
+    "letters for the steps": (
+        {"steps": "sixty"},
+        "steps",
+        "“sixty” is not a whole number; leave it blank for the default, 150",
+    ),
+    "letters for the lr": (
+        {"optimizer.lr": "fast"},
+        "optimizer.lr",
+        "“fast” is not a number; leave it blank for the default, 3e-05",
+    ),
+    "letters for a knob": (
+        {"algorithm.params.eps_low": "wide"},
+        "algorithm.params.eps_low",
+        "“wide” is not a number; leave it blank for the preset's value",
+    ),
+    # A field's own rule comes first: no sync_offset error for a steps value that is itself invalid.
+    "negative steps": ({"steps": "-5", "sync_offsets": "8"}, "steps", "greater than or equal to 1"),
+    "async with staleness settings": (
+        {"execution.mode": "async", "sync_offsets": "2"},
+        "execution.mode",
+        "keep only on-policy and set that bound",
+    ),
     "bad seed list": ({"seeds": "0, x"}, "seeds", "whole numbers separated by commas"),
     "empty grid": ({"on_policy": ""}, "on_policy", "choose at least one value for staleness"),
     "sync interval 0": ({"sync_intervals": "0"}, "sync_intervals", "greater than or equal to 1"),
@@ -143,7 +171,7 @@ def test_invalid_form_shows_the_field_error_and_creates_nothing(alice_client, te
     errors = response.context["form"].errors
     assert field in errors, errors
     assert any(message in e for e in errors[field]), errors[field]
-    assert message.replace('"', "&quot;") in response.content.decode() or message in response.content.decode()
+    assert escape(message) in response.content.decode() or message in response.content.decode()
     assert Experiment.objects.count() == 0 and Run.objects.count() == 0
     assert queued_messages() == 0
 
@@ -152,7 +180,9 @@ def test_preview_counts_the_grid_and_creates_nothing(alice_client, team):
     data = form_data(team, presets=["grpo", "reinforce"], sync_offsets="2, 4", seeds="0 1", preview="1")
     response = alice_client.post(reverse("submit-sweep"), data)
     assert response.status_code == 200
-    assert "This sweep makes 12 runs." in response.content.decode()
+    assert "This sweep makes 12 runs × 6 steps, lr 3e-05." in response.content.decode()
+    defaults = alice_client.post(reverse("submit-sweep"), {**data, "steps": "", "optimizer.lr": ""})
+    assert "This sweep makes 12 runs × 150 steps (default), lr 3e-05 (default)." in defaults.content.decode()
     assert Run.objects.count() == 0 and queued_messages() == 0
 
 
@@ -476,3 +506,23 @@ def test_a_config_at_the_maximum_depth_is_judged_by_runconfig(api):
     body = json.dumps(sweep_body(config={})).replace('"config": {}', f'"config": {nested(32)}')
     detail = api("/api/sweeps", body).json()["detail"]
     assert [d["field"] for d in detail] == ["config.a"] and "Extra inputs" in detail[0]["msg"], detail
+
+
+def test_negative_steps_give_only_their_own_error_and_async_staleness_one_error_with_a_remedy(
+    alice_client, team
+):
+    response = alice_client.post(
+        reverse("submit-sweep"), form_data(team, steps="-5", sync_offsets="8", sync_intervals="4")
+    )
+    assert [(anchor, message) for anchor, _, message in response.context["form"].error_summary()] == [
+        ("id_steps", "Input should be greater than or equal to 1")
+    ]
+    response = alice_client.post(
+        reverse("submit-sweep"),
+        form_data(team, **{"execution.mode": "async", "sync_offsets": "2", "offline": "on"}),
+    )
+    summary = response.context["form"].error_summary()
+    assert len(summary) == 1 and summary[0][0] == "id_execution.mode", summary
+    assert response.content.decode().count("keep only on-policy and set that bound") == 2, (
+        "in the summary and at the field"
+    )

@@ -150,3 +150,25 @@ def test_the_admin_never_puts_a_superuser_into_a_team_but_their_own_doing(users,
         "bob",
         "root",
     }
+
+
+def test_admins_see_pending_invitations_and_revoke_them(alice_client, team, users):
+    invite(alice_client, team, "bob")
+    invite(alice_client, team, "carl")  # a typo: no such account, so nothing waits
+    page = alice_client.get(reverse("team-detail", args=[team.pk])).content.decode()
+    invitation = users["bob"].team_invitations.get()
+    assert f'<tr data-invitation="{invitation.pk}"><td>bob</td><td>member</td>' in page
+    assert "carl" not in page
+    revoke = reverse("invitation-revoke", args=[team.pk, invitation.pk])
+    members = Membership.objects.create(team=team, user=users["carol"])
+    assert browser(users["carol"]).post(revoke).status_code == 302 and Invitation.objects.exists(), (
+        "admins only"
+    )
+    assert (
+        "pending-invitations"
+        not in browser(users["carol"]).get(reverse("team-detail", args=[team.pk])).content.decode()
+    )
+    members.delete()
+    response = alice_client.post(revoke, follow=True)
+    assert "Revoked the invitation of bob" in response.content.decode() and not Invitation.objects.exists()
+    assert "None: every invitation was accepted, declined or revoked." in response.content.decode()

@@ -24,7 +24,24 @@ def seconds(value: float | None) -> str:
     if value < 60:
         return f"{value:.2f} s"
     minutes, rest = divmod(round(value), 60)
-    return f"{minutes} min {rest} s"
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+@register.filter
+def elapsed(start, end=None) -> str:
+    """The time from `start` to `end` (a datetime; to now when None) as `seconds` shows it; "–"
+    without a start."""
+    if start is None:
+        return "–"
+    from django.utils import timezone
+
+    return seconds(max(0.0, ((end or timezone.now()) - start).total_seconds()))
 
 
 @register.filter

@@ -3,7 +3,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from experiments.models import ApiToken
+from experiments.models import ApiToken, TooManyTokens
 
 
 class Command(BaseCommand):
@@ -11,9 +11,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("username")
+        parser.add_argument("--name", default="command line", help="what the token is for")
 
-    def handle(self, *args, username: str, **options):
+    def handle(self, *args, username: str, name: str, **options):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"no user is called {username!r}; create one with `manage.py createsuperuser`")
-        self.stdout.write(ApiToken.issue(user))
+        try:
+            self.stdout.write(ApiToken.issue(user, name))
+        except TooManyTokens as exc:
+            raise CommandError(str(exc)) from exc

@@ -11,6 +11,7 @@ credentials once.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -30,7 +31,8 @@ from lab.celery import worker_command
 from experiments.models import Membership, Team
 
 STOP_TIMEOUT_S = 15
-START_TIMEOUT_S = 60
+START_TIMEOUT_S = 90
+WEB_WORKERS = 2
 
 
 def worker_env() -> dict[str, str]:
@@ -50,8 +52,9 @@ def web_command(host: str, port: int) -> list[str]:
 
     Each worker reads requests on an asyncio event loop and hands Django only a complete request
     (headers and body), so a client that sends slowly holds a socket, never a thread; up to
-    `--worker-connections` sockets per worker. A request still unanswered after `--timeout` s
-    ends with its connection; header lines, their number and size are capped.
+    `--worker-connections` sockets per worker. A request's headers must arrive within
+    `LAB_HEADER_TIMEOUT_S` (`lab.web`), a request still unanswered after `--timeout` s ends with
+    its connection; header lines, their number and size are capped.
     """
     return [
         sys.executable,
@@ -63,9 +66,9 @@ def web_command(host: str, port: int) -> list[str]:
         "--bind",
         f"{host}:{port}",
         "--worker-class",
-        "asgi",
+        "lab.web.ASGIWorker",  # gunicorn's ASGI worker, with a time limit on a request's headers
         "--workers",
-        "2",
+        str(WEB_WORKERS),
         "--worker-connections",
         "1000",
         "--timeout",
@@ -144,17 +147,26 @@ class Command(BaseCommand):
             raise CommandError("a child process exited on its own; see its output above")
 
     def _wait_until_serving(self, url: str, children, stop) -> None:
+        """Until every web worker process has answered `/health` with 200 (each says its pid):
+        the URL is printed only once any request to it is answered by a worker that is ready."""
         deadline = time.monotonic() + START_TIMEOUT_S
+        ready: set[int] = set()
         while not stop and time.monotonic() < deadline:
             if any(child.poll() is not None for child in children):
                 raise CommandError("the web server or a worker failed to start; see its output above")
             try:
-                urllib.request.urlopen(url + "health", timeout=2).close()
+                with urllib.request.urlopen(url + "health", timeout=10) as response:
+                    ready.add(json.loads(response.read())["worker"])
+            except (OSError, ValueError, KeyError):
+                time.sleep(0.2)
+                continue
+            if len(ready) >= WEB_WORKERS:
                 return
-            except OSError:
-                time.sleep(0.3)
         if not stop:
-            raise CommandError(f"the web server did not answer at {url} within {START_TIMEOUT_S} s")
+            raise CommandError(
+                f"{len(ready)} of the {WEB_WORKERS} web server processes answered at {url} within "
+                f"{START_TIMEOUT_S} s"
+            )
 
     def _stop(self, children) -> None:
         for child in children:

@@ -89,7 +89,7 @@
       traces.push({ ...common, y: group.lo, meta: { kind: "band-lo", preset: group.preset, line: group.line } });
       traces.push({ ...common, y: group.hi, fill: "tonexty", fillcolor: rgba(colour, 0.18), meta: { kind: "band-hi", preset: group.preset, line: group.line } });
     }
-    const seeds = group.n_seeds === 1 ? "1 seed" : `${group.n_seeds} seeds`;
+    const seeds = (group.n_seeds === 1 ? "1 seed" : `${group.n_seeds} seeds`) + (group.band !== control("band").value ? `, band ${group.band}: no CI below ${payload.min_ci_seeds} seeds` : "");
     traces.push({
       x: group.x,
       y: smooth(group.mean, Number(control("smooth").value)),
@@ -105,14 +105,22 @@
     return traces;
   }
 
-  function axisLayout(title) {
+  // Every chart keeps its title, tick labels and legend inside its box and apart: the axes make
+  // room for their labels (automargin), the title sits in the top margin, and the legend below the
+  // x axis's title in space of its own (the bottom margin, sized for the number of lines).
+  function axisLayout(title, lines = payload.lines.length) {
+    // Two short legend entries share a row; a long one (a line of several experiments) has its own.
+    const long = payload.lines.some((l) => l.line.length > 24);
+    const legendRows = long ? lines : Math.ceil(lines / 2);
+    const height = 320 + 20 * legendRows;
     return {
-      height: 280,
-      margin: { l: 50, r: 10, t: 30, b: 40 },
-      title: { text: escapeText(title), font: { size: 13 } },
-      xaxis: { title: { text: X_TITLES[payload.x] } },
-      yaxis: { title: { text: escapeText(payload.metric) } },
-      legend: { orientation: "h", y: -0.25 },
+      height,
+      margin: { l: 60, r: 20, t: 40, b: 50 + 20 * legendRows },
+      // Left-aligned with the plot, its top 8 px below the chart's.
+      title: { text: escapeText(title), font: { size: 13 }, x: 0, xanchor: "left", xref: "paper", y: 1 - 8 / height, yref: "container", yanchor: "top" },
+      xaxis: { title: { text: X_TITLES[payload.x] }, automargin: true },
+      yaxis: { title: { text: escapeText(payload.metric) }, automargin: true },
+      legend: { orientation: "h", xref: "container", x: 0, yref: "container", y: 0, yanchor: "bottom" },
     };
   }
 
@@ -172,19 +180,30 @@
     const traces = payload.groups.flatMap((g) =>
       groupTraces(g, { overlay: true, showlegend: true, dash: DASHES[payload.staleness.indexOf(g.staleness) % DASHES.length] }),
     );
-    Plotly.newPlot(panel, traces, { ...axisLayout("all presets × staleness"), height: 460 }, plotConfig("overlay"));
+    const overlay = axisLayout("all presets × staleness", payload.groups.length);
+    Plotly.newPlot(panel, traces, { ...overlay, height: overlay.height + 160 }, plotConfig("overlay"));
   }
 
   function formatValue(v) {
     return v === null ? "–" : Number(v).toPrecision(4);
   }
 
-  // A bracket always says what it is.
+  // A bracket always says what it is: a 95% bootstrap CI from min_ci_seeds seeds on, the seeds'
+  // min–max below that (a bootstrap over 2–4 values is little more than their range), nothing for one.
   function bracket(row, digits) {
     const f = digits ? (v) => (v >= 0 ? "+" : "") + Number(v).toFixed(digits) : formatValue;
     if (row.n_seeds === 0) return "–";
-    if (row.n_seeds === 1 || row.ci_lo === null) return `${f(row.value)} · 1 seed, no CI`;
-    return `${f(row.value)} [${f(row.ci_lo)}, ${f(row.ci_hi)}] 95% bootstrap CI · ${row.n_seeds} seeds`;
+    if (row.interval === null || row.lo === null) return `${f(row.value)} · 1 seed, no interval`;
+    const bounds = `${f(row.value)} [${f(row.lo)}, ${f(row.hi)}]`;
+    if (row.interval === "min–max") return `${bounds} min–max · ${row.n_seeds} seeds, no CI below ${payload.min_ci_seeds}`;
+    return `${bounds} 95% bootstrap CI · ${row.n_seeds} seeds`;
+  }
+
+  // What a tolerance or a rank rests on: the fewest seed pairs of its drops, and whether they had CIs.
+  function restsOn(row) {
+    if (!row.n_seeds) return "";
+    if (row.interval === "95% bootstrap CI") return ` (${row.n_seeds} seeds, CI)`;
+    return ` (${row.n_seeds} seed${row.n_seeds === 1 ? "" : "s"}, ${row.interval === null ? "no interval" : "min–max, no CI"})`;
   }
 
   function cellRow(table, texts, header) {
@@ -203,20 +222,26 @@
     table.replaceChildren();
     cellRow(table, [`change from on-policy (paired by seed)`, ...stale, "mean change", "worst change", `tolerance (δ = ${payload.delta})`, "rank"], true);
     const drops = new Map(payload.drops.map((r) => [`${r.line}\u0000${r.staleness}`, r]));
+    const digits = payload.digits;
     for (const row of payload.robustness) {
-      const cells = stale.map((s) => (drops.has(`${row.line}\u0000${s}`) ? bracket(drops.get(`${row.line}\u0000${s}`), 3) : ""));
-      const mean = row.mean_drop === null ? "–" : row.mean_drop.toFixed(3);
-      const worst = row.worst_drop === null ? "–" : row.worst_drop.toFixed(3);
-      const tr = cellRow(table, [row.line, ...cells, mean, worst, row.tolerance ?? "–", row.rank ?? "not ranked"]);
+      const cells = stale.map((s) => (drops.has(`${row.line}\u0000${s}`) ? bracket(drops.get(`${row.line}\u0000${s}`), digits) : ""));
+      const mean = row.mean_drop === null ? "–" : row.mean_drop.toFixed(digits);
+      const worst = row.worst_drop === null ? "–" : row.worst_drop.toFixed(digits);
+      const tolerance = row.tolerance === null ? "–" : row.tolerance + restsOn(row);
+      const rank = row.rank === null ? "not ranked" : `${row.rank}${restsOn(row)}`;
+      const tr = cellRow(table, [row.line, ...cells, mean, worst, tolerance, rank]);
       tr.dataset.preset = row.preset;
       tr.dataset.line = row.line;
     }
     const ties = document.getElementById("ties");
+    const none = document.createElement("li");
+    none.textContent = "None: at every setting, every two presets' difference has an interval clear of 0.";
     ties.replaceChildren(
+      ...(payload.ties.length || payload.lines.length < 2 ? [] : [none]),
       ...payload.ties.map((t) => {
         const li = document.createElement("li");
         const need = t.seeds_needed === null ? "cannot tell with these data" : `about ${t.seeds_needed} seeds per preset would (α 0.05, power 0.8)`;
-        li.textContent = `${t.b} − ${t.a} at ${t.staleness}: ${bracket(t, 3)}: cannot be told apart; ${need}`;
+        li.textContent = `${t.b} − ${t.a} at ${t.staleness}: ${bracket(t, payload.digits)}: cannot be told apart; ${need}`;
         return li;
       }),
     );
@@ -225,10 +250,20 @@
       ...payload.findings.map((f) => {
         const li = document.createElement("li");
         li.dataset.verdict = f.verdict;
+        li.dataset.provisional = f.provisional;
         const verdict = document.createElement("strong");
-        verdict.textContent = f.verdict;
+        verdict.textContent = f.provisional ? `${f.verdict} (provisional: ${f.runs_active} of ${f.runs} runs still going)` : f.verdict;
         const several = payload.experiments.length > 1 ? ` (#${f.experiment})` : "";
-        li.append(verdict, ` ${f.claim}${several} ${f.text}`);
+        const reasons = document.createElement("ul");
+        reasons.className = "reasons";
+        reasons.replaceChildren(
+          ...f.reasons.map((text) => {
+            const item = document.createElement("li");
+            item.textContent = text;
+            return item;
+          }),
+        );
+        li.append(verdict, ` ${f.claim}${several} ${f.text}`, reasons);
         return li;
       }),
     );
@@ -259,7 +294,7 @@
         const row = cells.get(`${line}\u0000${setting}`);
         if (!row) continue;
         if (row.n_seeds === 0) td.textContent = row.active ? "no points yet" : "no points (its runs ended without any)";
-        else td.textContent = bracket(row);
+        else td.textContent = bracket(row) + (row.n_active ? ` · ${row.n_active} still running (partial)` : "");
         if (row.n_collapsed) {
           const flag = document.createElement("strong");
           flag.className = "collapsed";
@@ -298,7 +333,7 @@
       return {
         x: payload.staleness.map(escapeText),
         y: points.map(value),
-        customdata: points.map((r) => (r ? r.n_seeds : 0)),
+        customdata: points.map((r) => (r ? `${r[fields.interval] ?? "no interval"} over ${r.n_seeds} seed${r.n_seeds === 1 ? "" : "s"}` : "")),
         error_y: {
           type: "data",
           symmetric: false,
@@ -309,31 +344,32 @@
         mode: "lines+markers",
         name,
         line: { color: payload.colours[preset], dash: experimentDash({ experiment }) },
-        hovertemplate: `%{y:.4g} at %{x} · 95% bootstrap CI over %{customdata} seeds<extra>${name}</extra>`,
+        hovertemplate: `%{y:.4g} at %{x} · %{customdata}<extra>${name}</extra>`,
         meta: { kind: options.kind, preset, line },
       };
     });
-    // Three of these share a row: room on the right for the last staleness label.
-    const layout = { ...axisLayout(options.title), height: 320, margin: { l: 50, r: 40, t: 30, b: 40 } };
-    layout.xaxis = { title: { text: "staleness" }, type: "category" };
+    // Three of these share a row: long staleness labels are tilted, and take the room they need.
+    const layout = axisLayout(options.title);
+    layout.margin.r = 40;
+    layout.xaxis = { title: { text: "staleness" }, type: "category", automargin: true, tickangle: -30 };
     // Each line's markers a little to the side of the others', so no bracket hides another.
     layout.scattermode = "group";
     layout.scattergap = 0.7;
-    layout.yaxis = { title: { text: escapeText(options.yTitle) }, rangemode: options.fromZero ? "tozero" : "normal" };
+    layout.yaxis = { title: { text: escapeText(options.yTitle) }, rangemode: options.fromZero ? "tozero" : "normal", automargin: true };
     Plotly.newPlot(element, traces, layout, plotConfig(options.kind));
   }
 
   function drawTradeOff() {
-    drawVersusStaleness("degradation", payload.summary, { value: "value", lo: "ci_lo", hi: "ci_hi" }, {
+    drawVersusStaleness("degradation", payload.summary, { value: "value", lo: "lo", hi: "hi", interval: "interval" }, {
       kind: "degradation",
-      title: `final ${payload.metric} (${payload.rule}) vs staleness`,
+      title: `final ${payload.metric} (${payload.rule})`,
       yTitle: payload.metric,
     });
     for (const [element, name, title, yTitle] of [
-      ["throughput-steps", "steps_per_hour", "trainer steps per hour vs staleness", "steps per hour"],
-      ["throughput-tokens", "tokens_per_s", "trainer tokens/s vs staleness", "tokens/s"],
+      ["throughput-steps", "steps_per_hour", "trainer steps per hour", "steps per hour"],
+      ["throughput-tokens", "tokens_per_s", "trainer tokens/s", "tokens/s"],
     ]) {
-      const fields = { value: name, lo: `${name}_ci_lo`, hi: `${name}_ci_hi` };
+      const fields = { value: name, lo: `${name}_lo`, hi: `${name}_hi`, interval: `${name}_interval` };
       drawVersusStaleness(element, payload.throughput, fields, { kind: name, title, yTitle, fromZero: true });
     }
   }
@@ -357,9 +393,9 @@
       };
     });
     const key = payload.staleness.map((s, i) => `${SYMBOLS[i % SYMBOLS.length]}: ${s}`).join(" · ");
-    const layout = { ...axisLayout(`last reward/mean vs last kl/init, one point per run; marker = staleness (${key})`), height: 340 };
-    layout.xaxis = { title: { text: "kl/init" } };
-    layout.yaxis = { title: { text: "reward/mean" } };
+    const layout = axisLayout("last reward/mean vs last kl/init, one point per run");
+    layout.xaxis = { title: { text: escapeText(`last kl/init · marker = staleness (${key})`) }, automargin: true };
+    layout.yaxis = { title: { text: "reward/mean" }, automargin: true };
     Plotly.newPlot("scatter", traces, layout, plotConfig("reward-vs-kl"));
   }
 

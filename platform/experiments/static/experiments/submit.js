@@ -1,23 +1,87 @@
 // The new-sweep form (templates/experiments/submit.html).
+//
+// The count line says what the sweep will queue, with the values that take effect: "18 runs × 150
+// steps, lr 3e-05 (defaults)". A number box holds what was typed (a text box: a number box would
+// drop "sixty" and submit a blank, i.e. the default); a value that is not a number is named here at
+// once and the form is not submitted until it is fixed (the server refuses it too, naming it).
+"use strict";
 
-// Live count of the grid: presets × staleness settings × seeds (the server re-checks on submit).
-const form = document.getElementById("sweep-form");
-const count = (text) => text.split(/[\s,]+/).filter(Boolean).length;
-const update = () => {
-  const presets = form.querySelectorAll("input[name=presets]:checked").length;
-  const settings = (form.on_policy.checked ? 1 : 0) + count(form.sync_intervals.value)
-    + count(form.sync_offsets.value) + (form.offline.checked ? 1 : 0);
-  const runs = presets * settings * count(form.seeds.value);
-  document.getElementById("grid-size").textContent = `This sweep makes ${runs} run${runs === 1 ? "" : "s"}.`;
-};
-form.addEventListener("input", update);
-update();
-// Only the chosen task kind's fields show; the server ignores the others.
-const taskKind = form.elements["task.name"];
-const showTaskFields = () => {
-  form.querySelectorAll("[data-task-kinds]").forEach((div) => {
-    div.hidden = !div.dataset.taskKinds.split(" ").includes(taskKind.value);
+(() => {
+  const form = document.getElementById("sweep-form");
+  const line = document.getElementById("grid-size");
+  const problems = document.getElementById("typing-problems");
+  const count = (text) => text.split(/[\s,]+/).filter(Boolean).length;
+  const INTEGER = /^[+-]?\d+$/;
+  const FLOAT = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
+
+  const numberBoxes = () => [...form.querySelectorAll("input[data-number]")].filter((box) => !box.closest("[hidden]"));
+  const label = (box) => form.querySelector(`label[for="${box.id}"]`)?.textContent.replace(/:$/, "") ?? box.name;
+
+  // What a number box means now: its typed value, its default when blank, or a problem.
+  function reading(box) {
+    const text = box.value.trim();
+    if (text === "") return { value: box.dataset.default || null, isDefault: true };
+    const ok = box.dataset.number === "integer" ? INTEGER.test(text) : FLOAT.test(text);
+    return ok ? { value: text, isDefault: false } : { problem: `${label(box)}: “${text}” is not ${box.dataset.number === "integer" ? "a whole number" : "a number"}` };
+  }
+
+  function typingProblems() {
+    const found = numberBoxes().map(reading).filter((r) => r.problem).map((r) => r.problem);
+    // An input the browser itself cannot read is refused too (it would submit a blank).
+    for (const el of form.querySelectorAll("input")) if (el.validity.badInput) found.push(`${label(el)}: ${el.validationMessage}`);
+    return found;
+  }
+
+  function effective(name, words) {
+    const box = form.elements[name];
+    if (!box) return "";
+    const r = reading(box);
+    if (r.problem || r.value === null) return "";
+    return `${words(r.value)}${r.isDefault ? " (default)" : ""}`;
+  }
+
+  function update() {
+    const presets = form.querySelectorAll("input[name=presets]:checked").length;
+    const stale = count(form.sync_intervals.value) + count(form.sync_offsets.value) + (form.offline.checked ? 1 : 0);
+    const settings = (form.on_policy.checked ? 1 : 0) + stale;
+    const runs = presets * settings * count(form.seeds.value);
+    const found = typingProblems();
+    problems.replaceChildren(
+      ...found.map((text) => {
+        const li = document.createElement("li");
+        li.textContent = text;
+        return li;
+      }),
+    );
+    problems.hidden = found.length === 0;
+    const mode = form.elements["execution.mode"];
+    if (mode && mode.value === "async" && stale > 0) {
+      line.textContent = "Async runs measure their own staleness: keep only On-policy and set the bound (Max staleness).";
+      return;
+    }
+    const values = [effective("steps", (v) => `${v} steps`), effective("optimizer.lr", (v) => `lr ${v}`)].filter(Boolean);
+    line.textContent = `This sweep makes ${runs} run${runs === 1 ? "" : "s"}${values.length ? " × " + values.join(", ") : ""}.`;
+  }
+
+  form.addEventListener("input", update);
+  form.addEventListener("change", update);
+  form.addEventListener("submit", (event) => {
+    if (typingProblems().length) {
+      event.preventDefault();
+      update();
+      problems.scrollIntoView({ block: "center" });
+    }
   });
-};
-taskKind.addEventListener("change", showTaskFields);
-showTaskFields();
+  update();
+
+  // Only the chosen task kind's fields show; the server ignores the others.
+  const taskKind = form.elements["task.name"];
+  const showTaskFields = () => {
+    form.querySelectorAll("[data-task-kinds]").forEach((div) => {
+      div.hidden = !div.dataset.taskKinds.split(" ").includes(taskKind.value);
+    });
+    update();
+  };
+  taskKind.addEventListener("change", showTaskFields);
+  showTaskFields();
+})();
