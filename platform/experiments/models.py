@@ -328,22 +328,24 @@ NEVER = datetime.min.replace(tzinfo=UTC)  # a team never served goes before any 
 
 @dataclass(frozen=True)
 class QueueState:
-    """Where queued runs stand, read once for a page (two queries, not one per run): per (team,
-    queue) its queued runs in the order a worker takes them (first in, first out within a team;
-    teams take turns, `Run.claim_next`), and per queue the running runs of each team."""
+    """Where queued runs stand, read once for a page (two queries, not one per run): each queued
+    run's place among its team's queued runs of its queue, in the order a worker takes them (first
+    in, first out within a team; teams take turns, `Run.claim_next`), and per queue the running
+    runs of each team."""
 
-    queued: dict[tuple[int, str], list[int]]
+    place: dict[int, int]  # a queued run → its place among its team's queued runs of its queue (1: next)
     running: dict[str, dict[int, int]]
 
     @classmethod
     def read(cls, queues: Iterable[str]) -> QueueState:
         queues = list(queues)
-        queued: dict[tuple[int, str], list[int]] = {}
+        place: dict[int, int] = {}
         running: dict[str, dict[int, int]] = {}
         if queues:
+            lines: dict[tuple[int, str], int] = {}
             rows = Run.objects.filter(status=Run.QUEUED, queue__in=queues).order_by("id")
             for pk, team, queue in rows.values_list("pk", "experiment__team", "queue"):
-                queued.setdefault((team, queue), []).append(pk)
+                lines[(team, queue)] = place[pk] = lines.get((team, queue), 0) + 1
             counts = (
                 Run.objects.filter(status=Run.RUNNING, queue__in=queues)
                 .values_list("queue", "experiment__team")
@@ -352,12 +354,11 @@ class QueueState:
             )
             for queue, team, n in counts:
                 running.setdefault(queue, {})[team] = n
-        return cls(queued, running)
+        return cls(place, running)
 
     def waiting(self, run: Run, team: int) -> tuple[int | None, str]:
         """(its place among its team's queued runs of its queue, 1 = next; what it waits for)."""
-        line = self.queued.get((team, run.queue), [])
-        place = line.index(run.pk) + 1 if run.pk in line else None
+        place = self.place.get(run.pk)
         ahead = (place or 1) - 1
         parts = [
             f"next of its team's runs on queue {run.queue}"
@@ -368,7 +369,9 @@ class QueueState:
         mine, others = running.get(team, 0), sum(n for t, n in running.items() if t != team)
         cap = settings.LAB_TEAM_MAX_RUNNING
         if cap and mine >= cap:
-            parts.append(f"its team is at its limit of {cap} running runs (LAB_TEAM_MAX_RUNNING)")
+            parts.append(
+                f"its team is at its limit of {cap} running run{'s' if cap != 1 else ''} (LAB_TEAM_MAX_RUNNING)"
+            )
         elif others:
             parts.append(
                 f"the workers of queue {run.queue} are running {others} run{'s' if others != 1 else ''} of "

@@ -173,7 +173,7 @@ def _starting_point(request: HttpRequest) -> tuple[dict, list[str], str]:
     from ("" for a blank form). Another team's template or experiment is a 404."""
     if name := request.GET.get("template"):
         return dict(TEMPLATES.get(name, {})), [], f"the template {name}" if name in TEMPLATES else ""
-    if (saved := request.GET.get("saved", "")).isdigit():
+    if (saved := request.GET.get("saved", "")).isdigit() and len(saved) <= 18:
         template = get_object_or_404(SweepTemplate.objects.filter(team__members=request.user), pk=int(saved))
         initial, warnings = initial_from_spec(template.spec)
         return (
@@ -181,7 +181,7 @@ def _starting_point(request: HttpRequest) -> tuple[dict, list[str], str]:
             warnings,
             f"the template {template}",
         )
-    if (clone := request.GET.get("clone", "")).isdigit():
+    if (clone := request.GET.get("clone", "")).isdigit() and len(clone) <= 18:
         experiment = get_object_or_404(Experiment.visible_to(request.user), pk=int(clone))
         initial, warnings = initial_from_spec(experiment.spec)
         initial |= {

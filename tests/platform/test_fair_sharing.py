@@ -141,5 +141,5 @@ def test_a_waiting_run_says_where_it_stands_and_what_it_waits_for(a_many_then_b_
     fourth = Run.objects.get(pk=a_runs[3]).progress_report()
     assert fourth["queue_position"] == 3 and fourth["text"] == (
         "waiting for a worker: 2 of its team's runs ahead of it on queue cpu · its team is at its limit "
-        "of 1 running runs (LAB_TEAM_MAX_RUNNING)"
+        "of 1 running run (LAB_TEAM_MAX_RUNNING)"
     )

@@ -97,3 +97,5 @@ def test_another_teams_experiment_and_template_are_404(experiment, django_user_m
         == 404
     )
     assert "theirs" not in client.get(reverse("submit-sweep")).content.decode()
+    for param in ("clone", "saved"):  # ids past any database integer: a blank form, never a 500
+        assert client.get(reverse("submit-sweep"), {param: "9" * 40}).status_code == 200
