@@ -73,9 +73,10 @@ def ingest(n_runs: int, steps: int):
     """The experiment, its runs' metrics written through `DatabaseSink` like a worker does."""
     import numpy as np
     from django.contrib.auth import get_user_model
-    from experiments.models import Membership, Run, Team
-    from experiments.sweeps import create_experiment, expand
 
+    from accounts.models import Membership, Team
+    from experiments.models import Run
+    from experiments.sweeps import create_experiment, expand
     from workers.sink import DatabaseSink
 
     user = get_user_model().objects.create_user("bench", password="bench-password-1")
@@ -112,6 +113,7 @@ def settle(connection) -> None:
 def measure(experiment, user, calls: int) -> list[dict]:
     from django.test import Client
     from django.urls import reverse
+
     from experiments.models import MetricPoint
 
     client = Client()

@@ -52,10 +52,9 @@ def vllm_alone(config, prompts: list[list[int]]) -> float:
     from rlcore import models, tasks
     from rlcore.batch import group_rngs
     from rlcore.produce import make_engine
-    from rlcore.trainer import resolve_device
 
     task = tasks.build(config.task)
-    lm = models.load(config, resolve_device(config.device), CACHE, task)
+    lm = models.load(config, models.resolve_device(config.device), CACHE, task)
     engine = make_engine(config, lm, CACHE, task)
     cfg = config.rollout
     rngs = group_rngs(config.seed, 1, "sampling", range(len(prompts)))
@@ -81,7 +80,6 @@ def main() -> int:
     finally:
         stop_workers(procs)
     from experiments.models import PolicyVersion
-
     from rlcore import models, tasks
     from rlcore.batch import seeded_rng
 

@@ -146,7 +146,9 @@ class CpuSampler:
 def run_on_workers(config: dict, name: str):
     """Submit `config` as a one-run experiment, wait for it to succeed, return the run."""
     from django.contrib.auth import get_user_model
-    from experiments.models import Run, Team
+
+    from accounts.models import Team
+    from experiments.models import Run
     from experiments.sweeps import create_experiment, expand
 
     team, _ = Team.objects.get_or_create(name="bench")
@@ -177,6 +179,7 @@ def window(run, first: int) -> tuple[float, float]:
     """Unix times of step `first`'s metrics and of the run's last point (the final evaluation,
     which rollout workers may finish after the last step)."""
     from django.db.models import Max
+
     from experiments.models import MetricPoint
 
     points = MetricPoint.objects.filter(run=run)

@@ -27,7 +27,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from bench.rl_step import THREADS, Snapshot, bench_config, others_cores, snapshot, wait_until_idle
-from rlcore import algorithms, models, rollout, staleness, tasks, trainer
+from rlcore import algorithms, models, rollout, sources, tasks, trainer
+from rlcore.evaluate import Evaluator
 from rlcore.sinks import ListSink
 
 STEP_PARTS = (
@@ -84,14 +85,14 @@ class Profiler:
 
     def instrument(self) -> None:
         """Wrap rlcore's step pieces (module and class attributes, so `train` picks them up)."""
-        publish = staleness.LocalSource.publish
+        publish = sources.LocalSource.publish
 
-        def publish_counting(source: staleness.LocalSource, version: int, policy: Any) -> None:
+        def publish_counting(source: sources.LocalSource, version: int, policy: Any) -> None:
             self.step = version + 1
             publish(source, version, policy)
 
-        staleness.LocalSource.publish = publish_counting
-        evaluate = trainer.evaluate
+        sources.LocalSource.publish = publish_counting
+        evaluate = Evaluator.evaluate
 
         def evaluate_untimed(*args: Any) -> dict[str, float]:
             self.evaluating = True
@@ -100,7 +101,7 @@ class Profiler:
             finally:
                 self.evaluating = False
 
-        trainer.evaluate = evaluate_untimed
+        Evaluator.evaluate = evaluate_untimed
         engine_init = rollout.HFEngine.__init__
 
         def engine_init_hooked(engine: rollout.HFEngine, *args: Any) -> None:

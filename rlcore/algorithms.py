@@ -1,10 +1,6 @@
-"""The loss family of ALGORITHMS.md as pure tensor functions.
-
-A preset (`rlcore.presets`) is data; `build(name, **params)` wraps its resolved spec in an
-`Algorithm` with two operations: group-relative `advantages` (§2, with RED-Drop §5) and
-`policy_loss` (§3/§4), whose autograd gradient with respect to `logp` is the spec's.
-Shapes: N responses, T response positions; `mask` is 1 on response tokens.
-"""
+"""The loss family (docs/algorithms.md §2–5) as pure tensor functions: `build(name, **params)` gives
+an `Algorithm` whose `advantages` are group-relative (with RED-Drop) and whose `policy_loss` has the
+spec's gradient with respect to `logp`. Shapes: N responses, T response positions."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""A trainer step's data (`Batch`), the seeded randomness every part of a run draws from, and
-the durable file form of a batch that rollout workers hand to the trainer.
-
-A batch is a pure function of (config, step, behaviour weights): its prompts, its samples
-(one random stream per prompt group) and its drops are drawn from generators seeded by
-(seed, step, purpose). So a step's batch is the same whether one process or several
-workers generate its groups, and a rollout job lost with its worker can be redone anywhere.
-"""
+"""A trainer step's data (`Batch`), the seeded randomness every part of a run draws from, and the
+file form rollout workers hand a batch over in. A batch is a pure function of (config, step,
+behaviour weights), so one process or several workers make the same one."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Checkpoints: everything a resumed run needs, in files that hold tensors and plain data only.
-
-A checkpoint is loaded with `torch.load(weights_only=True)`, so a file someone else could write
-(a shared `LAB_VAR_DIR`) can at worst be refused, never run code. Each file's sha256 goes to a
-`Ledger` when it is written, and a file is restored only if its bytes still match: the platform
-keeps the ledger in its database, the command line in `checkpoints.json` beside the files. The
-newest `keep` checkpoints stay, so a damaged newest one leaves an older one to resume from; a
-checkpoint that fails its check is renamed `….rejected` and never read again.
-"""
+"""Checkpoints: everything a resumed run needs, as tensors and plain data loaded with
+`weights_only=True`. Each file's sha256 goes to a `Ledger` (the platform's database, or
+`checkpoints.json` beside the files); the newest `keep` stay, and one that fails its check is
+renamed `….rejected` and passed over."""
 
 from __future__ import annotations
 

@@ -1,49 +1,8 @@
-"""`RunConfig`: the single definition of a run (task, model, algorithm, staleness, rollout,
-optimiser, budget, seed).
-
-The web form, the API, the CLI and the worker all validate through this schema; nothing
-else declares a run's fields, defaults or bounds. It imports neither torch nor Django, so
-the web tier can use it cheaply. Paths are checked against allowed roots when the caller
-passes them in the validation context: ``RunConfig.model_validate(data,
-context={"data_roots": [...], "model_roots": [...]})``.
-
-The per-run budget
-------------------
-Every field that scales a run's memory or time has an upper bound, so one run stays within
-a known envelope; the worker's memory ceiling (`LAB_RUN_MEMORY_MB`) stops a run cleanly if
-it still outgrows its worker (a local model, a large dataset). The bounds and what they imply
-(float32; P = a prompt's tokens, T = `rollout.max_new_tokens`, N = responses per step):
-
-- Weights: the policy, frozen θ0, the rollout engine's copy, gradients and two AdamW moments,
-  about 6 × 4 B per parameter. The built-in model is at most 512 wide, 8 layers, MLP 2048:
-  ≤ 34 M parameters, ≤ 0.8 GB (the default, 1.06 M parameters, ~25 MB). A local model's size
-  is its own (e.g. 1.5 B parameters in bfloat16 ≈ 18 GB, on the GPU).
-- One batched generation holds a KV cache of (P + T) × layers × 2 × width × 4 B per
-  response (4 KB per token for the default built-in model, ≤ 32 KB at its bounds). Its
-  generated tokens are bounded by `MAX_GENERATED_TOKENS` (2^20): a step's batch
-  (N = prompts_per_step × group_size ≤ `MAX_BATCH_RESPONSES` = 8,192, times T), an evaluation
-  (eval_size ≤ 10,000, times T) and the built-in model's warm-start check (arithmetic
-  held_out ≤ 10,000, times T). The demo's step is 8 × 8 × 6 = 384 tokens; the paper's GSM8k
-  step 96 × 8 × 1,024 = 786,432.
-- The update scores `optimizer.micro_batch_size` responses at a time (default: all N), with
-  logits of (P + T) × vocabulary × 4 B per response, a few copies of them.
-- Batches generated ahead of their step are kept (in memory and in every checkpoint, or in the
-  run's buffer folder): `staleness.sync_offset` of them, or `execution.max_staleness` in async
-  mode, each times a step's generated tokens, at most `MAX_BUFFERED_TOKENS` (2^25). With
-  `execution.init_logprobs: rollout` (or `auto`) a batch also carries θ0's log-probs while they fit
-  `rlcore.produce.INIT_LOGP_FLOATS` (2^22 floats, 16 MiB); larger ones the trainer computes.
-- Tasks: the arithmetic task samples problems straight from its seed (memory O(held_out),
-  whatever the operand range); a jsonl file is read whole (`rlcore.tasks.MAX_DATASET_BYTES`,
-  1 GiB) and each prompt is at most `rlcore.tasks.MAX_PROMPT_CHARS` characters.
-- Time: at most `steps` (≤ 100,000) trainer steps, each one batch generation and one update
-  within the bounds above, plus an evaluation every `eval_every` steps, and for a new built-in
-  model a warm start of at most `warmstart_max_steps` (≤ 20,000) supervised steps of 128
-  problems with a held-out check every 10.
-
-The bounds are per factor: at all of them at once, a step of the built-in model can still need
-tens of GB (2^20 new tokens × 32 KB of KV cache ≈ 32 GB). Such a run is accepted, and its
-worker's memory ceiling ends it `failed` if the worker cannot hold it.
-"""
+"""`RunConfig`: the one definition of a run (task, model, algorithm, staleness, rollout, optimiser,
+budget, seed). The web form, the API, the CLI and the worker all validate through it; it imports
+neither torch nor Django. Paths are checked against allowed roots passed in the validation context
+(`context={"data_roots": [...], "model_roots": [...]}`); every field that scales memory or time is
+bounded (the per-run budget: docs/architecture.md, "Resources")."""
 
 from __future__ import annotations
 
@@ -244,7 +203,7 @@ Task = Annotated[ArithmeticTask | JsonlTask, Field(discriminator="name")]
 
 
 class TinyModel(_Strict):
-    """The built-in Llama-architecture model with a character tokenizer (ALGORITHMS.md §10)."""
+    """The built-in Llama-architecture model with a character tokenizer (docs/algorithms.md §10)."""
 
     hidden_size: int = Field(
         128, ge=16, le=512, title="Hidden size", description="width of the residual stream"
@@ -261,7 +220,7 @@ class TinyModel(_Strict):
         title="Warm-start accuracy",
         description=(
             "the supervised warm start stops at the first check (every 10 steps) at or above this "
-            "held-out accuracy; ALGORITHMS.md §10 calibrates θ0 near 0.3-0.4"
+            "held-out accuracy; docs/algorithms.md §10 calibrates θ0 near 0.3-0.4"
         ),
     )
     warmstart_max_steps: int = Field(
@@ -316,7 +275,7 @@ def _knob_properties() -> dict[str, Any]:
 
 
 class AlgorithmConfig(_Strict):
-    preset: str = Field("rec-oneside-nois", description="one of the presets of ALGORITHMS.md §4")
+    preset: str = Field("rec-oneside-nois", description="one of the presets of docs/algorithms.md §4")
     params: dict[str, Any] = Field(
         default_factory=dict,
         validate_default=True,
@@ -345,7 +304,7 @@ class AlgorithmConfig(_Strict):
 
 
 class StalenessConfig(_Strict):
-    """ALGORITHMS.md §6: step t trains on a batch from policy version v(t) =
+    """docs/algorithms.md §6: step t trains on a batch from policy version v(t) =
     k·max(0, ⌊(t − d − 1)/k⌋); on-policy (k = 1, d = 0) is v(t) = t − 1."""
 
     sync_interval: int = Field(

@@ -1,12 +1,6 @@
-"""Models: the built-in tiny model and any local Hugging Face model directory.
-
-The tiny model is a small Llama (model type `llama`: transformers 5 silently swaps a
-`qwen2` tokenizer class and drops spaces) with a character tokenizer built with
-`tokenizers`. It is written with `save_pretrained` and read back with `from_pretrained`,
-the same path a real local model takes, after a supervised warm start on the task that
-lifts its held-out greedy accuracy to a target. The result is cached on disk under a key
-hashed from everything that shapes it, so every run of a sweep starts from the same θ0.
-"""
+"""Models: the built-in tiny model (a small Llama with a character tokenizer, warm-started on the
+task and cached under a key hashed from everything that shapes it, so every run of a sweep starts
+from the same θ0) and any local Hugging Face model directory, loaded the same way."""
 
 from __future__ import annotations
 
@@ -87,6 +81,15 @@ def tiny_cache_key(config: RunConfig) -> str:
         "max_new_tokens": config.rollout.max_new_tokens,
     }
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device `name` (cpu, cuda, auto) means here; an error when cuda is asked for and absent."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but no CUDA device is available; use 'cpu' or 'auto'")
+    return torch.device(name)
 
 
 def load(

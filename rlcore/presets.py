@@ -1,11 +1,6 @@
-"""The algorithm presets of ALGORITHMS.md §4 as plain data, importable without torch.
-
-Every preset is one point in the same family of losses: a frozen `AlgorithmSpec` whose
-fields are the knobs (surrogate form, clip mask, token weight, regulariser, aggregation,
-advantage normalisation, RED-Drop). `resolve(name, overrides)` returns the spec a run uses;
-the web tier validates through it without importing torch, and `rlcore.algorithms`
-turns a spec into tensor functions.
-"""
+"""The algorithm presets (docs/algorithms.md §4) as plain data, importable without torch: each is
+one frozen `AlgorithmSpec` of the loss family, and `resolve(name, overrides)` gives the spec a run
+uses; `rlcore.algorithms` turns a spec into tensor functions."""
 
 from __future__ import annotations
 
@@ -40,7 +35,7 @@ TUNABLE = (
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """One member of the REC loss family (ALGORITHMS.md §3), fully resolved."""
+    """One member of the REC loss family (docs/algorithms.md §3), fully resolved."""
 
     surrogate: Surrogate = "rec"
     clip: Clip = "none"
@@ -186,6 +181,12 @@ _FIELD_TYPES = {f.name: f.type for f in fields(AlgorithmSpec)}
 
 def preset_names() -> list[str]:
     return list(PRESETS)
+
+
+def preset_sort_key(preset: str) -> tuple[int, str]:
+    """Presets in the order above, then any others by name."""
+    known = preset_names()
+    return (known.index(preset), "") if preset in known else (len(known), preset)
 
 
 def _number(name: str, value: Any) -> float:

@@ -1,15 +1,7 @@
-"""Batch production: task + tokenizer + rollout engine → the scored batch of a trainer step.
-
-`Producer.batch(step, version)` generates with whatever weights the engine holds (the caller
-has loaded version `version` into it), scores the responses and, where they fit, computes
-frozen θ0's next-token log-probs over the batch's responses (what `kl/init` and its k1/k3
-estimators need from θ0, as verl's reference worker does): that forward pass, about a
-quarter of a trainer step, then runs wherever the batch is made, on a rollout worker in
-distributed and async execution. It needs neither the optimiser nor the algorithm, so a
-rollout worker runs it as well as the trainer's process.
-`groups` selects a slice of the step's prompt groups: a step split across rollout jobs
-produces, group for group, the same responses as one job producing it whole.
-"""
+"""Batch production: task + tokenizer + rollout engine → the scored batch of a trainer step, with
+frozen θ0's log-probs where they fit. It needs neither the optimiser nor the algorithm, so a
+rollout worker runs it as well as the trainer; a slice of the step's prompt groups gives, group
+for group, the responses of the whole batch."""
 
 from __future__ import annotations
 
@@ -27,7 +19,7 @@ from rlcore.rollout import HFEngine, RolloutEngine, VLLMEngine, score_responses
 
 # θ0 log-probs go with a batch while they are at most this many floats (rows × response
 # positions × vocabulary: 16 MiB); with a real vocabulary and long responses the trainer computes
-# them itself, in chunks, as ALGORITHMS.md §7 asks.
+# them itself, in chunks, as docs/algorithms.md §7 asks.
 INIT_LOGP_FLOATS = 2**22
 
 

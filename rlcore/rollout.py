@@ -1,18 +1,7 @@
-"""Rollout engines: generate responses and record the behaviour log-probs at rollout time.
-
-Both engines return a `Rollout` of padded tensors. Log-probs are those of the sampling
-distribution at temperature T, `log_softmax(logits / T)`; top-p only restricts which
-tokens may be drawn. `score_responses` is the trainer's side of the same computation, so
-on-policy the two agree to float error (ρ = 1).
-
-Both implement `RolloutEngine`. Sampling randomness comes as one `torch.Generator` per
-prompt group, so a group's responses depend only on its own generator's seed, not on which
-other groups share the batch (or the worker).
-
-- `HFEngine`: its own copy of a transformers model (the behaviour weights), a lean KV-cache
-  decode loop, inverse-CDF sampling.
-- `VLLMEngine` (`gpu` extra): vLLM in-process, weights pushed from the trainer on `sync`.
-"""
+"""Rollout engines (`HFEngine`: a transformers model with a lean KV-cache decode loop; `VLLMEngine`,
+`gpu` extra): generate responses and record their behaviour log-probs, `log_softmax(logits / T)`,
+at rollout time. `score_responses` is the trainer's side of the same computation, so on-policy the
+two agree to float error. Sampling randomness is one generator per prompt group."""
 
 from __future__ import annotations
 

@@ -147,7 +147,7 @@ class JsonlSink:
         self._file.close()
 
 
-# Logged at every trainer step (ALGORITHMS.md §7, DESIGN.md); names are part of the API.
+# Logged at every trainer step (docs/algorithms.md §7); names are part of the API.
 STEP_METRICS = (
     "reward/mean",
     "reward/std",

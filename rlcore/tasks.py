@@ -1,14 +1,7 @@
-"""Verifiable-reward tasks: prompts, held-out prompts, and the reward of a completion.
-
-`arithmetic` is synthetic and seeded (the built-in demo); `jsonl` reads GSM8k-style files
-(`question`, `answer` ending in `#### N`) and scores a numeric exact match, optionally with
-the paper's ±0.1 format term. Train and eval prompts never overlap.
-
-A task's memory is bounded whatever its config (the per-run budget, `rlcore.config`): the
-arithmetic task computes a problem from its index instead of listing every operand
-combination once the combinations outnumber `MATERIALISE_LIMIT`, and a jsonl file is read
-only up to `MAX_DATASET_BYTES` with prompts of at most `MAX_PROMPT_CHARS` characters.
-"""
+"""Verifiable-reward tasks: prompts, held-out prompts and the reward of a completion. `arithmetic`
+is synthetic and seeded (the built-in demo); `jsonl` reads GSM8k-style files and scores a numeric
+exact match, optionally with the paper's ±0.1 format term. Train and eval prompts never overlap;
+a task's memory is bounded whatever its config."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""The training loop, top to bottom: publish the weights → take the batch → advantage →
-loss → one optimiser step → metrics.
-
-`train(config, sink)` runs one `RunConfig`. A `BatchSource` (`rlcore.staleness`) decides
-which policy version generates each step's batch: `LocalSource` generates it in this
-process on the exact schedule; other sources get it from rollout workers. The trainer only
-ever sees batches with the behaviour log-probs recorded at rollout time. Every metric of
-ALGORITHMS.md §7 is logged at every step; `kl/init` is the exact full-vocabulary KL to the
-frozen θ0. All randomness is drawn from generators seeded by (seed, step, purpose), so the
-same config and seed give the same curve, and every preset sees the same prompts at the
-same step.
-"""
+"""The training loop: publish the weights → take the batch → advantage → loss → one optimiser step
+→ metrics (docs/algorithms.md §7), for one `RunConfig`, with batches from a `BatchSource`
+(`rlcore.sources`). All randomness comes from generators seeded by (seed, step, purpose): the same
+config and seed give the same curve, and every preset sees the same prompts at the same step."""
 
 from __future__ import annotations
 
@@ -23,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from rlcore import algorithms, checkpoints, models, provenance, staleness, tasks
-from rlcore.batch import Batch, group_rngs, seeded_rng
+from rlcore import algorithms, checkpoints, models, provenance, sources, tasks
+from rlcore.batch import Batch, seeded_rng
 from rlcore.config import RunConfig
+from rlcore.evaluate import Evaluator
 from rlcore.produce import Producer, make_engine
-from rlcore.rollout import decode, score_responses, token_logprobs
+from rlcore.rollout import score_responses, token_logprobs
 from rlcore.sinks import (
     CHECKPOINTING,
     EVALUATING,
@@ -56,14 +49,6 @@ class Progress:
         self.initial_eval = dict(state["initial_eval"])
         self.last = dict(state["last"])
         self.eval_step = int(state["eval_step"])
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but no CUDA device is available; use 'cpu' or 'auto'")
-    return torch.device(name)
 
 
 def lr_factor(config: RunConfig, step: int) -> float:
@@ -95,9 +80,9 @@ class Learner:
     def policy(self) -> torch.nn.Module:
         return self.lm.model
 
-    def evaluate(self, step: int) -> dict[str, float]:
-        problems = self.task.eval_problems(self.config.eval_size)
-        return evaluate(self.config, self.lm, self.initial, self.task, problems, step)
+    @property
+    def evaluator(self) -> Evaluator:
+        return Evaluator(self.config, self.lm, self.initial, self.task)
 
 
 def prepare(
@@ -105,7 +90,7 @@ def prepare(
 ) -> Learner:
     """Load θ0 (warm-starting the tiny model if it is not cached: `phase` hears how far) and
     build the optimiser."""
-    device = resolve_device(config.device)
+    device = models.resolve_device(config.device)
     task = tasks.build(config.task)
     lm = models.load(config, device, cache_dir, task, phase)
     opt = config.optimizer
@@ -127,14 +112,14 @@ def prepare(
     )
 
 
-def local_source(learner: Learner, cache_dir: Path | None = None) -> staleness.LocalSource:
+def local_source(learner: Learner, cache_dir: Path | None = None) -> sources.LocalSource:
     """The exact simulated schedule in this process: a rollout engine holding a copy of θ0."""
     config = learner.config
     engine = make_engine(config, learner.lm, cache_dir, learner.task)
     # `auto` leaves θ0 to the update here: one process has no other side with time to spare.
     initial = learner.initial if config.execution.init_logprobs == "rollout" else None
     s = config.staleness
-    return staleness.LocalSource(
+    return sources.LocalSource(
         Producer(config, learner.task, learner.lm, engine, initial),
         config.steps,
         s.sync_interval,
@@ -143,7 +128,7 @@ def local_source(learner: Learner, cache_dir: Path | None = None) -> staleness.L
     )
 
 
-def run_step(learner: Learner, source: staleness.BatchSource, step: int) -> tuple[Batch, dict[str, float]]:
+def run_step(learner: Learner, source: sources.BatchSource, step: int) -> tuple[Batch, dict[str, float]]:
     """Trainer step `step`: publish the weights (version step − 1), take the batch, one update."""
     started = time.perf_counter()
     source.publish(step - 1, learner.policy)
@@ -169,7 +154,7 @@ def train(
     *,
     checkpoint_dir: Path | None = None,
     cache_dir: Path | None = None,
-    source: staleness.BatchSource | None = None,
+    source: sources.BatchSource | None = None,
     ledger: checkpoints.Ledger | None = None,
     keep_checkpoints: int = checkpoints.KEEP,
 ) -> dict[str, float]:
@@ -194,7 +179,7 @@ def train(
     source.resume(start - 1)
     if start == 1:
         sink.phase(EVALUATING, step=0)
-        progress.initial_eval = learner.evaluate(step=0)
+        progress.initial_eval = learner.evaluator.evaluate(learner.policy, step=0)
         progress.last.update(progress.initial_eval)
         sink.log(0, progress.initial_eval)
 
@@ -206,11 +191,11 @@ def train(
         sink.phase(TRAINING, step=step, steps=config.steps)
         try:
             batch, metrics = run_step(learner, source, step)
-        except staleness.Stopped:
+        except sources.Stopped:
             break
         if step == config.steps or (config.eval_every and step % config.eval_every == 0):
             sink.phase(EVALUATING, step=step)
-            evaluated = source.evaluate(step, learner)
+            evaluated = source.evaluate(step, learner.policy, learner.evaluator)
             deferred = deferred or evaluated is None
             metrics.update(evaluated or {})
         sink.log(step, metrics)
@@ -235,7 +220,7 @@ def train(
         # Evaluations made elsewhere (rollout workers) end the run once they are all in.
         if deferred:
             sink.phase(EVALUATING, step=steps_done)
-        with contextlib.suppress(staleness.Stopped):  # cancelled meanwhile: what came back is logged
+        with contextlib.suppress(sources.Stopped):  # cancelled meanwhile: what came back is logged
             log_evaluations(source.evaluations(wait=True), sink, progress)
     return {
         "steps": float(steps_done),
@@ -349,97 +334,6 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
     }
 
 
-# θ0 logits scored at once in an evaluation (2^27 floats: 512 MiB): with a real vocabulary and
-# long responses a chunk holds a few prompts, with the built-in model the whole held-out set.
-EVAL_LOGITS = 2**27
-
-
-@dataclass(frozen=True)
-class EvalSums:
-    """An evaluation of some of the held-out problems, as sums: parts evaluated apart (by
-    rollout workers) add up to the evaluation of the whole set."""
-
-    n: int = 0  # problems
-    correct: float = 0.0
-    reward: float = 0.0
-    k3: float = 0.0  # Σ over sampled tokens of k3(θ ‖ θ0)
-    tokens: float = 0.0
-
-    def __add__(self, other: EvalSums) -> EvalSums:
-        return EvalSums(
-            self.n + other.n,
-            self.correct + other.correct,
-            self.reward + other.reward,
-            self.k3 + other.k3,
-            self.tokens + other.tokens,
-        )
-
-    def metrics(self) -> dict[str, float]:
-        return {
-            "eval/accuracy": self.correct / self.n,
-            "eval/reward": self.reward / self.n,
-            "eval/kl_init": self.k3 / max(self.tokens, 1.0),
-        }
-
-
-def evaluate(
-    config: RunConfig,
-    lm: models.LoadedModel,
-    initial: torch.nn.Module,
-    task: tasks.Task,
-    problems: list[tasks.Problem],
-    step: int,
-) -> dict[str, float]:
-    """Greedy held-out accuracy, plus `eval/kl_init`: k3 on fresh samples of the current policy."""
-    return evaluate_part(config, lm, lm.model, initial, task, problems, step).metrics()
-
-
-def evaluate_part(
-    config: RunConfig,
-    lm: models.LoadedModel,
-    policy: torch.nn.Module,
-    initial: torch.nn.Module,
-    task: tasks.Task,
-    problems: list[tasks.Problem],
-    step: int,
-    first: int = 0,
-) -> EvalSums:
-    """`policy` evaluated on `problems`, held-out problems `first`, `first` + 1, …: greedy
-    accuracy and reward, and k3 to θ0 (`initial`, with `lm`'s tokenizer) on fresh samples.
-
-    Goes through the problems in chunks sized for memory (`models.EVAL_ROWS` prompts, at most
-    `EVAL_LOGITS` θ0 logits); held-out problem i samples with its own generator, so neither the
-    chunking nor the split into parts changes a sample."""
-    greedy = models.evaluate(lm, task, problems, config.rollout.max_new_tokens, policy)
-    prompts = lm.encode([p.prompt for p in problems])
-    generators = group_rngs(config.seed, step, "eval", range(first, first + len(problems)))
-    width = max(len(ids) for ids in prompts) + config.rollout.max_new_tokens
-    vocab = policy.get_output_embeddings().weight.shape[0]
-    rows = max(1, min(models.EVAL_ROWS, EVAL_LOGITS // (width * vocab)))
-    device = next(initial.parameters()).device
-    k3_sum, tokens = 0.0, 0.0
-    with torch.inference_mode():
-        for lo in range(0, len(problems), rows):
-            sampled = decode(
-                policy,
-                prompts[lo : lo + rows],
-                config.rollout.max_new_tokens,
-                config.rollout.temperature,
-                config.rollout.top_p,
-                generators[lo : lo + rows],
-                lm.eos_id,
-                lm.pad_id,
-            ).to(device)
-            init_logp, _ = token_logprobs(
-                score_responses(initial, sampled), sampled.response_ids, config.rollout.temperature
-            )
-            delta = sampled.logp - init_logp
-            m = sampled.response_mask
-            k3_sum += float(((torch.exp(-delta) - 1 + delta) * m).sum())
-            tokens += float(m.sum())
-    return EvalSums(greedy.n, greedy.correct, greedy.reward_sum, k3_sum, tokens)
-
-
 # ----- checkpoints -----------------------------------------------------------------------------
 
 
@@ -447,7 +341,7 @@ def save_checkpoint(
     directory: Path,
     step: int,
     learner: Learner,
-    source: staleness.BatchSource,
+    source: sources.BatchSource,
     progress: Progress,
     ledger: checkpoints.Ledger,
     keep: int = checkpoints.KEEP,
@@ -470,7 +364,7 @@ def resume(
     directory: Path,
     ledger: checkpoints.Ledger,
     learner: Learner,
-    source: staleness.BatchSource,
+    source: sources.BatchSource,
     progress: Progress,
     sink: Sink,
 ) -> int:
@@ -507,7 +401,7 @@ def resume(
     return 0
 
 
-def restore(path: Path, learner: Learner, source: staleness.BatchSource, progress: Progress) -> int:
+def restore(path: Path, learner: Learner, source: sources.BatchSource, progress: Progress) -> int:
     """Load a verified checkpoint into the learner, the batch source and `progress`; return its step."""
     state = checkpoints.load(path, next(learner.policy.parameters()).device)
     if state["config"] != learner.config.model_dump_json():

@@ -1,15 +1,6 @@
-"""Versioned policy weights in a folder every worker reads: the trainer publishes version v
-once, rollout workers load it by version.
-
-A version is one immutable safetensors file, written through a temporary file and a rename
-(a reader never sees half a file, whatever happens to the writing process), with its sha256
-returned to the publisher, who records it; a loader checks the bytes against it, which also
-catches a file damaged any other way. The file is written here, tensor bytes straight from
-memory and hashed as they are written (`write_safetensors`): the trainer publishes every step,
-and safetensors' own writer followed by a second read to hash took a third longer. Publishing
-a version again replaces its file atomically (a trainer resumed from a checkpoint republishes
-what it needs). The trainer removes the versions no job needs any more (`remove`).
-"""
+"""Versioned policy weights in a folder every worker reads: the trainer publishes version v as one
+immutable safetensors file (written through a rename, hashed as written), rollout workers load it
+by version and check it against the sha256 the publisher recorded."""
 
 from __future__ import annotations
 

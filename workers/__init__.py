@@ -1,11 +1,6 @@
-"""The worker side: Celery tasks that execute runs (`workers.tasks`) and the sink they report through.
-
-Start a worker from the repository root with `celery -A workers worker -Q cpu` (or `-Q gpu`).
-The Celery app itself lives in the web tier's `lab.celery`, configured from Django settings;
-importing this package puts `platform/` (a source root, not a package) on `sys.path`, points
-Django at `lab.settings` and re-exports that app as `workers.app`, which is where `-A workers`
-looks for it. The web tier never imports this package: it sends tasks by name.
-"""
+"""The worker side. Start a worker from the repository root with `celery -A workers worker -Q cpu`:
+importing this package puts `platform/` on `sys.path`, points Django at `lab.settings` and
+re-exports the Celery app of `lab.celery` as `workers.app`. The web tier never imports it."""
 
 import os
 import sys

@@ -1,18 +1,6 @@
-"""Riding out a short database outage on a worker.
-
-`retry_db(fn)` wraps a database operation of a running attempt (a heartbeat, a metric flush, a
-claim, polling for a batch): while PostgreSQL is unreachable (`OperationalError`,
-`InterfaceError`), it closes this thread's broken connection, waits (0.1 s, doubling, at most
-1 s apart) and calls `fn` again, for up to `LAB_DB_OUTAGE_S` seconds; then it gives up and the
-error propagates as it would without it. A retried operation must be safe to repeat: each is a
-conditional UPDATE, a read, an upsert, or a whole transaction (all or nothing), and it is retried
-only from outside any `transaction.atomic` block, never half-way through one.
-
-While the database was down nobody could write a heartbeat, so the reaper must not take the
-missing heartbeats for dead workers: `note_unreachable()` records that this process found the
-database unreachable, and `reachable_for(seconds)` tells the reaper whether it has been able to
-watch the heartbeats for long enough since.
-"""
+"""Riding out a short database outage on a worker: `retry_db(fn)` retries an operation that is safe
+to repeat for up to `LAB_DB_OUTAGE_S` while the database is unreachable, and `note_unreachable` /
+`reachable_for` keep the reaper from taking the missing heartbeats of an outage for dead workers."""
 
 from __future__ import annotations
 

@@ -1,29 +1,7 @@
-"""The memory ceiling of a run (`LAB_RUN_MEMORY_MB`): a run that outgrows it ends `failed`,
-with the reason, and its worker lives on to take the next one.
-
-`MemoryCeiling(limit_mb).call(train, ...)` runs the training call in the worker's main
-thread (Celery's solo pool) and counts what the run adds to the worker process's resident
-memory (RSS, from /proc/self/statm) above what the process held when the run started:
-Python, torch, Django and the libraries every run loads (`workers.tasks.execute` imports
-transformers first) are not the run's. Two mechanisms enforce it:
-
-- A watchdog thread reads the RSS every `POLL_S` seconds. Over the ceiling, it sends the
-  main thread `SIGNAL`, whose handler raises `_OverCeiling` if the main thread is inside the
-  training call. That exception derives from BaseException, so no `except Exception` in the
-  trainer swallows it, and the worker turns it into `OverMemoryCeiling`, an ordinary failure.
-  A native call (one big torch operation) is interrupted when it returns to Python.
-- On CPU runs, the address space (RLIMIT_AS) may grow by at most `ADDRESS_SPACE_FACTOR` times
-  the ceiling while the call runs; the previous limit is restored afterwards. An allocation too
-  large for the ceiling then fails at once (MemoryError, or torch's "can't allocate memory")
-  instead of filling the machine inside one native call, where the kernel's OOM killer would
-  kill the worker and the reaper would re-queue the run. The factor leaves room for address
-  space that is reserved but never touched (thread stacks, allocator arenas), so the resident
-  ceiling is the one that normally trips. GPU runs get no such limit: CUDA reserves far more
-  address space than it uses; the GPU's own out-of-memory error already fails a run cleanly.
-
-The ceiling is off when `limit_mb` is 0, off the main thread (signals reach only the main
-thread), and where /proc/self/statm does not exist (not Linux); the worker logs why.
-"""
+"""A run's memory ceiling (`LAB_RUN_MEMORY_MB`): a run that outgrows it ends `failed` with the
+reason, and its worker lives on. A watchdog thread counts what the run adds to the worker's
+resident memory; on CPU runs the address space is capped too, so one huge allocation fails at once
+(docs/architecture.md, "Resources")."""
 
 from __future__ import annotations
 

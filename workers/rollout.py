@@ -1,31 +1,13 @@
-"""The rollout worker's jobs: part of one step's batch, or part of one evaluation, made with
-published weights.
-
-`generate(job_id, attempt)` is the plain entry point (the Celery task only calls it). A
-message wakes the worker and the database says what to make: the worker makes every job queued
-on the message's queue, batch jobs first (a trainer is or will soon be waiting for them), then
-the oldest, until none is left; the messages of the jobs it made that way find them taken and
-do nothing, and a late message (its attempt is over) does nothing at all. Each job is claimed
-for its attempt (`execute`), then made under its lease (`make`: a heartbeat thread beats while
-it runs; if the worker dies, the reaper re-queues the job and another worker makes the same
-batch): a batch job loads the policy version it needs (distributed: the job's; async: the
-newest published) from the run's buffer, generates and scores its prompt groups with
-`rlcore.produce.Producer` (with θ0's log-probs when the run's `execution.init_logprobs` is
-`rollout`, or `auto` and no other job waits on the worker's queue) and writes the batch file; an
-eval job evaluates its version on its held-out problems (`rlcore.trainer.evaluate_part`, with a
-copy of the policy next to the rollout engine) and stores the sums on the job. A job runs under
-its run's memory ceiling (`LAB_RUN_MEMORY_MB`, as the trainer does); over it, or with weights
-that are missing or damaged (`CannotMake`), it fails at once, saying why. A waiting
-trainer makes eval parts of its own run through the same `make` (`workers.source`). A worker
-keeps the producers (tokenizer, θ0, engine) of the runs it served last, so consecutive jobs of
-one run load only new weights. Its database calls ride out a short outage (`retry_db`).
-"""
+"""The rollout worker: woken by a message, it makes every job queued on that queue (batch jobs
+first, then the oldest) with the producers (tokenizer, θ0, engine) of the runs it served last,
+each job under its run's memory ceiling and its lease (`workers.jobs`); a batch job loads the
+weights it needs from the run's buffer (`workers.buffer`), generates and scores its prompt groups
+and writes the batch file, an eval job evaluates its version on its held-out problems."""
 
 from __future__ import annotations
 
 import copy
 import logging
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -33,24 +15,20 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from django.conf import settings
-from django.db import close_old_connections, connection
-from experiments.models import PolicyVersion, RolloutJob, Run
 
+from experiments.models import PolicyVersion, RolloutJob, Run
+from rlcore.evaluate import Evaluator
 from rlcore.produce import Producer
 from rlcore.rollout import HFEngine
+from workers.buffer import batch_path, newest_version, weight_store
 from workers.db_outage import retry_db
-from workers.memory import MemoryCeiling, OverMemoryCeiling
-from workers.source import batch_path, newest_version, weight_store
+from workers.jobs import CannotMake, Made, claim, evaluate_part, make
+from workers.memory import MemoryCeiling
 
 log = logging.getLogger(__name__)
 
 CACHED_RUNS = 2
 LOAD_TRIES = 5
-
-
-class CannotMake(RuntimeError):
-    """The job would fail the same way on any attempt (its weights file is missing or damaged):
-    it fails at once, saying why, instead of using up its attempts."""
 
 
 @dataclass
@@ -59,17 +37,6 @@ class Held:
 
     version: int | None = None
     sha256: str = ""
-
-
-@dataclass(frozen=True)
-class Made:
-    """What a rollout job made: the version it used, and the batch file (a batch part) or the
-    evaluation's sums (an eval part)."""
-
-    version: int
-    path: str = ""
-    sha256: str = ""
-    result: dict | None = None
 
 
 @dataclass
@@ -90,11 +57,10 @@ def producer_for(run: Run) -> Loaded:
         return _producers[run.pk]
     from rlcore import models, tasks
     from rlcore.produce import make_engine
-    from rlcore.trainer import resolve_device
 
     config = run.run_config()
     task = tasks.build(config.task)
-    lm = models.load(config, resolve_device(config.device), settings.LAB_CACHE_DIR, task)
+    lm = models.load(config, models.resolve_device(config.device), settings.LAB_CACHE_DIR, task)
     # `lm.model` stays θ0 here: the engine and the evaluator hold copies of their own.
     engine = make_engine(config, lm, settings.LAB_CACHE_DIR, task)
     initial = lm.model if config.execution.init_logprobs in ("rollout", "auto") else None
@@ -254,32 +220,6 @@ def execute(job_id: int, attempt: int, worker: str) -> str:
     return make(job, worker, lambda: ceiling.call(_make_here, job))
 
 
-def make(job: RolloutJob, worker: str, produce: Callable[[], Made]) -> str:
-    """Make claimed `job` with `produce()` under its lease (the process's heartbeat thread beats
-    it while it runs), then finish it, or fail it with the error; return what happened. The
-    rollout worker's jobs and the eval parts a waiting trainer makes itself (`DatabaseSource`)
-    both end here."""
-    attempt = job.attempt
-    leases.hold(job, worker, attempt)
-    try:
-        made = produce()
-    except Exception as exc:
-        log.exception("rollout job %s attempt %s failed", job.pk, attempt)
-        leases.release(job)
-        # Over the memory ceiling, or weights that cannot be loaded: another attempt would fail alike.
-        final = isinstance(exc, OverMemoryCeiling | CannotMake)
-        reason = str(exc) if final else f"{type(exc).__name__}: {exc}"
-        retry_db(job.fail)(worker, attempt, reason, final)
-        return f"rollout job {job.pk} attempt {attempt}: failed"
-    leases.release(job)
-    if not retry_db(job.finish)(worker, attempt, made.version, made.path, made.sha256, made.result):
-        return f"rollout job {job.pk} attempt {attempt}: no longer this worker's; result dropped"
-    return (
-        f"rollout job {job.pk} attempt {attempt}: {job.kind} of step {job.step} part {job.part} "
-        f"done with version {made.version}"
-    )
-
-
 def _make_here(job: RolloutJob) -> Made:
     """The job's batch part or evaluation part, with this worker's producer of its run."""
     run = job.run
@@ -287,75 +227,11 @@ def _make_here(job: RolloutJob) -> Made:
     producer = loaded.producer
     if job.kind == RolloutJob.EVAL:
         policy = load_evaluator(run, loaded, job)
-        sums = evaluate_part(job, producer.config, producer.lm, policy, producer.lm.model, producer.task)
-        return Made(job.version, result=asdict(sums))
+        evaluator = Evaluator(producer.config, producer.lm, producer.lm.model, producer.task)
+        return Made(job.version, result=asdict(evaluate_part(job, evaluator, policy)))
     version = load_version(run, loaded, job)
     auto = producer.config.execution.init_logprobs == "auto"
     spare_time = (lambda: not queued_behind(job)) if auto else None
     batch = producer.batch(job.step, version, range(job.groups_start, job.groups_stop), spare_time)
     path = batch_path(run, job.step, job.part, job.attempt)
     return Made(version, str(path), batch.save(path))
-
-
-def evaluate_part(job: RolloutJob, config, lm, policy: torch.nn.Module, initial: torch.nn.Module, task):
-    """Eval job `job`'s held-out problems, evaluated as the trainer would: `policy` (holding the
-    job's version) against θ0 (`initial`), with `lm`'s tokenizer and the run's task."""
-    from rlcore import trainer
-
-    problems = task.eval_problems(config.eval_size)[job.groups_start : job.groups_stop]
-    return trainer.evaluate_part(config, lm, policy, initial, task, problems, job.step, job.groups_start)
-
-
-@retry_db
-def claim(job_id: int, attempt: int, worker: str) -> RolloutJob | None:
-    """The job, claimed for `attempt` by `worker`; None if it is not queued for that attempt. A
-    claim retried after its UPDATE committed but the answer was lost finds the job already ours.
-    The UPDATE comes first and the row (with its run) is read once, after it."""
-    RolloutJob.claim_pk(job_id, worker, attempt)
-    job = RolloutJob.objects.select_related("run").filter(pk=job_id).first()
-    mine = job is not None and (job.status, job.worker, job.attempt) == (RolloutJob.RUNNING, worker, attempt)
-    return job if mine else None
-
-
-class Leases:
-    """The jobs this process is making, and one thread that beats their heartbeats every quarter
-    of `LAB_HEARTBEAT_TIMEOUT_S` (at least 0.2 s) while there are any. A thread per job cost a
-    small job a tenth of its time in starting and joining; this one lives while jobs follow each
-    other and ends, closing its database connection, at the first beat that finds none."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: dict[int, tuple[RolloutJob, str, int]] = {}
-        self._thread: threading.Thread | None = None
-
-    def hold(self, job: RolloutJob, worker: str, attempt: int) -> None:
-        with self._lock:
-            self._held[job.pk] = (job, worker, attempt)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._beat, name="rollout-heartbeat", daemon=True)
-                self._thread.start()
-
-    def release(self, job: RolloutJob) -> None:
-        with self._lock:
-            self._held.pop(job.pk, None)
-
-    def _beat(self) -> None:
-        try:
-            while True:
-                time.sleep(max(0.2, settings.LAB_HEARTBEAT_TIMEOUT_S / 4))
-                with self._lock:
-                    held = list(self._held.values())
-                    if not held:
-                        self._thread = None
-                        return
-                for job, worker, attempt in held:
-                    try:
-                        job.beat(worker, attempt)  # a job finished meanwhile: beats nothing
-                    except Exception:
-                        log.exception("rollout job %s: heartbeat failed; retrying", job.pk)
-                        close_old_connections()
-        finally:
-            connection.close()
-
-
-leases = Leases()

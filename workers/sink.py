@@ -1,22 +1,8 @@
-"""The sink a worker hands to `rlcore.trainer.train`: metrics and completions into the database.
-
-The trainer thread only appends to in-memory buffers; a background thread writes them in
-batches every half second together with the run's heartbeat and progress. Right before it
-writes a checkpoint the trainer calls `flush()`, which writes synchronously: a run resumed
-from that checkpoint must find every earlier point already in the database, even if the
-worker was killed a moment after the checkpoint. Points are
-upserts keyed `(run, name, step)` and completions of a step replace that step's earlier
-ones, so a step re-executed after a resume never duplicates anything. The phase the trainer
-reports (`phase`) rides along on the same heartbeat, with the wall times of the first and the
-latest training step of this attempt, from which the run computes s/step and an ETA. `should_stop` reads
-the run's row, so a cancel (or the run being reaped from this worker) is honoured at the
-next step boundary. Every database call here rides out a short outage (`retry_db`): a flush is
-one transaction, retried whole, and what it did not write stays buffered. A flush the database
-refuses for another reason (what it was given cannot be stored) is not tried forever: the run
-stops at its next step boundary with that reason (`StoringFailed`). Text reaches the database
-storable (`storable`: model output can hold a NUL). `CheckpointLedger` keeps each checkpoint's
-sha256 in the database, where the trainer checks it before resuming.
-"""
+"""The sink a worker hands to `rlcore.trainer.train`: metrics, completions, the phase and the
+heartbeat into the database, written in batches by a background thread (`flush()` writes at once,
+before every checkpoint); points are upserts, so a re-executed step never doubles one. Every call
+rides out a short outage; what cannot be stored stops the run with the reason (`StoringFailed`).
+`CheckpointLedger` keeps each checkpoint's sha256 in the database."""
 
 from __future__ import annotations
 
@@ -28,8 +14,9 @@ from datetime import datetime
 
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
-from experiments.models import Checkpoint, Completion, MetricPoint, Run, storable
 
+from experiments.models import Checkpoint, Completion, MetricPoint, Run
+from experiments.text import storable
 from rlcore.sinks import TRAINING, Sample
 from workers.db_outage import UNREACHABLE, retry_db
 

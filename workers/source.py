@@ -1,47 +1,12 @@
-"""`DatabaseSource`: the trainer's batches come from rollout jobs on other workers.
-
-`publish(version, policy)` writes the weights of `version` to the run's buffer folder (every
-worker reads it) and records them as a `PolicyVersion`, then creates the rollout jobs that
-version allows and sends them to the run's rollout queue:
-- distributed: the jobs of the steps whose scheduled behaviour version v(t) is `version`,
-  as many at once as the schedule allows (`sync_offset` runs ahead, `sync_interval` batches
-  ahead). Curves equal the simulated ones.
-- async: the jobs of every step up to `version + 1 + max_staleness`; a rollout worker
-  generates each with the newest weights published when it claims it. A job is never created
-  while its batch could end up more than `max_staleness` versions behind when trained
-  (AReaL's admission rule), so nothing is ever dropped.
-
-`take(step)` waits for the step's jobs to be done and reads their batch files.
-
-Held-out evaluations run on the rollout workers too, as Trinity-RFT's explorer runs them:
-`evaluate(step, learner)` publishes version `step` and creates its eval jobs (one in
-distributed execution, computing exactly what the trainer would; in async, parts of about half
-a batch each, which a rollout worker fits in between batches); `evaluations()` hands the
-trainer the evaluations whose parts are all done, to log at their step. The trainer does not
-wait for an evaluation, except for the ones still out when its last step is done. While it
-waits (for an async batch, or for the evaluations at the end) it makes queued eval parts of its
-newest evaluation itself, under the same lease as a rollout worker, so that a run which
-evaluates often keeps both kinds of worker busy: with a copy of that version's weights in async
-execution while the model has at most `EVAL_COPY_PARAMS` parameters, else only while its own
-policy still holds that version (the final evaluation, and the wait right after an evaluation). The buffer
-(weights and batch files) is durable: a trainer resumed after its worker died finds every
-batch already made, and a lost rollout job is simply made again. What fails its check is made
-again, not trusted: a batch file missing or damaged when the trainer takes it is re-queued (a
-batch is a pure function of config, step and weights; the versions of batches not taken yet
-are kept for that); a job whose weights are missing or damaged makes the trainer raise
-`BufferDamaged` (it has moved past that version), and the worker re-queues the run, which then
-resumes from a checkpoint this source can go on from (`resume_problem`) and publishes the
-version again, re-queueing the jobs that waited for it (`resume`, `_record`). Every database
-call rides out a short outage (`retry_db`); publishing records a version and its jobs in one
-transaction, retried whole.
-"""
+"""`DatabaseSource`: a trainer's batches made by rollout jobs on other workers (rows in the
+database), on the schedule or the admission bound of its execution mode (`workers.admission`);
+its held-out evaluations made as eval jobs, partly by the trainer itself while it waits. What
+fails its check is made again, not trusted (docs/architecture.md, "Distributed and async runs")."""
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
-import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -51,13 +16,15 @@ from typing import Any
 import torch
 from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
-from experiments.models import PolicyVersion, RolloutJob, Run
 
+from experiments.models import PolicyVersion, RolloutJob, Run
 from rlcore.batch import Batch
 from rlcore.config import RunConfig
-from rlcore.staleness import Stopped, behavior_version, steps_by_version
-from rlcore.trainer import EvalSums, Learner
-from rlcore.weights import Published, WeightStore
+from rlcore.evaluate import EvalSums, Evaluator
+from rlcore.sources import Stopped
+from rlcore.weights import Published
+from workers import buffer, jobs
+from workers.admission import ADMISSION, group_slices
 from workers.db_outage import retry_db
 
 log = logging.getLogger(__name__)
@@ -90,41 +57,6 @@ class Existing:
     eval_step: int  # -1: none
 
 
-def group_slices(groups: int, parts: int) -> list[range]:
-    """`groups` prompt groups split into `parts` consecutive slices, sizes differing by at most one."""
-    bounds = [round(i * groups / parts) for i in range(parts + 1)]
-    return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
-
-
-def eval_slices(config: RunConfig) -> list[range]:
-    """The held-out problems of one evaluation split into eval jobs: distributed, one job (the
-    trainer's evaluation exactly); async, parts of about half a batch's sequences (a part
-    decodes each problem twice, greedy and sampled), so that a rollout worker fits them in
-    between the batches it makes and the trainer never waits on a whole evaluation."""
-    if config.execution.mode != "async":
-        return [range(config.eval_size)]
-    per_part = max(1, config.rollout.prompts_per_step * config.rollout.group_size // 2)
-    return group_slices(config.eval_size, max(1, -(-config.eval_size // per_part)))
-
-
-def weight_store(run: Run) -> WeightStore:
-    return WeightStore(run.buffer_dir / "weights")
-
-
-def batch_path(run: Run, step: int, part: int, attempt: int) -> Path:
-    """One file per attempt: a late attempt never overwrites the bytes another one recorded."""
-    return run.buffer_dir / "batches" / f"step-{step:06d}-part-{part:02d}-attempt-{attempt}.safetensors"
-
-
-def newest_version(run: Run) -> PolicyVersion | None:
-    return PolicyVersion.objects.filter(run=run).order_by("-version").first()
-
-
-def clear_buffer(run: Run) -> None:
-    """The run is over: its published weights and batch files go."""
-    shutil.rmtree(run.buffer_dir, ignore_errors=True)
-
-
 class DatabaseSource:
     """A `BatchSource` whose batches are made by rollout jobs (rows in the database)."""
 
@@ -132,11 +64,11 @@ class DatabaseSource:
         self.run = run
         self.worker = worker  # the training worker: the name on the eval parts it makes
         self.config = config
-        self.mode = config.execution.mode
+        self.admission = ADMISSION[config.execution.mode](config)
         self.should_stop = should_stop
-        self.store = weight_store(run)
+        self.store = buffer.weight_store(run)
         self.slices = group_slices(config.rollout.prompts_per_step, config.execution.rollout_workers)
-        self.eval_slices = eval_slices(config)
+        self.eval_slices = self.admission.eval_slices()
         self.evals_logged: set[int] = set()  # a new attempt logs every done evaluation again
         self.evals_pending: set[int] | None = None  # evaluations out (None: not looked yet)
         self.evals_checked = 0.0  # when they were last looked for (time.monotonic())
@@ -144,20 +76,19 @@ class DatabaseSource:
         # The versions with a file in the store: only this trainer writes there, so the folder is
         # listed once, at the start of the attempt, and followed from then on.
         self._on_disk = set(self.store.versions())
-        s = config.staleness
-        self._steps_of = steps_by_version(config.steps, s.sync_interval, s.sync_offset, s.offline)
         self.last_taken = 0
         self.checkpointed = 0  # the step of the last checkpoint whose state() we gave
         self.started: float | None = None  # the first publish: loading θ0 is not idle time
         self.idle_s = 0.0  # blocked in `_wait_for`, less the eval parts made there
         self.publish_s: list[float] = []
         self.publish_bytes = 0
-        self.learner: Learner | None = None  # known from the first evaluation on
+        self.evaluator: Evaluator | None = None  # known from the first evaluation on
+        self.policy: torch.nn.Module | None = None  # the trainer's live policy, likewise
         # The version the trainer's policy holds now: known from a publish or an evaluation until
         # the update after the next `take` changes the policy (None meanwhile).
         self.policy_version: int | None = None
         self.eval_version: int | None = None  # the newest evaluation's
-        self.eval_copy: torch.nn.Module | None = None  # async: that version's weights, when small
+        self.eval_copy: torch.nn.Module | None = None  # that version's weights, when copied (async)
         self.eval_parts_made = 0  # by the trainer itself, while it waited
         self.eval_parts_s = 0.0
         self._recorded: set[int] = set()  # versions this attempt recorded
@@ -170,21 +101,13 @@ class DatabaseSource:
         if self.started is None:
             self.started = time.perf_counter()
         self.policy_version = version
-        if self.mode == "async":
-            # Published while a step is left to train (jobs take the newest weights when claimed);
-            # jobs only for the steps this version made admissible, so O(1) a step for any bound.
-            if version + 1 > self.config.steps:
-                return
-            admissible = min(self.config.steps, version + 1 + self.config.execution.max_staleness)
-            steps = range(max(version + 1, self.created_upto + 1), admissible + 1)
-        else:
-            steps = [t for t in self._steps_of.get(version, ()) if t > version]
-            if not steps:
-                return
+        steps = self.admission.steps_to_create(version, self.created_upto)
+        if steps is None:
+            return
         self._record_version(version, self._publish_weights(version, policy), steps)
         self.created_upto = max([self.created_upto, *steps])
 
-    def evaluate(self, step: int, learner: Learner) -> None:
+    def evaluate(self, step: int, policy: torch.nn.Module, evaluator: Evaluator) -> None:
         """Publish version `step` and create its eval jobs; the result comes back through
         `evaluations`."""
         if self.started is None:
@@ -193,12 +116,14 @@ class DatabaseSource:
         # first: they fell behind (batches come first), and a backlog would grow to the run's end.
         while self._evaluate_here():
             pass
-        self.learner, self.policy_version, self.eval_version = learner, step, step
-        if self.mode == "async" and sum(p.numel() for p in learner.policy.parameters()) <= EVAL_COPY_PARAMS:
+        self.evaluator, self.policy = evaluator, policy
+        self.policy_version = self.eval_version = step
+        small = sum(p.numel() for p in policy.parameters()) <= EVAL_COPY_PARAMS
+        if self.admission.evaluates_between_batches and small:
             if self.eval_copy is None:  # θ0 is the policy's architecture, without gradients
-                self.eval_copy = copy.deepcopy(learner.initial)
-            self.eval_copy.load_state_dict(learner.policy.state_dict())
-        self._record_version(step, self._publish_weights(step, learner.policy), (), evaluate=True)
+                self.eval_copy = copy.deepcopy(evaluator.initial)
+            self.eval_copy.load_state_dict(policy.state_dict())
+        self._record_version(step, self._publish_weights(step, policy), (), evaluate=True)
         if self.evals_pending is not None:
             self.evals_pending.add(step)
 
@@ -223,28 +148,26 @@ class DatabaseSource:
         return done
 
     def take(self, step: int) -> Batch:
-        jobs: list[RolloutJob] = []
+        parts_of_step: list[RolloutJob] = []
 
         def check() -> tuple[bool, RolloutJob | None]:
-            jobs[:] = self._jobs_of(step)
-            if len(jobs) < len(self.slices):
+            parts_of_step[:] = self._jobs_of(step)
+            if len(parts_of_step) < len(self.slices):
                 self._ensure_jobs(step)
                 return False, None
-            given_up = next((j for j in jobs if j.status in GIVEN_UP), None)
-            return given_up is None and all(j.status == RolloutJob.DONE for j in jobs), given_up
+            given_up = next((j for j in parts_of_step if j.status in GIVEN_UP), None)
+            return given_up is None and all(j.status == RolloutJob.DONE for j in parts_of_step), given_up
 
         def unclaimed() -> bool:
             """A part of the batch no rollout worker has taken yet: they are busy elsewhere, so an
             eval part made here meanwhile costs the step nothing it would not wait anyway."""
-            return any(j.status == RolloutJob.QUEUED for j in jobs)
+            return any(j.status == RolloutJob.QUEUED for j in parts_of_step)
 
+        meanwhile = unclaimed if self.admission.evaluates_between_batches else None
         while True:
-            # Async eval jobs come in small parts; distributed's one whole evaluation would hold the step up.
-            self._wait_for(
-                check, f"step {step}'s batch", evaluate_meanwhile=unclaimed if self.mode == "async" else None
-            )
+            self._wait_for(check, f"step {step}'s batch", evaluate_meanwhile=meanwhile)
             parts, bad = [], []
-            for job in jobs:
+            for job in parts_of_step:
                 try:
                     parts.append(Batch.load(Path(job.path), job.sha256))
                 except (OSError, ValueError) as exc:  # missing, or not the bytes recorded
@@ -266,7 +189,7 @@ class DatabaseSource:
     def state(self) -> dict[str, Any]:
         """Nothing but the step: the buffer itself is durable. Batch files of steps before the
         previous checkpoint can go now (no resume goes back that far)."""
-        self._prune_batches(upto=self.checkpointed)
+        retry_db(buffer.remove_batches)(self.run, upto=self.checkpointed)
         self.checkpointed = self.last_taken
         return {"checkpoint_step": self.last_taken}
 
@@ -283,7 +206,7 @@ class DatabaseSource:
 
         def weights(version: int) -> str:
             if version not in checked:
-                checked[version] = self._weights_problem(version)
+                checked[version] = buffer.weights_problem(self.run, version)
             return checked[version]
 
         unfinished_evals = RolloutJob.objects.filter(
@@ -292,15 +215,14 @@ class DatabaseSource:
         for job in unfinished_evals:
             if problem := weights(job.version):
                 return f"the evaluation of step {job.step} is not made and {problem}"
-        if self.mode != "distributed":
-            return ""  # async batch jobs take the newest weights, which the trainer publishes at once
-        s = self.config.staleness
+        if not self.admission.fixed_versions:
+            return ""  # batch jobs take the newest weights, which the trainer publishes at once
         for t in range(step + 1, self.config.steps + 1):
-            version = behavior_version(t, s.sync_interval, s.sync_offset, s.offline)
+            version = self.admission.version_of(t)
             if version >= step:
                 continue
-            jobs = self._jobs_of(t)
-            if len(jobs) == len(self.slices) and all(self._batch_file_intact(j) for j in jobs):
+            made = self._jobs_of(t)
+            if len(made) == len(self.slices) and all(buffer.batch_file_intact(j) for j in made):
                 continue
             if problem := weights(version):
                 return f"step {t}'s batch is not made and {problem}"
@@ -312,7 +234,11 @@ class DatabaseSource:
         those whose weights are missing or damaged: this attempt publishes them again (from `step`
         on), and they are re-queued then (`_record`)."""
         for job in RolloutJob.objects.filter(run=self.run, status__in=GIVEN_UP):
-            if job.version is not None and job.version >= step and self._weights_problem(job.version):
+            if (
+                job.version is not None
+                and job.version >= step
+                and buffer.weights_problem(self.run, job.version)
+            ):
                 continue
             self._remake(job, "re-queued by a new trainer attempt")
 
@@ -325,9 +251,9 @@ class DatabaseSource:
         blocked on a batch or an evaluation that was not ready (`_wait_for`; not publishing, not
         reading batches, not making eval parts), the rollout workers while in no job."""
         wall = time.perf_counter() - self.started if self.started is not None else 0.0
-        jobs = RolloutJob.objects.filter(run=self.run, status=RolloutJob.DONE).exclude(worker=self.worker)
-        busy = sum((j.duration_s or 0.0) for j in jobs)
-        rollout_workers = max(1, jobs.values("worker").distinct().count())
+        done = RolloutJob.objects.filter(run=self.run, status=RolloutJob.DONE).exclude(worker=self.worker)
+        busy = sum((j.duration_s or 0.0) for j in done)
+        rollout_workers = max(1, done.values("worker").distinct().count())
         return {
             "weights/publish_s_mean": sum(self.publish_s) / len(self.publish_s) if self.publish_s else 0.0,
             "weights/publish_bytes": float(self.publish_bytes),
@@ -384,34 +310,29 @@ class DatabaseSource:
         """Make one queued eval part of the newest evaluation in this process, with its weights
         (the copy, or the trainer's own policy while it holds them), θ0 and tokenizer; True if it
         made one."""
-        from workers import rollout  # which imports this module
-
-        learner, version = self.learner, self.eval_version
-        if learner is None or version is None:
+        evaluator, version = self.evaluator, self.eval_version
+        if evaluator is None or version is None:
             return False
-        policy = self.eval_copy if self.eval_copy is not None else learner.policy
-        if policy is learner.policy and self.policy_version != version:
+        policy = self.eval_copy if self.eval_copy is not None else self.policy
+        if policy is self.policy and self.policy_version != version:
             return False  # the policy has moved on since
         started = time.perf_counter()  # claiming the part is part of making it
         job = self._claim_eval_part(version)
         if job is None:
             return False
 
-        def produce() -> rollout.Made:
-            sums = rollout.evaluate_part(job, self.config, learner.lm, policy, learner.initial, learner.task)
-            return rollout.Made(version, result=asdict(sums))
+        def produce() -> jobs.Made:
+            return jobs.Made(version, result=asdict(jobs.evaluate_part(job, evaluator, policy)))
 
-        log.info("trainer: %s", rollout.make(job, self.worker, produce))
+        log.info("trainer: %s", jobs.make(job, self.worker, produce))
         self.eval_parts_made += 1
         self.eval_parts_s += time.perf_counter() - started
         return True
 
     def _claim_eval_part(self, version: int) -> RolloutJob | None:
         """A queued eval part of `version`, claimed for the trainer; None if there is none left."""
-        from workers import rollout
-
         for pk, attempt in self._queued_eval_parts(version):
-            job = rollout.claim(pk, attempt, self.worker)
+            job = jobs.claim(pk, attempt, self.worker)
             if job is not None:
                 return job
         return None
@@ -441,11 +362,11 @@ class DatabaseSource:
     @retry_db
     def _eval_results(self) -> tuple[list[tuple[int, dict[str, float]]], set[int], RolloutJob | None]:
         """(evaluations done and not handed out yet, steps still pending, an eval job given up)."""
-        jobs = RolloutJob.objects.filter(run=self.run, kind=RolloutJob.EVAL).exclude(
+        parts_out = RolloutJob.objects.filter(run=self.run, kind=RolloutJob.EVAL).exclude(
             step__in=self.evals_logged
         )
         by_step: dict[int, list[RolloutJob]] = {}
-        for job in jobs:
+        for job in parts_out:
             by_step.setdefault(job.step, []).append(job)
         ready, pending = [], set()
         for step, parts in sorted(by_step.items()):
@@ -460,8 +381,7 @@ class DatabaseSource:
     def _existing(self) -> Existing:
         """The newest rows that exist as this attempt starts (async creates each step's jobs once,
         as soon as they are admissible)."""
-        jobs = RolloutJob.objects.filter(run=self.run)
-        newest = jobs.aggregate(
+        newest = RolloutJob.objects.filter(run=self.run).aggregate(
             batch=Max("step", filter=Q(kind=RolloutJob.BATCH)),
             eval=Max("step", filter=Q(kind=RolloutJob.EVAL)),
         )
@@ -474,29 +394,9 @@ class DatabaseSource:
 
     def _remake(self, job: RolloutJob, error: str) -> bool:
         """Queue `job` again as a new attempt (async batch jobs take the newest weights anew)."""
-        changes = {"version": None} if self.mode == "async" and job.kind == RolloutJob.BATCH else {}
+        newest = not self.admission.fixed_versions and job.kind == RolloutJob.BATCH
+        changes = {"version": None} if newest else {}
         return job.requeue(Q(status=job.status, attempt=job.attempt), error, **changes)
-
-    def _weights_problem(self, version: int) -> str:
-        """Why the weights file of `version` cannot be loaded ("" if it can): read and checked."""
-        row = PolicyVersion.objects.filter(run=self.run, version=version).first()
-        if row is None:
-            return f"policy version {version} was never published"
-        try:
-            self.store.load(version, row.sha256)
-        except FileNotFoundError:
-            return f"the weights of policy version {version} are missing ({self.store.path(version)})"
-        except ValueError as exc:
-            return str(exc)
-        return ""
-
-    def _batch_file_intact(self, job: RolloutJob) -> bool:
-        if job.status != RolloutJob.DONE or not job.path:
-            return False
-        try:
-            return hashlib.sha256(Path(job.path).read_bytes()).hexdigest() == job.sha256
-        except OSError:
-            return False
 
     def _given_up(self, job: RolloutJob) -> Exception:
         """What to raise for a job the trainer waits on that was given up: `BufferDamaged` when its
@@ -506,7 +406,7 @@ class DatabaseSource:
             job.version is not None
             and retry_db(PolicyVersion.objects.filter(run=self.run, version=job.version).exists)()
         )
-        if published and (problem := retry_db(self._weights_problem)(job.version)):
+        if published and (problem := retry_db(buffer.weights_problem)(self.run, job.version)):
             return BufferDamaged(
                 f"{job} cannot be made: {problem}; the run resumes from a checkpoint before policy version "
                 f"{job.version} (or from the start) and publishes it again"
@@ -550,7 +450,7 @@ class DatabaseSource:
                 # old bytes generated and nobody has trained yet is made again, and evaluated.
                 PolicyVersion.objects.filter(pk=row.pk).update(sha256=published.sha256)
                 redo = Q(kind=RolloutJob.EVAL)
-                if self.mode == "distributed":
+                if self.admission.fixed_versions:
                     redo |= Q(kind=RolloutJob.BATCH, step__gt=version)
                 for job in RolloutJob.objects.filter(redo, run=self.run, version=version):
                     job.requeue(Q(attempt=job.attempt), "weights republished with other bytes")
@@ -559,7 +459,7 @@ class DatabaseSource:
             for job in RolloutJob.objects.filter(run=self.run, version=version, status__in=GIVEN_UP):
                 job.requeue(Q(status=job.status, attempt=job.attempt), "its weights were published again")
         for step in steps:
-            self._create_jobs(step, version, fresh=fresh and step > self._before.batch_step)
+            self._create_jobs(step, fresh=fresh and step > self._before.batch_step)
         if evaluate:
             self._create_eval_jobs(version, fresh=fresh and version > self._before.eval_step)
 
@@ -569,10 +469,9 @@ class DatabaseSource:
             RolloutJob.objects.filter(run=self.run, kind=RolloutJob.BATCH, step=step).order_by("part")
         )
 
-    def _create_jobs(self, step: int, version: int, fresh: bool = False) -> None:
-        """The batch jobs of `step` (async: the version is chosen at claim), sent once created."""
-        version_of_jobs = version if self.mode == "distributed" else None
-        self._create(RolloutJob.BATCH, step, self.slices, version_of_jobs, fresh)
+    def _create_jobs(self, step: int, fresh: bool = False) -> None:
+        """The batch jobs of `step` with their version (or none: chosen at claim), sent once created."""
+        self._create(RolloutJob.BATCH, step, self.slices, self.admission.version_of(step), fresh)
 
     def _create_eval_jobs(self, version: int, fresh: bool = False) -> None:
         """The eval jobs of `version`, at step `version`: held-out problems in parts."""
@@ -600,19 +499,13 @@ class DatabaseSource:
     def _ensure_jobs(self, step: int) -> None:
         """A step whose jobs were never created (a trainer that died between publishing and
         creating them): create them from the weights already published."""
-        newest = newest_version(self.run)
-        if self.mode == "distributed":
-            s = self.config.staleness
-            needed = behavior_version(step, s.sync_interval, s.sync_offset, s.offline)
-            if not PolicyVersion.objects.filter(run=self.run, version=needed).exists():
-                raise RuntimeError(f"step {step} needs policy version {needed}, which was never published")
-            version = needed
-        else:
-            if newest is None:
-                raise RuntimeError(f"step {step}: no policy version was published yet")
-            version = newest.version
+        needed = self.admission.version_of(step)
+        if needed is None and buffer.newest_version(self.run) is None:
+            raise RuntimeError(f"step {step}: no policy version was published yet")
+        if needed is not None and not PolicyVersion.objects.filter(run=self.run, version=needed).exists():
+            raise RuntimeError(f"step {step} needs policy version {needed}, which was never published")
         with transaction.atomic():
-            self._create_jobs(step, version)
+            self._create_jobs(step)
 
     @retry_db
     def _prune_weights(self) -> None:
@@ -621,14 +514,13 @@ class DatabaseSource:
         `PRUNE_SPARE_BYTES` (at least two files): a small model's files go a dozen at a time,
         not with a query every step."""
         mine = self._published[0] if self._published is not None else None
-        # Distributed: the versions of the batches not taken yet, in case one must be made again.
-        s = self.config.staleness
+        # Fixed versions: those of the batches not taken yet, in case one must be made again.
         untaken = (
             {
-                behavior_version(t, s.sync_interval, s.sync_offset, s.offline)
+                self.admission.version_of(t)
                 for t in range(self.last_taken + 1, min(self.config.steps, self.created_upto) + 1)
             }
-            if self.mode == "distributed"
+            if self.admission.fixed_versions
             else set()
         )
         older = [v for v in self._on_disk if v not in (mine, max(self._on_disk, default=None), *untaken)]
@@ -639,8 +531,3 @@ class DatabaseSource:
         gone = set(older) - set(needed.values_list("version", flat=True))
         self.store.remove(gone)
         self._on_disk -= gone
-
-    @retry_db
-    def _prune_batches(self, upto: int) -> None:
-        for job in RolloutJob.objects.filter(run=self.run, step__lte=upto).exclude(path=""):
-            Path(job.path).unlink(missing_ok=True)

@@ -1,31 +1,7 @@
-"""Celery tasks: execute one run with rlcore (the training job), generate part of a batch
-(a rollout job, `workers.rollout`), and the reaper that re-queues lost runs and jobs.
-
-`execute(run_id, attempt)` is the plain entry point (the task only calls it): claim the
-next queued run of that run's queue (`Run.claim_next`: teams take turns, first in, first out
-within a team), train it with a `DatabaseSink` — and, in the distributed and async execution
-modes, with a `DatabaseSource` whose batches rollout workers make — under the run's memory
-ceiling (`LAB_RUN_MEMORY_MB`, `workers.memory`), and end it `succeeded`, `cancelled` or
-`failed` with the reason (a failed run's summary is computed from the points it logged). A
-message that finds no queued run on its queue (a duplicate, or one redelivered after its run
-was executed) does nothing, and whatever goes wrong once a run is claimed ends it `failed` with
-the reason (a run this worker left `running` is failed before it claims another, never executed
-again); a run whose buffer was damaged past what its attempt can make again (`BufferDamaged`)
-is re-queued on its own attempts. Every worker also runs the reaper in a background thread, so a
-run whose worker died is re-queued as soon as any worker is alive; `python manage.py reap`
-does the same once by hand. The same thread records the worker's own heartbeat
-(`Worker.seen`, with the queues it listens on), so the platform can tell a queue no live
-worker listens on. Another thread, the dispatcher, sends again every `LAB_DISPATCH_INTERVAL_S`
-the messages of queued work that may be missing (`experiments.dispatch`): the database decides,
-the broker only delivers, and it keeps trying while the broker is down. Before it takes any
-work, a worker limits torch to `LAB_TORCH_THREADS` threads (the solo pool trains in the
-worker's main process), so the workers on one machine never oversubscribe its cores.
-
-A short database outage costs no attempt: the claim, the sink's and source's calls and the
-final `finish`/`fail` are retried for up to `LAB_DB_OUTAGE_S` (`workers.db_outage`), and the
-reaper reaps nothing until it has watched the heartbeats for `LAB_HEARTBEAT_TIMEOUT_S` since it
-last found the database unreachable (nobody could beat while it was down).
-"""
+"""The Celery tasks by name: execute a run (the training job: claim the next queued run of the
+queue, train it with a `DatabaseSink` and, in distributed and async execution, a `DatabaseSource`,
+under its memory ceiling, and end it), make rollout jobs (`workers.rollout`), and the reaper and
+dispatcher threads every worker runs (docs/architecture.md, "A run's lifecycle")."""
 
 from __future__ import annotations
 
@@ -39,14 +15,16 @@ import time
 from celery.signals import worker_init, worker_ready
 from django.conf import settings
 from django.db import close_old_connections, connection
-from experiments import dispatch
-from experiments.models import RolloutJob, Run, Worker
-from lab.celery import app
 
+from execution.models import Worker
+from experiments import dispatch
+from experiments.models import RolloutJob, Run
+from lab.celery import app
+from workers.buffer import clear_buffer
 from workers.db_outage import UNREACHABLE, note_unreachable, reachable_for, retry_db
 from workers.memory import MemoryCeiling, OverMemoryCeiling
 from workers.sink import CheckpointLedger, DatabaseSink, finite_or_none
-from workers.source import BufferDamaged, DatabaseSource, clear_buffer
+from workers.source import BufferDamaged, DatabaseSource
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +64,8 @@ def _train(run: Run, worker: str) -> str:
         config = run.run_config()
         import transformers  # noqa: F401  (every run loads it: imported before the run's memory is measured)
 
-        from rlcore.trainer import resolve_device, train
+        from rlcore.models import resolve_device
+        from rlcore.trainer import train
 
         if config.execution.mode != "simulated":
             source = DatabaseSource(run, config, sink.should_stop, worker)

@@ -1,23 +1,5 @@
-"""Whether a run's policy collapsed: its held-out accuracy fell to near zero and stayed there.
-
-The rule, on the run's logged `eval/accuracy` points (the held-out greedy accuracy, i.e. the
-task's correctness reward on held-out prompts without any format term; rlcore evaluates before
-training, every `eval_every` steps and after the last step), taken in step order v_0, …, v_n:
-
-    the run collapsed at evaluation i (1 ≤ i ≤ n) when
-      best  = max(v_0, …, v_{i−1}) ≥ MIN_BEST            (there was something to lose), and
-      v_j ≤ NEAR_ZERO_FRACTION × best  for every j ≥ i   (it fell to near zero and stayed), and
-      n − i + 1 ≥ MIN_EVALS                              (seen at MIN_EVALS evaluations at least).
-
-The earliest such i is the step it collapsed at. Near zero is relative to the run's own earlier
-best, so a run that never learned (accuracy near 0 from the start) has not collapsed, and a
-run that dips and recovers has not either. A run whose last evaluation alone is low is not
-flagged: one reading cannot tell a collapse from a dip. Missing values (NaN) are left out.
-
-Measured with the built-in tiny model (4 prompts × 4 responses, 20 held-out prompts every 2 steps):
-lr 1 takes held-out accuracy from 0.50 to 0.00 by step 2 and it stays 0.00 to step 10 (with grpo,
-reinforce and rec-oneside-nois alike; lr 5e-4 by step 4); the default lr 3e-5 keeps it at 0.45–0.50.
-"""
+"""Whether a run's policy collapsed: its held-out accuracy fell to near zero, relative to its own
+earlier best, and stayed there for at least `MIN_EVALS` evaluations (docs/algorithms.md §11)."""
 
 from __future__ import annotations
 

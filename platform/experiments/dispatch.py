@@ -1,27 +1,9 @@
-"""The database decides, the broker only delivers.
-
-Queued runs and rollout jobs are rows; a message ("execute run N, attempt A", "generate rollout
-job J, attempt A") only wakes a worker, and a duplicate one does nothing (claims are conditional
-UPDATEs). So sending is best-effort and a lost message is sent again:
-
-- `send` hands one message to the broker. When the broker cannot be reached it logs that and
-  clears the row's `dispatched_at`; the request that queued the work still succeeds.
-- `dispatch` (every worker runs it every `LAB_DISPATCH_INTERVAL_S`, `manage.py reap` once) sends
-  again what may be missing, looking only at work queued for longer than `LAB_DISPATCH_GRACE_S`
-  since its last message ("due"), so a message still on its way is not doubled:
-  * runs: the messages of a queue are interchangeable (a worker claims the queue's next run,
-    `Run.claim_next`), so per queue it sends as many messages as the due runs that could start
-    now (within their team's `LAB_TEAM_MAX_RUNNING`) outnumber those waiting in the broker;
-  * rollout jobs: a message names its job, so it sends the due jobs whose send failed, and every
-    due job of a queue that holds fewer messages than were sent for its due jobs (a broker
-    restart lost some, and which is unknown).
-  Several dispatchers (one per worker) do not send the same message twice: each first moves the
-  row's `dispatched_at` forward with a conditional UPDATE, and only the one that did sends.
-"""
+"""The resend pass: queued runs and rollout jobs whose message may be missing get it again. Every
+worker runs `dispatch` every `LAB_DISPATCH_INTERVAL_S` (`manage.py reap` once); how it decides what
+is missing without doubling what is on its way: docs/architecture.md, "The database decides"."""
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -29,39 +11,6 @@ from django.db.models import Q
 from django.utils import timezone
 
 from experiments.models import RolloutJob, Run
-
-log = logging.getLogger(__name__)
-
-# What a page or the API adds when work was queued but its message could not be sent.
-NOT_SENT = (
-    "the message broker cannot be reached right now: the work stays queued and is sent to a worker "
-    "as soon as the broker is back"
-)
-
-TASKS = {Run: "workers.tasks.execute_run", RolloutJob: "workers.tasks.generate_batch"}
-
-
-def send(model: type[Run] | type[RolloutJob], pk: int, attempt: int, queue: str) -> bool:
-    """Send the message of attempt `attempt` of run or rollout job `pk` to `queue`. False (logged,
-    and the row's `dispatched_at` cleared) when the broker could not take it."""
-    from lab.celery import app
-
-    try:
-        app.send_task(TASKS[model], args=[pk, attempt], queue=queue)
-    except Exception as exc:
-        log.warning(
-            "could not send %s %s attempt %s to queue %s (%s: %s); it stays queued and is sent "
-            "when the broker is back",
-            model.__name__,
-            pk,
-            attempt,
-            queue,
-            type(exc).__name__,
-            exc,
-        )
-        model.objects.filter(pk=pk, attempt=attempt, status=model.QUEUED).update(dispatched_at=None)
-        return False
-    return True
 
 
 def _resend(model, rows: list[tuple[int, int, datetime | None]], queue: str, now: datetime) -> list[str]:
@@ -73,7 +22,7 @@ def _resend(model, rows: list[tuple[int, int, datetime | None]], queue: str, now
         mine = model.objects.filter(pk=pk, attempt=attempt, status=model.QUEUED, dispatched_at=dispatched_at)
         if not mine.update(dispatched_at=now):
             continue
-        if not send(model, pk, attempt, queue):
+        if not model.send(pk, attempt, queue):
             break
         sent.append(f"{model.__name__} {pk} attempt {attempt} to queue {queue}")
     return sent

@@ -1,11 +1,6 @@
-"""Forms: submit a sweep, create a team, invite a member, log in.
-
-The sweep form has no list of run parameters of its own: its run-parameter fields are
-generated from `RunConfig.model_json_schema()` (names are dotted config paths such as
-`rollout.group_size`, labels, help and initial values come from the schema), and the whole
-grid is validated by `sweeps.expand`, i.e. by `RunConfig`. Bounds are never checked here;
-RunConfig's messages come back next to the field they concern.
-"""
+"""The sweep form and the save-as-template form. The sweep form's run fields are generated from
+`RunConfig.model_json_schema()` (dotted config paths, labels, help and initial values from the
+schema) and the grid is validated by `sweeps.expand`: no bounds are checked here."""
 
 from __future__ import annotations
 
@@ -15,11 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from django import forms
-from django.contrib.admin.forms import AdminAuthenticationForm
-from django.contrib.auth.forms import AuthenticationForm
 
-from experiments import sweeps, throttle
-from experiments.models import Team, Worker, queued_cap_refusal
+from accounts.models import Team
+from execution.models import Worker
+from experiments import sweeps
+from experiments.models import queued_cap_refusal
 from rlcore.config import RunConfig, StalenessConfig
 from rlcore.presets import PRESETS
 
@@ -204,7 +199,7 @@ def _int_list(text: str, what: str) -> list[int]:
 
 
 # Starting points for the form (`?template=<name>` on the new-sweep page): initial values only,
-# validated like anything typed. "cpu-demo" is ALGORITHMS.md §10's demo grid, where the paper's
+# validated like anything typed. "cpu-demo" is docs/algorithms.md §10's demo grid, where the paper's
 # effects show on 2 CPU cores.
 TEMPLATES = {
     "cpu-demo": {
@@ -410,42 +405,5 @@ class SweepForm(forms.Form):
                 self.add_error(None, f"{field}: {message}")
 
 
-class TeamForm(forms.ModelForm):
-    class Meta:
-        model = Team
-        fields = ["name"]
-
-
-# A CharField refuses NUL characters by itself (Django's ProhibitNullCharactersValidator).
 class TemplateForm(forms.Form):
     name = forms.CharField(max_length=200, label="Template name", strip=True)
-
-
-class TokenForm(forms.Form):
-    name = forms.CharField(
-        max_length=100, label="Name", help_text="what the token is for, e.g. laptop or CI", strip=True
-    )
-
-
-class InviteForm(forms.Form):
-    username = forms.CharField(max_length=150)
-    is_admin = forms.BooleanField(required=False, label="team admin")
-
-
-class ThrottledLoginMixin:
-    """A login refused by the rate limits (experiments.throttle) says so, and for how long,
-    instead of blaming the password; its error code is `throttled`."""
-
-    def get_invalid_login_error(self):
-        seconds = getattr(self.request, "login_retry_after", None)
-        if seconds is not None:
-            return forms.ValidationError(throttle.refusal("logins", seconds), code="throttled")
-        return super().get_invalid_login_error()
-
-
-class LoginForm(ThrottledLoginMixin, AuthenticationForm):
-    pass
-
-
-class AdminLoginForm(ThrottledLoginMixin, AdminAuthenticationForm):
-    pass

@@ -1,13 +1,7 @@
-"""A sweep: one base run config crossed with presets × staleness settings × seeds.
-
-`expand` validates every cell of the grid through `rlcore.config.RunConfig` (the only place
-a run's fields, defaults and bounds live) and returns the resolved configs, or raises
-`SweepError` listing each problem once as `(field, message)`. Fields are named the way the
-submitter wrote them: `presets`, `seeds`, `staleness.sync_offset`, or the dotted path inside
-the base config (`rollout.group_size`, `task.path`). The form and the API both create runs through
-`create_experiment`, which refuses a sweep that would take its team over `LAB_TEAM_MAX_QUEUED`
-queued runs and enqueues the runs only after the transaction commits.
-"""
+"""A sweep: one base run config crossed with presets × staleness settings × seeds. `expand`
+validates every cell through `RunConfig` and names each problem once by the field the submitter
+wrote (`presets`, `staleness.sync_offset`, `rollout.group_size`); `create_experiment` refuses a sweep
+over `LAB_TEAM_MAX_QUEUED` and sends the runs' messages after the transaction commits."""
 
 from __future__ import annotations
 
@@ -21,7 +15,8 @@ from django.conf import settings
 from django.db import transaction
 from pydantic import TypeAdapter, ValidationError
 
-from experiments.models import Experiment, Membership, Run, Team, queued_cap_refusal, validation_context
+from accounts.models import Membership, Team
+from experiments.models import Experiment, Run, queued_cap_refusal, validation_context
 from rlcore import presets as rl_presets
 from rlcore.config import RunConfig, StalenessConfig, error_list
 

@@ -1,12 +1,6 @@
-"""ASGI entry (`gunicorn lab.asgi -k asgi`: what `manage.py up` and docker-compose serve);
-puts `platform/` on sys.path for servers started elsewhere.
-
-Under ASGI Django runs each request's (synchronous) views in a thread of its own, so a
-database connection kept open for reuse would stay behind in a thread that has ended: the web
-server closes its connections after each request (Django's advice for ASGI). Whitenoise serves
-static files from a synchronous iterator, which Django reads in a thread; its warning about
-that is expected and silenced.
-"""
+"""ASGI entry (`gunicorn lab.asgi`: what `manage.py up` and docker-compose serve); puts `platform/`
+on sys.path, closes database connections after each request (views run in threads that end), and
+warms the app up before the first request."""
 
 import os
 import sys

@@ -1,20 +1,6 @@
-"""The embedded broker: kombu's filesystem transport, with messages that appear whole.
-
-kombu's filesystem channel creates a message file empty, then locks and writes it. A worker
-listing the queue folder in that instant takes the empty file, cannot decode it, and stops
-("Unrecoverable error: JSONDecodeError"), which left runs without a rollout worker on the
-embedded defaults. Here a message is written under a name no consumer reads and renamed into
-place (atomic on one filesystem). A message that still cannot be decoded is dropped with a log
-line instead of stopping the worker: the database decides what is queued, and a dispatcher
-sends that work again (`experiments.dispatch`).
-
-The exchange table (which queues an exchange routes to, a file every worker adds its queues to
-when it starts) is read and rewritten under one exclusive lock, in a file opened without
-truncating it: kombu's own first writer truncates it before it locks, so workers starting
-together left a table cut short or with a stale tail, which no sender could decode.
-
-Registered as the `labfs://` transport by `lab.celery`.
-"""
+"""The embedded broker (`labfs://`): kombu's filesystem transport with messages that appear whole
+(written aside, then renamed into place), an undecodable message dropped with a log line instead
+of stopping the worker, and the exchange table rewritten under one exclusive lock."""
 
 from __future__ import annotations
 

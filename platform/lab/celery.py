@@ -1,20 +1,7 @@
-"""The Celery app that carries runs to workers, configured from Django settings.
-
-The web tier sends "execute run N, attempt A" through it by task name (`Run.enqueue`), and a
-training job "generate rollout job J, attempt A" (`RolloutJob.enqueue`); the
-tasks themselves live in `workers/` and register on this app when a worker imports them
-(`include`). Workers start as `celery -A workers worker -Q cpu` (or `-Q gpu`): `workers`
-puts `platform/` on `sys.path` and re-exports this app, since a bare `python -m celery`
-started from the repository root cannot import `lab`. The broker is Redis when `REDIS_URL`
-is set, else kombu's filesystem transport under `var/broker/` (`lab.broker`: messages written
-whole). One worker executes one run
-at a time (solo pool, prefetch 1); messages are acknowledged only after the run ends, and
-the run's own row in the database, not the message, decides whether it executes.
-
-The broker only delivers: publishing gives up quickly when it is unreachable (the caller logs it
-and a worker's dispatcher sends the message later, `experiments.dispatch`), and a worker whose
-broker went away keeps reconnecting, however long it takes.
-"""
+"""The Celery app that carries work to workers, configured from Django settings: Redis when
+`REDIS_URL` is set, else the embedded filesystem broker (`lab.broker`). One run per worker at a
+time (solo pool, prefetch 1), acknowledged after it ends; the tasks register when a worker imports
+`workers`. The database decides what runs; the broker only delivers (docs/architecture.md)."""
 
 import os
 import sys

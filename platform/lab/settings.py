@@ -1,14 +1,7 @@
-"""Settings, read from the environment with safe defaults for a single machine.
-
-With no `DATABASE_URL` the database is a SQLite file under `LAB_VAR_DIR` (default `var/`);
-with no `REDIS_URL` Celery uses kombu's filesystem transport under the same folder, which
-still crosses processes. Paths a run may read are limited to `LAB_DATA_ROOTS` (datasets)
-and `LAB_MODEL_ROOTS` (local models), each a colon-separated list. Each worker process trains
-with `LAB_TORCH_THREADS` torch threads, by default an equal share of the machine's cores
-among the `UP_WORKER_QUEUES` workers that `make up` starts, so they never oversubscribe it;
-likewise a run may add at most `LAB_RUN_MEMORY_MB` MiB to its worker's memory, by default an
-equal share of the machine's (or the container's) memory among those workers.
-"""
+"""Settings from the environment with safe defaults for one machine: SQLite under `LAB_VAR_DIR` and
+the filesystem broker unless `DATABASE_URL` / `REDIS_URL` are set; the folders runs may read
+(`LAB_DATA_ROOTS`, `LAB_MODEL_ROOTS`); each worker's torch threads and memory ceiling, by default
+an equal share of the machine among the workers `make up` starts."""
 
 import importlib.util
 import os
@@ -89,7 +82,10 @@ INSTALLED_APPS = [
     # Only for its templates and static files: /api/docs loads Swagger UI from our own static
     # files, not from a CDN, so the API docs work offline.
     "ninja",
+    "accounts",
+    "execution",
     "experiments",
+    "dashboards",
 ]
 
 MIDDLEWARE = [
@@ -162,8 +158,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
-# Username and password checks, refused past the login rate limits (experiments.throttle).
-AUTHENTICATION_BACKENDS = ["experiments.throttle.ThrottledModelBackend"]
+# Username and password checks, refused past the login rate limits (accounts.throttle).
+AUTHENTICATION_BACKENDS = ["accounts.throttle.ThrottledModelBackend"]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "experiment-list"
 LOGOUT_REDIRECT_URL = "login"
@@ -193,7 +189,7 @@ else:
     for sub in ("queue", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
 
-# Rate limits on guessing (experiments.throttle): failed logins per username and client address,
+# Rate limits on guessing (accounts.throttle): failed logins per username and client address,
 # unknown API tokens per client address, each count kept LAB_RATE_WINDOW_S seconds; the header a
 # trusted reverse proxy puts the client's address in (empty: the peer's address).
 LAB_LOGIN_FAILURE_LIMIT = int(os.environ.get("LAB_LOGIN_FAILURE_LIMIT", 10))

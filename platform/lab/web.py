@@ -1,12 +1,6 @@
-"""The web server's worker class: gunicorn's ASGI worker, with a time limit on a request's headers.
-
-gunicorn's ASGI worker bounds the headers of a kept-alive connection's later requests (its
-keep-alive timer runs until they are complete), but not those of a connection's first request: a
-client sending one byte every few seconds held its connection for minutes. Here a connection's
-first request too must have sent all its headers within `LAB_HEADER_TIMEOUT_S` (10 s, as the
-nginx of docker-compose allows), else the connection is closed; the body and the answer are not
-limited by it. `manage.py up` and `serve` run gunicorn with `--worker-class lab.web.ASGIWorker`.
-"""
+"""The web server's worker class: gunicorn's ASGI worker, with a time limit on a connection's first
+request's headers too (`LAB_HEADER_TIMEOUT_S`), so a client trickling bytes cannot hold a
+connection for minutes. `manage.py up` and `serve` run gunicorn with it."""
 
 from __future__ import annotations
 

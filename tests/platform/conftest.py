@@ -1,6 +1,7 @@
-"""Fixtures for the platform tests: settings for a test var/ folder, users and teams, real
-Celery worker processes that share the test database, and a redis-server of a test's own
-(`redis_server`, with `use_broker` pointing this process's Celery app at it) for broker outages.
+"""Fixtures for the platform tests (their helpers are in support.py): settings for a test var/
+folder, users and teams, queued experiments and runs (`make_experiment`, `make_run`, `run`), real
+Celery worker processes that share the test database, a redis-server of a test's own
+(`redis_server`) for broker outages, and headless Chromium pages.
 
 The tests run against whatever `DATABASE_URL` / `REDIS_URL` say (CI: real PostgreSQL and
 Redis) or, with neither set, against the embedded defaults (SQLite file, filesystem broker).
@@ -10,23 +11,26 @@ torch thread (`LAB_TORCH_THREADS=1`, and OpenMP/MKL told the same), as two cores
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import shutil
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import django
 import pytest
+from support import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    TEST_VAR,
+    WORKER_THREADS,
+    RedisServer,
+    WorkerProcess,
+    new_team_member,
+    purge_queue,
+    queue_sweep,
+    stop_workers,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-TEST_VAR = REPO / "var" / "test"
 os.environ["LAB_VAR_DIR"] = str(TEST_VAR)
 os.environ["LAB_DATA_ROOTS"] = str(TEST_VAR / "data")
 os.environ["LAB_HEARTBEAT_TIMEOUT_S"] = "3"
@@ -43,154 +47,6 @@ from django.conf import settings  # noqa: E402
 # subprocesses keep the default.
 settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-WORKER_LIMIT_S = 600
-READY_TIMEOUT_S = 90
-WORKER_THREADS = "1"
-
-# A run of a few seconds on 2 cores: the tiny model, small batches, frequent checkpoints.
-TINY_CONFIG = {
-    "model": {
-        "tiny": {
-            "hidden_size": 32,
-            "num_layers": 1,
-            "num_heads": 2,
-            "intermediate_size": 64,
-            "warmstart_max_steps": 50,
-        }
-    },
-    "rollout": {"group_size": 4, "prompts_per_step": 4},
-    "steps": 6,
-    "eval_every": 5,
-    "eval_size": 20,
-    "checkpoint_every": 2,
-    "samples_per_step": 2,
-    "device": "cpu",
-}
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.2):
-    """Poll `predicate` until it returns something truthy; fail naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def stop_group(proc: subprocess.Popen, sig: int, timeout_s: float) -> str:
-    """Send `sig` to the process group `proc` leads and wait up to `timeout_s` for all of it to end.
-
-    Returns "" when it did, else the `ps` lines of what was left, which is then SIGKILLed, so
-    no test leaves a process behind.
-    """
-    if group_alive(proc.pid):
-        os.killpg(proc.pid, sig)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None and not group_alive(proc.pid):
-            return ""
-        time.sleep(0.2)
-    leftover = subprocess.run(
-        ["ps", "-o", "pid,ppid,stat,etime,args", "-g", str(proc.pid)], capture_output=True, text=True
-    ).stdout
-    if group_alive(proc.pid):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    return leftover
-
-
-def queued_messages(queue: str = "cpu") -> int:
-    """Messages waiting in the broker queue (nothing consumes them while no worker runs)."""
-    from lab.celery import app
-
-    with app.connection_for_write() as conn:
-        return conn.default_channel.queue_declare(queue=queue, passive=False).message_count
-
-
-def purge_queue(queue: str = "cpu") -> None:
-    from lab.celery import app
-
-    with app.connection_for_write() as conn:
-        conn.default_channel.queue_purge(queue)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def use_broker(url: str) -> Iterator[None]:
-    """Point this process's Celery app (what the pages and the API send with) at `url` meanwhile."""
-    from lab.celery import app
-
-    def switch(to: str) -> None:
-        # kombu keeps one connection pool per broker URL for the process: switching back finds
-        # the old one again, so it is left open.
-        app.conf.broker_url = to
-        app._pool = None
-        app.amqp._producer_pool = None
-
-    before = app.conf.broker_url
-    switch(url)
-    try:
-        yield
-    finally:
-        switch(before)
-
-
-class RedisServer:
-    """`redis-server` on a free loopback port, keeping nothing on disk (a restart loses every
-    message, like a Redis without persistence); bounded by `timeout`, in its own process group."""
-
-    def __init__(self, log_path: Path):
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._log = log_path.open("a")
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                *f"timeout -s KILL {WORKER_LIMIT_S} redis-server --port {self.port} --bind 127.0.0.1".split(),
-                *("--save", "", "--appendonly", "no"),
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        wait_for(self.ping, 20, f"redis-server on port {self.port}")
-
-    def ping(self) -> bool:
-        import redis
-
-        try:
-            return redis.Redis(port=self.port, socket_connect_timeout=1).ping()
-        except redis.ConnectionError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL: the server goes away at once, and every message with it."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_group(self.proc, signal.SIGTERM, timeout_s=10)
-        self._log.close()
-
 
 @pytest.fixture
 def redis_server(tmp_path) -> Iterator[RedisServer]:
@@ -203,54 +59,6 @@ def redis_server(tmp_path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
-
-
-class WorkerProcess:
-    """`celery -A workers worker -Q cpu` (or another queue) in its own process group, logging to a file."""
-
-    def __init__(self, env: dict[str, str], log_path: Path, name: str, queue: str = "cpu"):
-        from lab.celery import worker_command
-
-        self.log_path = log_path
-        self._log = log_path.open("w")
-        self.proc = subprocess.Popen(
-            ["timeout", "-s", "KILL", str(WORKER_LIMIT_S), *worker_command(queue, f"{name}@%h")],
-            cwd=REPO,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        match = wait_for(self._ready, READY_TIMEOUT_S, f"worker {name} to start (log: {log_path})")
-        self.identity, self.system = match.group(1), match.group(2)
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def _ready(self):
-        if self.proc.poll() is not None:
-            pytest.fail(f"worker exited with {self.proc.returncode}:\n{self.log()}")
-        return re.search(r"worker (\S+) ready on (\S+)", self.log())
-
-    def kill(self) -> None:
-        """SIGKILL the worker: no warm shutdown, no acknowledgement, no last heartbeat."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        """Teardown: SIGKILL, as `kill`. The test is over, and a warm shutdown takes 3–6 s even
-        for an idle worker (longer for one still in a run), dozens of times per suite."""
-        stop_group(self.proc, signal.SIGKILL, timeout_s=10)
-        self._log.close()
-
-
-def stop_workers(workers: list[WorkerProcess]) -> None:
-    """Teardown: SIGKILL every worker at once, then wait for each (a group takes 1-2 s to go)."""
-    for w in workers:
-        if group_alive(w.proc.pid):
-            os.killpg(w.proc.pid, signal.SIGKILL)
-    for w in workers:
-        w.stop()
 
 
 def _test_database_url() -> str:
@@ -307,7 +115,7 @@ def worker(worker_env, tmp_path_factory) -> Iterator[WorkerProcess]:
 
 
 def forget_rate_limit_counts() -> None:
-    """Drop the failed logins and token checks counted so far (experiments.throttle keeps them in
+    """Drop the failed logins and token checks counted so far (accounts.throttle keeps them in
     the cache for LAB_RATE_WINDOW_S, across tests and test runs)."""
     from django.conf import settings
     from django.core.cache import cache
@@ -329,13 +137,9 @@ def no_rate_limit_counts() -> Iterator[None]:
 
 
 @pytest.fixture
-def team(django_user_model):
-    from experiments.models import Membership, Team
-
-    user = django_user_model.objects.create_user("alice", password="alice-password-1")
-    team = Team.objects.create(name="team-a")
-    Membership.objects.create(team=team, user=user, is_admin=True)
-    return team
+def team(db):
+    """Team "team-a", whose one member is its admin alice (password "alice-password-1")."""
+    return new_team_member("alice", "team-a").memberships.get().team
 
 
 @pytest.fixture
@@ -349,16 +153,32 @@ def alice_client(client, alice):
     return client
 
 
-# Debian's Chromium, never a downloaded browser; only the live server on 127.0.0.1, so no
-# update checks or other background traffic.
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
+@pytest.fixture
+def make_experiment(team, alice):
+    """`make_experiment(name, config=…, presets=…, staleness=…, seeds=…)`: an experiment of alice's
+    team queued through `sweeps.create_experiment` (`support.queue_sweep`; default one grpo run of
+    `TINY_CONFIG`, seed 0)."""
+
+    def make(name: str = "sweep", **sweep):
+        return queue_sweep(team, alice, name, **sweep)
+
+    return make
+
+
+@pytest.fixture
+def make_run(make_experiment):
+    """`make_run(name, config=…, seed=…)`: the one queued run of a one-cell sweep (`make_experiment`)."""
+
+    def make(name: str = "run", seed: int = 0, **sweep):
+        return make_experiment(name, seeds=[seed], **sweep).runs.get()
+
+    return make
+
+
+@pytest.fixture
+def run(make_run):
+    """A queued grpo run of `TINY_CONFIG` in alice's team."""
+    return make_run()
 
 
 @pytest.fixture(scope="module")

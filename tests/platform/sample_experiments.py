@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from conftest import TINY_CONFIG
+from support import TINY_CONFIG
+
 from experiments.models import Experiment, MetricPoint, Run
 from experiments.sweeps import expand
 

@@ -1,4 +1,4 @@
-"""Every preset against the worked example of ALGORITHMS.md §8, plus the identities of §4/§5."""
+"""Every preset against the worked example of docs/algorithms.md §8, plus the identities of §4/§5."""
 
 import math
 

@@ -1,11 +1,12 @@
-"""The staleness schedule of ALGORITHMS.md §6 and the local batch source that obeys it."""
+"""The staleness schedule of docs/algorithms.md §6 and the local batch source that obeys it."""
 
 import pytest
 import torch
 
 from rlcore import trainer
 from rlcore.rollout import score_responses, token_logprobs
-from rlcore.staleness import LocalSource, behavior_version, staleness
+from rlcore.sources import LocalSource
+from rlcore.staleness import behavior_version, staleness
 
 # (t, k, d) -> (v, lag), transcribed from the table of §6.
 SCHEDULES = {(1, 0): "k1d0", (1, 10): "k1d10", (20, 0): "k20d0", (20, 10): "k20d10", (4, 2): "k4d2"}

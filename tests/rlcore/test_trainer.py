@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from rlcore import checkpoints, models, tasks, trainer
+from rlcore import checkpoints, evaluate, models, tasks, trainer
 from rlcore.sinks import EVAL_METRICS, STEP_METRICS, ListSink
 
 TIMING = {"time/step_s", "time/rollout_s", "time/wait_s", "time/update_s", "time/queue_s", "tokens_per_s"}
@@ -229,17 +229,17 @@ def test_an_evaluation_in_chunks_equals_one_in_one_piece(small_config, cache_dir
     source = trainer.local_source(learner, cache_dir)
     for step in (1, 2):  # a policy that moved away from θ0, so eval/kl_init is not ~0
         trainer.run_step(learner, source, step)
-    whole = learner.evaluate(step=2)
+    whole = learner.evaluator.evaluate(learner.policy, step=2)
     monkeypatch.setattr(models, "EVAL_ROWS", 5)
-    monkeypatch.setattr(trainer, "EVAL_LOGITS", 1)  # one prompt per θ0 chunk
+    monkeypatch.setattr(evaluate, "EVAL_LOGITS", 1)  # one prompt per θ0 chunk
     scored_rows = []
-    score = trainer.score_responses
+    score = evaluate.score_responses
     monkeypatch.setattr(
-        trainer,
+        evaluate,
         "score_responses",
         lambda model, r, *a: scored_rows.append(r.response_ids.shape[0]) or score(model, r, *a),
     )
-    chunked = learner.evaluate(step=2)
+    chunked = learner.evaluator.evaluate(learner.policy, step=2)
     assert scored_rows == [1] * 24
     assert whole["eval/kl_init"] > 1e-6
     assert chunked == pytest.approx(whole, rel=1e-5, abs=1e-9)
@@ -253,23 +253,23 @@ def test_an_evaluation_made_in_parts_elsewhere_adds_up_to_the_trainers(small_con
     source = trainer.local_source(learner, cache_dir)
     for step in (1, 2):
         trainer.run_step(learner, source, step)
-    whole = learner.evaluate(step=2)
+    whole = learner.evaluator.evaluate(learner.policy, step=2)
 
     elsewhere = trainer.prepare(config, cache_dir)  # another process: θ0 only
     policy = copy.deepcopy(elsewhere.policy)
     policy.load_state_dict({k: v.clone() for k, v in learner.policy.state_dict().items()})
     problems = elsewhere.task.eval_problems(config.eval_size)
     parts = [
-        trainer.evaluate_part(
+        evaluate.evaluate_part(
             config, elsewhere.lm, policy, elsewhere.initial, elsewhere.task, problems[lo:hi], 2, lo
         )
         for lo, hi in ((0, 7), (7, 16), (16, 24))
     ]
-    total = sum(parts, trainer.EvalSums())
+    total = sum(parts, evaluate.EvalSums())
     assert total.n == 24 and whole["eval/kl_init"] > 1e-6
     assert total.metrics() == pytest.approx(whole, rel=1e-5, abs=1e-9)
     # A part evaluated with the wrong first index samples other responses: the index matters.
-    shifted = trainer.evaluate_part(
+    shifted = evaluate.evaluate_part(
         config, elsewhere.lm, policy, elsewhere.initial, elsewhere.task, problems[7:16], 2, 0
     )
     assert shifted.k3 != pytest.approx(parts[1].k3, rel=1e-6)

@@ -1,0 +1,430 @@
+"""The comparison: one metric of the chosen runs, aggregated per (experiment, preset, staleness)
+group into curves with bands, final values and throughput across seeds, and the staleness answer
+(each line's drop from its own on-policy runs, tolerance, ties, findings). How it is computed:
+docs/architecture.md, "The comparison dashboard"."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+from django.db.models import Avg, OuterRef, QuerySet, Subquery
+
+from dashboards import curves, findings
+from dashboards.points import json_numbers, points_by_run
+from dashboards.query import ComparisonQuery
+from experiments.models import Experiment, MetricPoint, Run
+from rlcore.presets import preset_names, preset_sort_key
+from rlcore.sinks import EVAL_METRICS, STEP_METRICS
+from rlcore.staleness import staleness as staleness_lag
+
+METRICS = (*STEP_METRICS, *EVAL_METRICS)
+
+
+LENGTH_METRIC = "response_length/mean"
+
+
+SCATTER_METRICS = ("kl/init", "reward/mean")
+
+
+STEP_TIME_METRIC = "time/step_s"
+
+
+TOKEN_RATE_METRIC = "tokens_per_s"
+
+
+THROUGHPUT_COLUMNS = (
+    "steps_per_hour",
+    "steps_per_hour_lo",
+    "steps_per_hour_hi",
+    "steps_per_hour_interval",
+    "tokens_per_s",
+    "tokens_per_s_lo",
+    "tokens_per_s_hi",
+    "tokens_per_s_interval",
+)
+
+
+# Tableau 20 minus greys: one colour per rlcore preset, in PRESETS order; unknown presets cycle.
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#dbdb8d",
+    "#9edae5",
+)
+
+
+def preset_colours(presets: list[str]) -> dict[str, str]:
+    """The site-wide colour of each preset: its position in `rlcore.presets`, then the others in turn."""
+    known = preset_names()
+    extra = [p for p in presets if p not in known]
+    return {p: PALETTE[(known + extra).index(p) % len(PALETTE)] for p in presets}
+
+
+def _rollout(run: Run) -> tuple[int, int]:
+    """(prompts per step, responses per prompt) from the run's resolved config."""
+    rollout = run.config.get("rollout", {})
+    return int(rollout.get("prompts_per_step", 1)), int(rollout.get("group_size", 1))
+
+
+def _series(run: Run, query: ComparisonQuery, points, lengths) -> curves.Series:
+    steps, values, times = points
+    if query.x == "step":
+        x = steps
+    elif query.x == "samples":
+        x = curves.samples_x(steps, *_rollout(run))
+    elif query.x == "tokens":
+        length_steps, length_values, _ = lengths.get(run.pk, (np.empty(0), np.empty(0), None))
+        finite = np.isfinite(length_values)
+        x = curves.tokens_x(steps, length_steps[finite], length_values[finite], math.prod(_rollout(run)))
+    else:
+        x = curves.time_x(times)
+    return curves.Series.of(x, values)
+
+
+def _scalar(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _mean_of(name: str) -> Subquery:
+    """The mean of metric `name` over the outer run's steps (missing values left out; None if none)."""
+    return Subquery(
+        MetricPoint.objects.filter(run=OuterRef("pk"), name=name)
+        .order_by()
+        .values("run")
+        .annotate(mean=Avg("value"))
+        .values("mean")
+    )
+
+
+def _steps_per_hour(run: Run) -> float:
+    """3600 / the run's mean trainer step time (waiting for the batch plus the update); NaN if unknown."""
+    mean_step_s = run.mean_step_s
+    return 3600.0 / mean_step_s if mean_step_s is not None and mean_step_s > 0 else math.nan
+
+
+def _tokens_per_s(run: Run) -> float:
+    """The run's mean logged tokens per second; NaN if unknown."""
+    return math.nan if run.mean_tokens_per_s is None else run.mean_tokens_per_s
+
+
+def _interval_fields(result: curves.Summary | curves.Difference, prefix: str = "") -> dict[str, Any]:
+    """`lo`, `hi` and `interval` (its kind: 95% bootstrap CI, min–max, or None for one seed), and
+    `ci_lo`, `ci_hi`: the same bounds when they are a CI, else None."""
+    ci = result.interval == curves.CI
+    return {
+        f"{prefix}lo": _scalar(result.lo),
+        f"{prefix}hi": _scalar(result.hi),
+        f"{prefix}interval": result.interval,
+        f"{prefix}ci_lo": _scalar(result.lo) if ci else None,
+        f"{prefix}ci_hi": _scalar(result.hi) if ci else None,
+    }
+
+
+def _throughput(runs: list[Run]) -> dict[str, Any]:
+    """Steps per hour and tokens per second of a group's runs, each summarised across seeds like the
+    final values: the mean with its interval; `n_seeds` counts the runs with step times."""
+    per_run = {
+        "steps_per_hour": [_steps_per_hour(run) for run in runs],
+        "tokens_per_s": [_tokens_per_s(run) for run in runs],
+    }
+    row: dict[str, Any] = {"n_seeds": sum(math.isfinite(v) for v in per_run["steps_per_hour"])}
+    for name, values in per_run.items():
+        result = curves.summarise(values)
+        row |= {name: _scalar(result.mean), **_interval_fields(result, f"{name}_")}
+    return row
+
+
+@functools.cache
+def _mean_lag(steps: int, sync_interval: int, sync_offset: int, offline: bool) -> float:
+    return sum(staleness_lag(t, sync_interval, sync_offset, offline) for t in range(1, steps + 1)) / steps
+
+
+def staleness_rank(config: dict[str, Any]) -> float:
+    """How stale a run's data is, to order staleness settings from on-policy to the stalest: the
+    mean lag its schedule gives over its steps (docs/algorithms.md §6), or an async run's bound."""
+    execution = config.get("execution", {})
+    if execution.get("mode") == "async":
+        return float(execution.get("max_staleness") or 0)
+    s = config.get("staleness", {})
+    return _mean_lag(
+        int(config.get("steps", 1)),
+        int(s.get("sync_interval", 1)),
+        int(s.get("sync_offset", 0)),
+        bool(s.get("offline", False)),
+    )
+
+
+PROVENANCE_CHECKS = {
+    "theta0_sha256": "initial models (θ0)",
+    "dataset_sha256": "datasets",
+    "rlcore_version": "rlcore versions",
+    "torch": "torch versions",
+    "transformers": "transformers versions",
+    "vllm": "vLLM versions",
+}
+
+
+def provenance_warnings(runs: list[Run]) -> list[str]:
+    """What differs between the runs being aggregated that should not: θ0, data, library versions
+    (from each run's provenance; runs that have not recorded one yet are not counted)."""
+    warnings = []
+    for key, what in PROVENANCE_CHECKS.items():
+        values = {run.provenance.get(key) for run in runs if run.provenance}
+        if len(values) > 1:
+            shown = ", ".join(sorted(str(v)[:12] for v in values))
+            warnings.append(
+                f"These runs differ in their {what} ({shown}): their curves may not be comparable."
+            )
+    return warnings
+
+
+def line_label(preset: str, experiment: Experiment, several: bool) -> str:
+    """What a line is called: its preset, plus its experiment when runs of several are compared."""
+    return f"{preset} · #{experiment.pk} {experiment.name}" if several else preset
+
+
+def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
+    """The comparison payload of `runs` (see the module docstring).
+
+    A line is a preset within one experiment: runs of different experiments are never averaged
+    together as seeds, since their configs may differ in more than preset and staleness.
+    """
+    runs = list(
+        runs.select_related("experiment")
+        .order_by("experiment_id", "pk")
+        .annotate(
+            **{
+                f"last_{name}": Subquery(
+                    MetricPoint.objects.filter(run=OuterRef("pk"), name=name)
+                    .order_by("-step")
+                    .values("value")[:1]
+                )
+                for name in SCATTER_METRICS
+            },
+            mean_step_s=_mean_of(STEP_TIME_METRIC),
+            mean_tokens_per_s=_mean_of(TOKEN_RATE_METRIC),
+        )
+    )
+    run_ids = [run.pk for run in runs]
+    points = points_by_run(run_ids, query.metric, with_time=query.x == "time")
+    lengths = points_by_run(run_ids, LENGTH_METRIC) if query.x == "tokens" else {}
+
+    experiments = list({run.experiment_id: run.experiment for run in runs}.values())
+    several = len(experiments) > 1
+    presets = sorted({run.preset for run in runs}, key=preset_sort_key)
+    first_of = {}
+    for run in runs:
+        first_of.setdefault(run.staleness, run)
+    staleness = sorted(first_of, key=lambda label: (staleness_rank(first_of[label].config), label))
+    lines = [
+        {"line": line_label(preset, experiment, several), "preset": preset, "experiment": experiment.pk}
+        for experiment in experiments
+        for preset in presets
+        if any(run.experiment_id == experiment.pk and run.preset == preset for run in runs)
+    ]
+    members: dict[tuple[int, str, str], list[Run]] = defaultdict(list)
+    for run in runs:
+        members[(run.experiment_id, run.preset, run.staleness)].append(run)
+
+    groups, summary, throughput, run_rows = [], [], [], []
+    finals_by_cell: dict[tuple[int, str, str], dict[int, float]] = {}
+    for line in lines:
+        for setting in staleness:
+            group_runs = members.get((line["experiment"], line["preset"], setting), [])
+            if not group_runs:
+                continue
+            key = {
+                **line,
+                "staleness": setting,
+                "n_runs": len(group_runs),
+                "active": any(run.is_active for run in group_runs),
+            }
+            series = {
+                run.pk: _series(run, query, points[run.pk], lengths) for run in group_runs if run.pk in points
+            }
+            series = {pk: s for pk, s in series.items() if len(s)}
+            # A bootstrap band over fewer than MIN_CI_SEEDS seeds is no CI: their min–max, said so.
+            band = "minmax" if query.band == "ci" and len(series) < curves.MIN_CI_SEEDS else query.band
+            full = curves.aggregate(list(series.values()), band)
+            shown = curves.downsample(full)
+            groups.append(
+                {
+                    **key,
+                    "n_seeds": len(series),
+                    "x": json_numbers(shown.x),
+                    "mean": json_numbers(shown.mean),
+                    "lo": None if shown.lo is None else json_numbers(shown.lo),
+                    "hi": None if shown.hi is None else json_numbers(shown.hi),
+                    "n": shown.n.tolist(),
+                    "band": band,
+                    "points": len(full.x),
+                    "downsampled": len(shown.x) < len(full.x),
+                }
+            )
+            finals = {pk: curves.final_value(s, query.rule, query.k) for pk, s in series.items()}
+            result = curves.summarise(list(finals.values()))
+            finals_by_cell[(line["experiment"], line["preset"], setting)] = {
+                run.seed: finals[run.pk] for run in group_runs if run.pk in finals
+            }
+            summary.append(
+                {
+                    **key,
+                    "n_seeds": result.n_seeds,
+                    "n_active": sum(run.is_active for run in group_runs),
+                    "value": _scalar(result.mean),
+                    **_interval_fields(result),
+                    "std": _scalar(result.std),
+                    "n_collapsed": sum(bool(run.collapsed) for run in group_runs),
+                }
+            )
+            throughput.append({**key, **_throughput(group_runs)})
+            run_rows += [
+                {
+                    "id": run.pk,
+                    **line,
+                    "staleness": setting,
+                    "seed": run.seed,
+                    "status": run.status,
+                    "collapsed": run.collapsed,
+                    "collapsed_step": run.summary.get("collapsed_step"),
+                    "final": _scalar(finals.get(run.pk, math.nan)),
+                    **{name: getattr(run, f"last_{name}") for name in SCATTER_METRICS},
+                    "steps_per_hour": _scalar(_steps_per_hour(run)),
+                    "tokens_per_s": _scalar(_tokens_per_s(run)),
+                }
+                for run in group_runs
+            ]
+    mean_lags = {label: staleness_rank(first_of[label].config) for label in staleness}
+    cell_runs = {
+        cell: (sum(run.is_active for run in members_of), len(members_of))
+        for cell, members_of in members.items()
+    }
+    return {
+        "warnings": provenance_warnings(runs),
+        "metric": query.metric,
+        "x": query.x,
+        "band": query.band,
+        "rule": query.rule,
+        "k": query.k,
+        "delta": query.delta,
+        "active": any(run.status in Run.ACTIVE for run in runs),
+        "experiments": [{"id": e.pk, "name": e.name} for e in experiments],
+        "presets": presets,
+        "lines": lines,
+        "staleness": staleness,
+        "colours": preset_colours(presets),
+        "groups": groups,
+        "summary": summary,
+        "throughput": throughput,
+        "runs": run_rows,
+        "digits": curves.decision_digits(query.delta),
+        "min_ci_seeds": curves.MIN_CI_SEEDS,
+        **staleness_answer(finals_by_cell, lines, staleness, mean_lags, query.delta, cell_runs),
+    }
+
+
+def _difference_row(d: curves.Difference) -> dict[str, Any]:
+    return {"n_seeds": d.n_pairs, "value": _scalar(d.mean), **_interval_fields(d), "std": _scalar(d.std)}
+
+
+def staleness_answer(
+    finals: dict[tuple[int, str, str], dict[int, float]],
+    lines: list[dict[str, Any]],
+    staleness: list[str],
+    mean_lags: dict[str, float],
+    delta: float,
+    cell_runs: dict[tuple[int, str, str], tuple[int, int]] | None = None,
+) -> dict[str, Any]:
+    """How much each line loses to staleness, and what the data say about the paper's claims.
+
+    `drops`: per line and staleness setting, the final value minus the same line's on-policy final
+    value, paired by seed, rounded as shown (`curves.decision_digits`: what every decision below
+    compares with δ). `robustness`: per line, the mean and the worst drop over its staleness
+    settings, its tolerance (the stalest setting up to which every drop's interval stays within δ
+    below 0), its rank within its experiment by mean drop (lines missing a setting the experiment
+    tested are not ranked), and `n_seeds` / `interval`: the fewest seed pairs those rest on and
+    whether every one had a CI. `ties`: pairs of presets at one setting whose paired difference's
+    interval contains 0, with the seeds per preset that would tell them apart. `findings`: per
+    experiment, `findings.findings`; `cell_runs` (active, all runs per cell) makes them
+    provisional while cells still run.
+    """
+    digits = curves.decision_digits(delta)
+    cell_runs = cell_runs or {}
+
+    def change(a, b) -> curves.Difference:
+        return curves.paired_difference(a, b).rounded(digits)
+
+    drops, robustness, ties, found = [], [], [], []
+    for line in lines:
+        cells = {
+            s: finals[(line["experiment"], line["preset"], s)]
+            for s in staleness
+            if (line["experiment"], line["preset"], s) in finals
+        }
+        if findings.ON_POLICY not in cells:
+            continue
+        tested = [findings.ON_POLICY] + [s for s in staleness if s in cells and s != findings.ON_POLICY]
+        changes = {s: change(cells[s], cells[findings.ON_POLICY]) for s in tested[1:]}
+        drops += [{**line, "staleness": s, **_difference_row(d)} for s, d in changes.items()]
+        means = [d.mean for d in changes.values() if math.isfinite(d.mean)]
+        pairs = [d.n_pairs for d in changes.values()]
+        robustness.append(
+            {
+                **line,
+                "settings": list(changes),
+                "mean_drop": _scalar(round(float(np.mean(means)), digits)) if means else None,
+                "worst_drop": _scalar(min(means)) if means else None,
+                "tolerance": curves.tolerance(tested, changes, delta),
+                "rank": None,
+                "n_seeds": min(pairs) if pairs else 0,
+                "interval": curves.interval_kind(min(pairs)) if pairs else None,
+            }
+        )
+    for experiment in dict.fromkeys(line["experiment"] for line in lines):
+        rows = [r for r in robustness if r["experiment"] == experiment]
+        every = {s for r in rows for s in r["settings"]}
+        ranked = [r for r in rows if set(r["settings"]) == every and every and r["mean_drop"] is not None]
+        for rank, row in enumerate(sorted(ranked, key=lambda r: -r["mean_drop"]), start=1):
+            row["rank"] = rank
+        presets = [line["preset"] for line in lines if line["experiment"] == experiment]
+        for setting in staleness:
+            for i, a in enumerate(presets):
+                for b in presets[i + 1 :]:
+                    if (experiment, a, setting) not in finals or (experiment, b, setting) not in finals:
+                        continue
+                    d = change(finals[(experiment, b, setting)], finals[(experiment, a, setting)])
+                    if d.n_pairs and d.contains_zero():
+                        ties.append(
+                            {
+                                "experiment": experiment,
+                                "staleness": setting,
+                                "a": a,
+                                "b": b,
+                                **_difference_row(d),
+                                "seeds_needed": curves.seeds_needed(d),
+                            }
+                        )
+        cells = {(p, s): v for (e, p, s), v in finals.items() if e == experiment}
+        runs = {(p, s): counts for (e, p, s), counts in cell_runs.items() if e == experiment}
+        tested = [s for s in staleness if any(key[1] == s for key in cells | runs)]
+        evidence = findings.Evidence(cells, delta, digits, runs)
+        found += [{"experiment": experiment, **f} for f in findings.findings(evidence, tested, mean_lags)]
+    return {"drops": drops, "robustness": robustness, "ties": ties, "findings": found}

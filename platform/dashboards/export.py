@@ -1,0 +1,69 @@
+"""The comparison as CSV files: the aggregated curves, and the summary table with throughput."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from dashboards.compare import THROUGHPUT_COLUMNS
+from experiments.models import MetricPoint, Run
+
+
+def curves_csv(payload: dict[str, Any]) -> str:
+    """The aggregated curves as CSV: one row per group and grid point."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    several = len(payload["experiments"]) > 1
+    writer.writerow(
+        [
+            *(["experiment"] if several else []),
+            "preset",
+            "staleness",
+            payload["x"],
+            "mean",
+            "lo",
+            "hi",
+            "n_seeds",
+        ]
+    )
+    for g in payload["groups"]:
+        lo, hi = g["lo"] or [None] * len(g["x"]), g["hi"] or [None] * len(g["x"])
+        labels = [*([g["experiment"]] if several else []), g["preset"], g["staleness"]]
+        for row in zip(g["x"], g["mean"], lo, hi, g["n"], strict=True):
+            writer.writerow([*labels, *("" if v is None else v for v in row)])
+    return out.getvalue()
+
+
+def summary_csv(payload: dict[str, Any]) -> str:
+    """The summary table as CSV: one row per (preset, staleness), the final value with its interval
+    (`interval` says what `lo`, `hi` are: a 95% bootstrap CI, also in `ci_lo`/`ci_hi`, from
+    `curves.MIN_CI_SEEDS` seeds, else the min–max), how many of its runs collapsed, and then the
+    group's throughput (`throughput_n_seeds`: the runs with logged step times)."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    several = len(payload["experiments"]) > 1
+    columns = [
+        *(["experiment"] if several else []),
+        *("preset", "staleness", "n_runs", "n_seeds", "value", "lo", "hi", "interval", "ci_lo", "ci_hi"),
+        *("std", "n_collapsed"),
+    ]
+    writer.writerow([*columns, *THROUGHPUT_COLUMNS, "throughput_n_seeds"])
+    for row, speed in zip(payload["summary"], payload["throughput"], strict=True):
+        values = [row[c] for c in columns] + [speed[c] for c in (*THROUGHPUT_COLUMNS, "n_seeds")]
+        writer.writerow(["" if v is None else v for v in values])
+    return out.getvalue()
+
+
+def metrics_csv(run: Run, name: str = "") -> str:
+    """Every metric point of the run (or of metric `name`) as CSV: name,step,value,wall_time,
+    in name and step order; a missing value (NaN or infinity when logged) is empty."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["name", "step", "value", "wall_time"])
+    points = MetricPoint.objects.filter(run=run).order_by("name", "step")
+    if name:
+        points = points.filter(name=name)
+    for metric, step, value, wall in points.values_list("name", "step", "value", "wall_time"):
+        writer.writerow([metric, step, "" if value is None else repr(value), wall.isoformat()])
+    return out.getvalue()

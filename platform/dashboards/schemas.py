@@ -1,0 +1,166 @@
+"""The comparison payload as the API documents it: every field `dashboards.compare.compare`
+returns (the API test checks the API's answer against the dashboard's JSON, so a field left out
+here would show)."""
+
+from __future__ import annotations
+
+from ninja import Field, Schema
+from pydantic import ConfigDict
+
+Numbers = list[int | float | None]
+
+
+class LineOut(Schema):
+    line: str = Field(description="the preset, plus its experiment when runs of several are compared")
+    preset: str
+    experiment: int
+
+
+INTERVAL_HELP = (
+    "what lo and hi are: 95% bootstrap CI (from 5 seeds on), min–max (2 to 4 seeds), or null (one seed)"
+)
+
+
+class IntervalOut(Schema):
+    lo: float | None = Field(description="lower end of the interval (see interval)")
+    hi: float | None
+    interval: str | None = Field(description=INTERVAL_HELP)
+    ci_lo: float | None = Field(description="lo when the interval is a 95% bootstrap CI, else null")
+    ci_hi: float | None
+
+
+class CellOut(LineOut):
+    staleness: str
+    n_runs: int
+    active: bool = Field(description="some run of the cell is queued or running")
+
+
+class GroupOut(CellOut):
+    n_seeds: int = Field(description="runs with points of the metric")
+    x: Numbers
+    mean: Numbers
+    lo: Numbers | None = Field(description="lower edge of the band; null for band=none")
+    hi: Numbers | None
+    n: list[int] = Field(description="seeds behind each point")
+    band: str = Field(
+        description="the band drawn: the one asked for, except ci below 5 seeds, drawn as minmax"
+    )
+    points: int = Field(description="points on the common grid before downsampling")
+    downsampled: bool
+
+
+class FinalValueOut(CellOut, IntervalOut):
+    n_seeds: int
+    n_active: int = Field(description="runs of the cell still queued or running (their value is partial)")
+    value: float | None = Field(description="mean over seeds of each run's final value (`rule`)")
+    std: float | None
+    n_collapsed: int = Field(description="runs of the cell whose policy collapsed (experiments.collapse)")
+
+
+class ThroughputOut(CellOut):
+    n_seeds: int = Field(description="runs with logged step times")
+    steps_per_hour: float | None
+    steps_per_hour_lo: float | None
+    steps_per_hour_hi: float | None
+    steps_per_hour_interval: str | None = Field(description=INTERVAL_HELP)
+    steps_per_hour_ci_lo: float | None
+    steps_per_hour_ci_hi: float | None
+    tokens_per_s: float | None
+    tokens_per_s_lo: float | None
+    tokens_per_s_hi: float | None
+    tokens_per_s_interval: str | None
+    tokens_per_s_ci_lo: float | None
+    tokens_per_s_ci_hi: float | None
+
+
+class ComparedRunOut(LineOut):
+    model_config = ConfigDict(populate_by_name=True)
+
+    id: int
+    staleness: str
+    seed: int
+    status: str
+    collapsed: bool | None = Field(description="its policy collapsed; null until it ended")
+    collapsed_step: float | None = Field(description="the step it collapsed at")
+    final: float | None = Field(description="its final value of the metric (`rule`)")
+    last_kl_init: float | None = Field(alias="kl/init", description="its last logged kl/init")
+    last_reward_mean: float | None = Field(alias="reward/mean", description="its last logged reward/mean")
+    steps_per_hour: float | None
+    tokens_per_s: float | None
+
+
+class DropOut(LineOut, IntervalOut):
+    staleness: str
+    n_seeds: int = Field(description="seed pairs")
+    value: float | None = Field(
+        description="final value minus the line's on-policy one, paired by seed, rounded to `digits` decimals"
+    )
+    std: float | None
+
+
+class RobustnessOut(LineOut):
+    settings: list[str]
+    mean_drop: float | None
+    worst_drop: float | None
+    tolerance: str | None = Field(
+        description="the stalest setting whose drop's interval stays within δ below 0"
+    )
+    rank: int | None = Field(description="by mean drop within its experiment; null if not ranked")
+    n_seeds: int = Field(description="the fewest seed pairs its drops rest on")
+    interval: str | None = Field(description="the kind of interval of that drop: " + INTERVAL_HELP)
+
+
+class TieOut(IntervalOut):
+    experiment: int
+    staleness: str
+    a: str
+    b: str
+    n_seeds: int
+    value: float | None = Field(description="b − a, paired by seed")
+    std: float | None
+    seeds_needed: int | None = Field(description="seeds per preset that would tell them apart")
+
+
+class FindingOut(Schema):
+    experiment: int
+    claim: str
+    verdict: str = Field(description="support, contradict, cannot tell yet or missing cells")
+    text: str
+    reasons: list[str] = Field(description="per setting and preset, the condition that decided the verdict")
+    missing: list[str]
+    provisional: bool = Field(description="some runs of the claim's cells are still queued or running")
+    runs_active: int
+    runs: int = Field(description="runs of the claim's cells")
+
+
+class ExperimentRefOut(Schema):
+    id: int
+    name: str
+
+
+class ComparisonOut(Schema):
+    """What the comparison dashboard draws (`dashboards.compare.compare`)."""
+
+    warnings: list[str] = Field(description="differences in θ0, data or versions between the runs")
+    metric: str
+    x: str
+    band: str
+    rule: str
+    k: int
+    delta: float
+    digits: int = Field(description="decimals changes are shown and compared with δ at")
+    min_ci_seeds: int = Field(description="seeds from which an interval is a bootstrap CI (below: min–max)")
+    active: bool
+    experiments: list[ExperimentRefOut]
+    presets: list[str]
+    lines: list[LineOut]
+    staleness: list[str] = Field(description="staleness labels, from on-policy to the stalest")
+    colours: dict[str, str] = Field(description="each preset's colour")
+    groups: list[GroupOut]
+    summary: list[FinalValueOut]
+    throughput: list[ThroughputOut]
+    runs: list[ComparedRunOut]
+    drops: list[DropOut]
+    robustness: list[RobustnessOut]
+    ties: list[TieOut]
+    findings: list[FindingOut]

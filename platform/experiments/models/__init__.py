@@ -1,0 +1,29 @@
+"""The experiments room's models: what was asked (`runs`), the work it handed out (`jobs`) and what
+came of it (`results`)."""
+
+from experiments.models.jobs import Checkpoint, PolicyVersion, RolloutJob
+from experiments.models.results import Completion, MetricPoint
+from experiments.models.runs import (
+    Experiment,
+    ExperimentActive,
+    Run,
+    SweepTemplate,
+    Theta0Mismatch,
+    queued_cap_refusal,
+    validation_context,
+)
+
+__all__ = [
+    "Checkpoint",
+    "Completion",
+    "Experiment",
+    "ExperimentActive",
+    "MetricPoint",
+    "PolicyVersion",
+    "RolloutJob",
+    "Run",
+    "SweepTemplate",
+    "Theta0Mismatch",
+    "queued_cap_refusal",
+    "validation_context",
+]

@@ -1,0 +1,564 @@
+"""What was asked and what came of it: an experiment (one submitted sweep), its runs with their
+lifecycle (`queued → running → succeeded | failed | cancelled`, plus `lost`; every transition
+one conditional UPDATE, `execution.leases`), and the sweeps a team saved to start from."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import Count, F, Min, Q
+from django.utils import timezone
+from pydantic import ValidationError
+
+from accounts.models import Team
+from execution.leases import Leased
+from execution.models import needed_queues
+from experiments.collapse import METRIC as COLLAPSE_METRIC
+from experiments.collapse import Collapse, find_collapse
+from experiments.models.jobs import RolloutJob
+from experiments.models.results import Completion, MetricPoint
+from experiments.text import public_error
+from rlcore.config import RunConfig, error_list
+from rlcore.sinks import SUMMARY_LATEST
+
+
+def validation_context() -> dict[str, list[str]]:
+    """What `RunConfig` validation needs beyond the config: the folders runs may read from."""
+    return {"data_roots": settings.LAB_DATA_ROOTS, "model_roots": settings.LAB_MODEL_ROOTS}
+
+
+def queued_cap_refusal(team: Team, adding: int) -> str:
+    """Why `team` may not queue `adding` more runs now ("" if it may): `LAB_TEAM_MAX_QUEUED`."""
+    cap = settings.LAB_TEAM_MAX_QUEUED
+    if not cap:
+        return ""
+    queued = Run.objects.filter(experiment__team=team, status=Run.QUEUED).count()
+    if queued + adding <= cap:
+        return ""
+    return (
+        f"team {team} has {queued} queued run{'s' if queued != 1 else ''}; {adding} more would exceed "
+        f"the limit of {cap} queued runs per team (LAB_TEAM_MAX_QUEUED): wait for some to start, "
+        "or cancel some"
+    )
+
+
+def _remove_folders(folders: list[Path]) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class Theta0Mismatch(ValueError):
+    """A worker loaded other initial weights than the experiment's other runs started from."""
+
+
+class ExperimentActive(Exception):
+    """An experiment cannot be deleted while any of its runs is queued or running."""
+
+
+class Experiment(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="experiments")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="experiments")
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    spec = models.JSONField(help_text="the submitted sweep: base config, presets, staleness settings, seeds")
+    created = models.DateTimeField(auto_now_add=True)
+    archived = models.DateTimeField(
+        null=True, blank=True, help_text="when it was hidden from the lists; empty while it is shown"
+    )
+    theta0_sha256 = models.CharField(
+        max_length=64, blank=True, help_text="θ0 of its runs, pinned by the first run that loaded it"
+    )
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def visible_to(cls, user) -> models.QuerySet[Experiment]:
+        return cls.objects.filter(team__memberships__user=user)
+
+    @property
+    def is_active(self) -> bool:
+        return self.runs.filter(status__in=Run.ACTIVE).exists()
+
+    def cancel(self) -> int:
+        """Cancel every queued or running run (`Run.cancel`, rollout jobs included); how many were."""
+        return sum(run.cancel() for run in self.runs.filter(status__in=Run.ACTIVE))
+
+    def archive(self) -> None:
+        """Hide the experiment from the experiment and run lists; nothing is deleted."""
+        Experiment.objects.filter(pk=self.pk, archived=None).update(archived=timezone.now())
+        self.refresh_from_db(fields=["archived"])
+
+    def unarchive(self) -> None:
+        Experiment.objects.filter(pk=self.pk).update(archived=None)
+        self.refresh_from_db(fields=["archived"])
+
+    def deletion_report(self) -> dict[str, int]:
+        """What deleting the experiment deletes: its runs and the points and completions they logged."""
+        return {
+            "runs": self.runs.count(),
+            "points": MetricPoint.objects.filter(run__experiment=self).count(),
+            "completions": Completion.objects.filter(run__experiment=self).count(),
+        }
+
+    def delete_with_files(self) -> None:
+        """Delete the experiment, its runs and all they logged, then, once that has committed,
+        the runs' folders under `LAB_RUNS_DIR` (checkpoints, buffers).
+
+        Raises `ExperimentActive` while a run is queued or running: a worker would go on writing.
+        The runs stay locked until the delete commits, so none is retried in between.
+        """
+        with transaction.atomic():
+            runs = list(Run.objects.select_for_update().filter(experiment=self))
+            active = sum(run.is_active for run in runs)
+            if active:
+                raise ExperimentActive(
+                    f"{self.name} has {active} queued or running run{'s' if active != 1 else ''}; "
+                    "cancel it first, then delete it once they have stopped"
+                )
+            folders = [run.checkpoint_dir.parent for run in runs]
+            self.delete()
+            transaction.on_commit(lambda: _remove_folders(folders))
+
+
+class SweepTemplate(models.Model):
+    """A sweep a team saved to start new ones from (`Experiment.spec`'s form): the new-sweep page
+    lists its team's templates beside the built-in ones."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="sweep_templates")
+    name = models.CharField(max_length=200)
+    spec = models.JSONField(help_text="base config, presets, staleness settings, seeds")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team", "name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="one_template_name_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.team})"
+
+
+NEVER = datetime.min.replace(tzinfo=UTC)  # a team never served goes before any that was
+
+
+class Run(Leased):
+    QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST = (
+        "queued",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "lost",
+    )
+    STATUSES = [(s, s) for s in (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST)]
+    ACTIVE = (QUEUED, RUNNING)
+    RETRYABLE = (FAILED, CANCELLED, LOST)
+    TASK = "workers.tasks.execute_run"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
+    key = models.UUIDField(
+        default=uuid.uuid4, unique=True, editable=False, help_text="names its checkpoint folder"
+    )
+    config = models.JSONField(help_text="the fully resolved RunConfig")
+    preset = models.CharField(max_length=100)
+    staleness = models.CharField(max_length=100)
+    seed = models.IntegerField()
+    queue = models.CharField(max_length=20, default="cpu")
+    status = models.CharField(max_length=20, choices=STATUSES, default=QUEUED, db_index=True)
+    cancel_requested = models.DateTimeField(null=True, blank=True)
+    progress = models.IntegerField(default=0, help_text="last trainer step reported")
+    phase = models.CharField(
+        max_length=20, blank=True, help_text="what the running attempt is doing (rlcore.sinks.PHASES)"
+    )
+    phase_detail = models.JSONField(
+        default=dict, blank=True, help_text="the phase's numbers, and when training steps were done"
+    )
+    summary = models.JSONField(default=dict, blank=True)
+    provenance = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="θ0 and dataset hashes, versions, device, host (rlcore.provenance)",
+    )
+    notes = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="what its workers had to work around (a damaged checkpoint passed over, …): "
+        "[{at, attempt, text}]",
+    )
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.preset}, {self.staleness}, seed {self.seed})"
+
+    @classmethod
+    def visible_to(cls, user) -> models.QuerySet[Run]:
+        return cls.objects.filter(experiment__team__memberships__user=user)
+
+    @classmethod
+    def create_for(cls, experiment: Experiment, config, **fields) -> Run:
+        """A run of `experiment` for a validated `rlcore.config.RunConfig`, labelled from it."""
+        return cls.objects.create(
+            experiment=experiment,
+            config=config.model_dump(mode="json"),
+            preset=config.algorithm.preset,
+            staleness=config.staleness_label,
+            seed=config.seed,
+            queue=config.queue,
+            **fields,
+        )
+
+    def record_provenance(self, worker: str, record: dict) -> None:
+        """Store this attempt's provenance, pinning the experiment's θ0 on its first run.
+
+        Raises `Theta0Mismatch` (nothing stored) when the worker loaded other θ0 bytes than the
+        experiment's other runs: one experiment never mixes initial models.
+        """
+        theta0 = record["theta0_sha256"]
+        Experiment.objects.filter(pk=self.experiment_id, theta0_sha256="").update(theta0_sha256=theta0)
+        pinned = Experiment.objects.values_list("theta0_sha256", flat=True).get(pk=self.experiment_id)
+        if pinned != theta0:
+            raise Theta0Mismatch(
+                f"this worker loaded θ0 {theta0}, but experiment {self.experiment_id} is pinned to θ0 "
+                f"{pinned}: its runs must all start from the same weights (a different model cache or "
+                "model files on this worker?)"
+            )
+        Run.objects.filter(pk=self.pk, status=Run.RUNNING, worker=worker).update(provenance=record)
+
+    def add_note(self, worker: str, text: str) -> bool:
+        """Append a note to the run while `worker` executes it (one UPDATE under the row's lock)."""
+        with transaction.atomic():
+            notes = (
+                Run.objects.select_for_update()
+                .filter(pk=self.pk, status=Run.RUNNING, worker=worker)
+                .values_list("notes", flat=True)
+                .first()
+            )
+            if notes is None:
+                return False
+            note = {"at": timezone.now().isoformat(), "attempt": self.attempt, "text": public_error(text)}
+            Run.objects.filter(pk=self.pk).update(notes=[*notes, note])
+        return True
+
+    def run_config(self) -> RunConfig:
+        """The stored config, validated again against today's allowed data and model roots."""
+        return RunConfig.model_validate(self.config, context=validation_context())
+
+    @property
+    def steps(self) -> int:
+        return self.config["steps"]
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return settings.LAB_RUNS_DIR / str(self.key) / "checkpoints"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in Run.ACTIVE
+
+    @property
+    def duration_s(self) -> float | None:
+        """Wall-clock seconds of the current attempt: start to finish, or to now while it runs;
+        None before a worker started it."""
+        if self.started is None:
+            return None
+        end = self.finished or (timezone.now() if self.status == Run.RUNNING else None)
+        return None if end is None else max(0.0, (end - self.started).total_seconds())
+
+    @property
+    def is_retryable(self) -> bool:
+        return self.status in Run.RETRYABLE
+
+    @property
+    def final_accuracy(self) -> float | None:
+        """Held-out (greedy) accuracy after the last step: the number a comparison is about."""
+        return self.summary.get("eval/accuracy")
+
+    @property
+    def collapsed(self) -> bool | None:
+        """Whether the policy collapsed (`experiments.collapse`), as decided when the run ended;
+        None while it has not ended (or ended before anything was logged)."""
+        flag = self.summary.get("collapsed")
+        return None if flag is None else bool(flag)
+
+    def collapse(self) -> Collapse | None:
+        """Where the run collapsed, from its logged held-out accuracy (None if it did not)."""
+        return find_collapse(
+            MetricPoint.objects.filter(run=self, name=COLLAPSE_METRIC).values_list("step", "value")
+        )
+
+    def collapse_summary(self) -> dict[str, float]:
+        """The summary's collapse keys: `collapsed` (1 or 0) and, if 1, `collapsed_step`."""
+        found = self.collapse()
+        if found is None:
+            return {"collapsed": 0.0}
+        return {"collapsed": 1.0, "collapsed_step": float(found.step)}
+
+    def summary_from_points(self) -> dict[str, float | None]:
+        """The run's summary computed from the metric points it logged: for runs that ended without
+        the trainer's own summary (failed, lost, cancelled while the worker was gone).
+
+        The keys of a succeeded run's summary (`rlcore.trainer.train`) that the points give:
+        `steps` (the last step logged), `completed` (1 if that is the config's last step),
+        `eval/accuracy_initial` (step 0), the latest `eval/accuracy`, `reward/mean` and `kl/init`,
+        and the collapse keys. Empty when nothing was logged.
+        """
+        points = MetricPoint.objects.filter(run=self)
+        last_step = points.aggregate(last=models.Max("step"))["last"]
+        if last_step is None:
+            return {}
+        summary: dict[str, float | None] = {
+            "steps": float(last_step),
+            "completed": float(last_step == self.steps),
+            "eval/accuracy_initial": points.filter(name="eval/accuracy", step=0)
+            .values_list("value", flat=True)
+            .first(),
+        }
+        for name in SUMMARY_LATEST:
+            latest = points.filter(name=name).order_by("-step").values_list("value", flat=True)[:1]
+            if latest:
+                summary[name] = latest[0]
+        return {**summary, **self.collapse_summary()}
+
+    @property
+    def execution_mode(self) -> str:
+        """simulated, distributed or async; runs stored before execution modes existed were simulated."""
+        return self.config.get("execution", {}).get("mode", "simulated")
+
+    @property
+    def execution_report(self) -> dict[str, float] | None:
+        """What a finished distributed or async run reported about its execution: mean seconds to
+        publish the weights, bytes published in all, and the fractions of wall time the trainer and
+        the rollout workers were idle. None for simulated runs and runs that have not finished."""
+        names = {
+            "publish_s_mean": "weights/publish_s_mean",
+            "publish_bytes": "weights/publish_bytes",
+            "trainer_idle_frac": "idle/trainer_frac",
+            "rollout_idle_frac": "idle/rollout_frac",
+        }
+        if self.execution_mode == "simulated" or not all(name in self.summary for name in names.values()):
+            return None
+        return {key: self.summary[name] for key, name in names.items()}
+
+    @property
+    def needed_queues(self) -> list[str]:
+        """The queues this run's jobs go to: its training queue, and its rollout queue if it has one.
+        A stored config today's rules refuse (stored before a bound was added: its run fails with
+        the reason when it starts) still shows, with its training queue."""
+        try:
+            return needed_queues([RunConfig.model_validate(self.config)])
+        except ValidationError:
+            return [self.queue]
+
+    def rollout_job_counts(self) -> dict[str, int]:
+        """How many of the run's rollout jobs are in each status: every status, in lifecycle order."""
+        found = dict(self.rollout_jobs.order_by().values_list("status").annotate(n=Count("id")))
+        return {status: found.get(status, 0) for status, _ in RolloutJob.STATUSES}
+
+    def latest_rollout_jobs(self, limit: int) -> list[RolloutJob]:
+        """The run's last `limit` rollout jobs: newest step first, parts in order within a step."""
+        return list(self.rollout_jobs.order_by("-step", "kind", "part")[:limit])
+
+    @classmethod
+    def running_per_team(cls) -> dict[int, int]:
+        """Team id → how many of its runs are running now (on any queue)."""
+        return dict(
+            cls.objects.filter(status=cls.RUNNING)
+            .values_list("experiment__team")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+
+    @classmethod
+    def claim_next(cls, queue: str, worker: str) -> Run | None:
+        """Claim the next queued run of `queue` for `worker`, whatever order the broker delivers
+        its messages in. Teams take turns: the team with the fewest running runs goes first, then
+        the one served least recently (`Team.last_claimed`), then the one whose oldest queued run
+        is oldest; within a team, first in, first out. A team running `LAB_TEAM_MAX_RUNNING` runs
+        waits. None if no run can start."""
+        cap = settings.LAB_TEAM_MAX_RUNNING
+        while True:
+            heads = dict(
+                cls.objects.filter(status=cls.QUEUED, queue=queue)
+                .values_list("experiment__team")
+                .annotate(oldest=Min("id"))
+                .order_by()
+            )
+            running = cls.running_per_team()
+            served = dict(Team.objects.filter(pk__in=heads).values_list("pk", "last_claimed"))
+            turns = sorted(
+                (running.get(team, 0), served[team] or NEVER, oldest, team)
+                for team, oldest in heads.items()
+                if not cap or running.get(team, 0) < cap
+            )
+            if not turns:
+                return None
+            *_, oldest, team = turns[0]
+            with transaction.atomic():
+                # Claims of one team's runs take turns, so two workers never both take its last slot.
+                Team.objects.select_for_update().filter(pk=team).first()
+                if cap and cls.objects.filter(status=cls.RUNNING, experiment__team=team).count() >= cap:
+                    continue
+                run = cls.objects.get(pk=oldest)
+                if run.claim(worker, run.attempt):
+                    Team.objects.filter(pk=team).update(last_claimed=run.started)
+                    return run
+            # Another worker claimed it (or it was cancelled) in the meantime: look again.
+
+    @classmethod
+    def claim_resets(cls) -> dict:
+        """A new attempt starts with no phase of its own yet, and no summary (the last attempt's)."""
+        return {"phase": "", "phase_detail": {}, "summary": {}}
+
+    def beat(self, worker: str, progress: int, phase: str = "", phase_detail: dict | None = None) -> bool:
+        """Heartbeat from the worker executing the run, with its progress and phase; False once it
+        no longer owns the run."""
+        return (
+            Run.objects.filter(pk=self.pk, status=Run.RUNNING, worker=worker).update(
+                heartbeat=timezone.now(), progress=progress, phase=phase, phase_detail=phase_detail or {}
+            )
+            == 1
+        )
+
+    def stop_requested(self, worker: str) -> bool:
+        """True when the run was cancelled or taken away from `worker` (e.g. reaped as lost)."""
+        return not Run.objects.filter(
+            pk=self.pk, status=Run.RUNNING, worker=worker, cancel_requested=None
+        ).exists()
+
+    def finish(self, worker: str, summary: dict[str, float | None]) -> bool:
+        """running → succeeded, or → cancelled if a cancel arrived while it ran; `summary` is the
+        trainer's, to which the collapse keys are added."""
+        owned = Q(status=Run.RUNNING, worker=worker)
+        now = timezone.now()
+        summary = {**summary, **self.collapse_summary()}
+        if self._update(
+            owned & Q(cancel_requested=None), status=Run.SUCCEEDED, finished=now, summary=summary
+        ):
+            return True
+        return self._update(owned, status=Run.CANCELLED, finished=now, summary=summary)
+
+    def fail(self, worker: str, error: str, execution: dict[str, float] | None = None) -> bool:
+        """running → failed with `error`, and a summary of the points it logged
+        (`summary_from_points`) plus, if given and something was logged, the execution report of a
+        distributed or async run (`DatabaseSource.summary`)."""
+        summary = self.summary_from_points()
+        if summary and execution:
+            summary.update(execution)
+        return self._update(
+            Q(status=Run.RUNNING, worker=worker),
+            status=Run.FAILED,
+            finished=timezone.now(),
+            error=public_error(error),
+            summary=summary,
+        )
+
+    def cancel(self) -> bool:
+        """A queued run is cancelled at once; a running one stops at its next step boundary.
+        Either way its rollout jobs that have not finished are cancelled."""
+        now = timezone.now()
+        with transaction.atomic():
+            done = self._update(
+                Q(status=Run.QUEUED), status=Run.CANCELLED, cancel_requested=now, finished=now
+            ) or self._update(Q(status=Run.RUNNING, cancel_requested=None), cancel_requested=now)
+            if done:
+                RolloutJob.cancel_for(self)
+        return done
+
+    @property
+    def buffer_dir(self) -> Path:
+        """Published weights and generated batches of distributed and async execution."""
+        return settings.LAB_RUNS_DIR / str(self.key) / "buffer"
+
+    def retry_refusal(self) -> str:
+        """Why `retry` would refuse this run now ("" if it would not)."""
+        if self.status not in Run.RETRYABLE:
+            return f"run {self.pk} is {self.status}; only failed, cancelled or lost runs can be retried"
+        if self.attempt >= settings.LAB_MAX_ATTEMPTS:
+            return (
+                f"run {self.pk} has used all {settings.LAB_MAX_ATTEMPTS} attempts (LAB_MAX_ATTEMPTS); "
+                "start a new sweep to run it again"
+            )
+        try:
+            self.run_config()
+        except ValidationError as exc:
+            problems = "; ".join(f"{field}: {message}" for field, message in error_list(exc))
+            return f"run {self.pk} cannot succeed: its config no longer passes today's checks ({problems})"
+        team = Team.objects.filter(experiments__runs=self.pk).first()
+        if team is None:
+            return f"run {self.pk} no longer exists"
+        return queued_cap_refusal(team, 1)
+
+    def retry(self, within_cap: bool = True) -> bool:
+        """failed / cancelled / lost → queued as a new attempt, resuming from its last checkpoint,
+        while the run has attempts left (manual retries count against LAB_MAX_ATTEMPTS too) and,
+        with `within_cap`, its team stays within LAB_TEAM_MAX_QUEUED: checked under the team's row
+        lock, as sweeps are, so concurrent retries cannot overrun it. Raises `Run.DoesNotExist`
+        if the run was deleted meanwhile.
+
+        The previous attempt's error stays visible until a worker claims the new one.
+        """
+        with transaction.atomic():
+            if within_cap:
+                team_id = Experiment.objects.filter(runs=self.pk).values_list("team_id", flat=True).first()
+                if team_id is None:
+                    raise Run.DoesNotExist(f"run {self.pk} no longer exists")
+                team = Team.objects.select_for_update().get(pk=team_id)
+                if queued_cap_refusal(team, 1):
+                    return False
+            done = self._update(
+                Q(status__in=Run.RETRYABLE, attempt__lt=settings.LAB_MAX_ATTEMPTS),
+                status=Run.QUEUED,
+                attempt=F("attempt") + 1,
+                cancel_requested=None,
+                worker="",
+                finished=None,
+                dispatched_at=timezone.now(),
+            )
+            if done:
+                self.enqueue()
+        if done:
+            self.refresh_from_db(fields=["dispatched_at"])  # cleared if the message could not be sent
+        return done
+
+    def mark_lost(self, stale_before: datetime) -> bool:
+        """running → lost if no heartbeat arrived since `stale_before`, with a summary of the points
+        it logged (kept if it is cancelled or out of attempts; a new attempt starts without)."""
+        return self._update(
+            Q(status=Run.RUNNING, heartbeat__lt=stale_before),
+            status=Run.LOST,
+            finished=timezone.now(),
+            error=f"worker {self.worker} stopped sending heartbeats",
+            summary=self.summary_from_points(),
+        )
+
+    @classmethod
+    def reap(cls) -> list[Run]:
+        """Mark runs with stale heartbeats `lost`; re-queue those with attempts left, end those with a
+        pending cancel `cancelled`. Returns them."""
+        stale_before = timezone.now() - timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S)
+        reaped = []
+        for run in cls.objects.filter(status=cls.RUNNING, heartbeat__lt=stale_before):
+            if not run.mark_lost(stale_before):
+                continue
+            if run.cancel_requested is not None:
+                # Cancel is final: a run cancelled before its worker died is not trained again.
+                run._update(Q(status=cls.LOST), status=cls.CANCELLED)
+                RolloutJob.cancel_for(run)
+            elif run.attempt < settings.LAB_MAX_ATTEMPTS:
+                run.retry(within_cap=False)  # already admitted: a lost worker is no new submission
+            reaped.append(run)
+        return reaped

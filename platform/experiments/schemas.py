@@ -1,0 +1,170 @@
+"""What the API's sweep, experiment and run operations take and answer, as OpenAPI documents it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from ninja import Field, Schema
+from pydantic import StringConstraints
+
+from lab.schemas import DocumentedAs, NoNul
+from rlcore.config import RunConfig, StalenessConfig
+
+
+class SweepIn(Schema):
+    name: Annotated[NoNul, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+    team: NoNul = Field(description="the name of one of your teams")
+    description: NoNul = ""
+    config: Annotated[dict[str, Any], DocumentedAs(RunConfig)] = Field(
+        {},
+        description="the base RunConfig of every run (any field left out takes its default); "
+        "algorithm.preset, staleness and seed come from presets, staleness and seeds",
+    )
+    presets: list[str] = Field(description="rlcore presets (python -m rlcore presets), one run each")
+    staleness: list[Annotated[dict[str, Any], DocumentedAs(StalenessConfig)]] = Field(
+        [{}], description="staleness settings, one run each; {} is on-policy"
+    )
+    seeds: list[int] = Field([0], description="seeds, one run each")
+
+
+class SweepOut(Schema):
+    experiment: int
+    runs: list[int]
+    message: str = Field(
+        description="that the runs are queued, and whether the message broker could not be reached "
+        "(then they are sent to workers as soon as it is back)"
+    )
+
+
+class ExperimentOut(Schema):
+    id: int
+    name: str
+    team: str
+    owner: str
+    description: str
+    created: datetime
+    archived: datetime | None
+    runs: int
+    active: int
+
+
+API_PAGE_LIMIT = 100
+
+
+API_MAX_LIMIT = 1000
+
+
+MAX_OFFSET = 2**63 - 1  # PostgreSQL's OFFSET is a bigint
+
+
+class PageParams(Schema):
+    limit: int = Field(API_PAGE_LIMIT, ge=1, le=API_MAX_LIMIT, description="items per page")
+    offset: int = Field(0, ge=0, le=MAX_OFFSET, description="items to skip")
+
+
+class PageOut(Schema):
+    count: int = Field(description="items in all, on every page")
+    limit: int
+    offset: int
+    next: str | None = Field(description="URL of the next page; null on the last")
+    previous: str | None = Field(description="URL of the previous page; null on the first")
+
+
+class ExperimentPageOut(PageOut):
+    items: list[ExperimentOut]
+
+
+class CancelledOut(Schema):
+    cancelled: int = Field(description="runs cancelled: queued ones at once, running ones at their next step")
+
+
+class DeletedOut(Schema):
+    experiment: int
+    runs: int
+    points: int
+    completions: int
+
+
+class RunOut(Schema):
+    id: int
+    experiment: int
+    preset: str
+    staleness: str = Field(
+        description="the staleness setting as a label: on-policy, sync_interval=8, sync_offset=4, offline "
+        "(the numbers are in the run's config)"
+    )
+    seed: int
+    status: str
+    attempt: int
+    queue: str
+    dispatched_at: datetime | None = Field(
+        description="when the current attempt's message was last sent to the broker; null while the "
+        "broker could not be reached (a worker's dispatcher sends it when the broker is back)"
+    )
+    execution_mode: str
+    worker: str
+    progress: int
+    steps: int
+    heartbeat: datetime | None
+    started: datetime | None
+    finished: datetime | None
+    error: str
+    summary: dict[str, float | None] = Field(
+        description="once it ended: steps, completed, eval/accuracy_initial and the latest eval/accuracy, "
+        "reward/mean and kl/init (from the points it logged if it failed), collapsed (1 or 0) and "
+        "collapsed_step; weights/* and idle/* of distributed and async runs"
+    )
+    collapsed: bool | None = Field(
+        description="its held-out accuracy fell to near zero and stayed there (experiments.collapse); "
+        "null until it ended"
+    )
+
+
+class RunPageOut(PageOut):
+    items: list[RunOut]
+
+
+class WarmStartOut(Schema):
+    step: int | None
+    max_steps: int | None
+    accuracy: float | None
+
+
+class ProgressOut(Schema):
+    phase: str = Field(
+        description="waiting, starting, preparing, warm_start, training, evaluating, checkpointing; "
+        "empty once the run is over"
+    )
+    text: str = Field(description="the phase in words, as the pages show it")
+    step: int
+    steps: int
+    s_per_step: float | None = Field(description="seconds per trainer step in this attempt so far")
+    eta_s: float | None = Field(description="seconds to the last step at that pace")
+    warm_start: WarmStartOut | None = Field(description="the tiny model's warm start (first run only)")
+    no_worker: str = Field(description="names a queue the run needs that no live worker listens on")
+    queue_position: int | None = Field(
+        description="while queued: its place among its team's queued runs of its queue (1: next); "
+        "teams take turns for workers"
+    )
+
+
+class RunDetailOut(RunOut):
+    config: Annotated[dict[str, Any], DocumentedAs(RunConfig)] = Field(
+        description="the fully resolved RunConfig"
+    )
+    rollout_jobs: dict[str, int] = Field(
+        description="how many of the run's rollout jobs are in each status (distributed and async runs)"
+    )
+    progress_report: ProgressOut
+    provenance: dict[str, Any] = Field(
+        description="theta0_sha256, dataset_sha256 (jsonl tasks), rlcore_version, git_commit, torch, "
+        "transformers, vllm, device, torch_threads, host; empty until a worker loaded θ0"
+    )
+
+
+class MetricsOut(Schema):
+    run: int
+    metrics: dict[str, list[tuple[int, float | None]]] = Field(
+        description="per metric name its [step, value] points in step order; null for NaN or infinity"
+    )

@@ -1,0 +1,39 @@
+"""URLs of experiments and runs: lists, the new-sweep form, detail pages and their actions."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from experiments import views
+
+urlpatterns = [
+    path("experiments/", views.experiment_list, name="experiment-list"),
+    path("experiments/new/", views.submit_sweep, name="submit-sweep"),
+    path("experiments/<int:experiment_id>/", views.experiment_detail, name="experiment-detail"),
+    path("experiments/<int:experiment_id>/cancel/", views.experiment_cancel, name="experiment-cancel"),
+    path(
+        "experiments/<int:experiment_id>/archive/",
+        views.experiment_set_archived,
+        {"archived": True},
+        name="experiment-archive",
+    ),
+    path(
+        "experiments/<int:experiment_id>/unarchive/",
+        views.experiment_set_archived,
+        {"archived": False},
+        name="experiment-unarchive",
+    ),
+    path("experiments/<int:experiment_id>/delete/", views.experiment_delete, name="experiment-delete"),
+    path(
+        "experiments/<int:experiment_id>/save-template/",
+        views.experiment_save_template,
+        name="experiment-save-template",
+    ),
+    path("experiments/<int:experiment_id>/live/", views.experiment_runs_live, name="experiment-runs-live"),
+    path("runs/", views.run_list, name="run-list"),
+    path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
+    path("runs/<int:run_id>/live/", views.run_live, name="run-live"),
+    path("runs/<int:run_id>/metrics.csv", views.run_metrics_csv, name="run-metrics-csv"),
+    path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),
+    path("runs/<int:run_id>/retry/", views.run_retry, name="run-retry"),
+]

@@ -1,0 +1,545 @@
+"""The comparison endpoints of an experiment: aggregated curves, summary and throughput as JSON and
+CSV, team-scoped, with bad query parameters named in a 400, from one query for the metric's points."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from sample_experiments import accuracy, make_finished_experiment, reward, step_time, tokens_per_s
+from support import new_team_member
+
+from experiments.models import MetricPoint, Run
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def experiment(team, alice):
+    return make_finished_experiment(team, alice)
+
+
+def data(client, experiment, **params):
+    """The payload; the sample's reward/mean unless another metric is asked for (the page's default
+    is eval/accuracy, see test_the_page_opens_on_held_out_accuracy)."""
+    params.setdefault("metric", "reward/mean")
+    response = client.get(reverse("experiment-compare-data", args=[experiment.pk]), params)
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def group(payload, preset, staleness):
+    return next(g for g in payload["groups"] if (g["preset"], g["staleness"]) == (preset, staleness))
+
+
+def test_groups_come_in_preset_order_with_the_mean_of_two_seeds_and_a_std_band(alice_client, experiment):
+    payload = data(alice_client, experiment)
+    assert payload["presets"] == ["reinforce", "grpo"], "rlcore.presets order, not alphabetical"
+    assert payload["staleness"] == ["on-policy", "sync_offset=2"]
+    assert [(g["preset"], g["staleness"]) for g in payload["groups"]] == [
+        ("reinforce", "on-policy"),
+        ("reinforce", "sync_offset=2"),
+        ("grpo", "on-policy"),
+        ("grpo", "sync_offset=2"),
+    ]
+    g = group(payload, "grpo", "sync_offset=2")
+    assert g["x"] == list(range(21)) and g["n_seeds"] == 2 and g["n"] == [2] * 21
+    assert g["mean"][20] == pytest.approx((0.65 + 0.70) / 2)
+    assert g["mean"][10] == pytest.approx((reward(10, 20, 1, 1, 0) + reward(10, 20, 1, 1, 1)) / 2)
+    # Two seeds 0.05 apart: sample std 0.05 / √2 on either side of the mean.
+    assert g["hi"][20] - g["mean"][20] == pytest.approx(0.05 / 2**0.5, rel=1e-4)
+    assert not g["downsampled"] and g["points"] == 21
+    assert payload["colours"] == {"reinforce": "#1f77b4", "grpo": "#ff7f0e"}
+    assert payload["active"] is False
+
+
+def test_the_page_opens_on_held_out_accuracy(alice_client, experiment):
+    response = alice_client.get(reverse("experiment-compare-data", args=[experiment.pk]))
+    payload = response.json()
+    assert payload["metric"] == "eval/accuracy"
+    g = group(payload, "grpo", "sync_offset=2")
+    assert g["x"] == [0, 5, 10, 15, 20]
+    assert g["mean"][-1] == pytest.approx((accuracy(20, 20, 1, 1, 0) + accuracy(20, 20, 1, 1, 1)) / 2)
+
+
+def test_x_axes_and_bands_change_the_curves(alice_client, experiment):
+    samples = group(data(alice_client, experiment, x="samples"), "reinforce", "on-policy")
+    assert samples["x"][-1] == 20 * 4 * 4, "steps × prompts_per_step × group_size"
+    tokens = group(data(alice_client, experiment, x="tokens"), "reinforce", "on-policy")
+    # Seed 0 answers 10 tokens, seed 1 11, 16 responses a step: their x grids interleave, tokens seen start at 0.
+    assert tokens["x"][0] == 0 and tokens["x"][-1] == 16 * 11 * 20
+    assert tokens["n"][-1] == 1, "past seed 0's last x only seed 1 remains"
+    time = group(data(alice_client, experiment, x="time"), "reinforce", "on-policy")
+    assert time["x"] == list(range(21))
+    minmax = group(data(alice_client, experiment, band="minmax"), "reinforce", "on-policy")
+    assert (minmax["lo"][20], minmax["hi"][20]) == (pytest.approx(0.5), pytest.approx(0.55))
+    ci = group(data(alice_client, experiment, band="ci"), "reinforce", "on-policy")
+    assert ci["lo"][20] == pytest.approx(0.5) and ci["hi"][20] == pytest.approx(0.55)
+    none = group(data(alice_client, experiment, band="none"), "reinforce", "on-policy")
+    assert none["lo"] is None and none["hi"] is None
+    kl = group(data(alice_client, experiment, metric="kl/init"), "grpo", "sync_offset=2")
+    assert kl["mean"][20] == pytest.approx(0.4)
+
+
+def test_summary_rules_and_per_run_final_values(alice_client, experiment):
+    payload = data(alice_client, experiment, rule="last")
+    row = next(r for r in payload["summary"] if (r["preset"], r["staleness"]) == ("grpo", "on-policy"))
+    assert row["n_seeds"] == 2 and row["value"] == pytest.approx(0.775)
+    # Two seeds: their min–max, said so; a bootstrap over two values is no CI.
+    assert (row["lo"], row["hi"], row["interval"]) == (pytest.approx(0.75), pytest.approx(0.8), "min–max")
+    assert (row["ci_lo"], row["ci_hi"]) == (None, None)
+    best = data(alice_client, experiment, rule="best")["summary"][0]
+    assert best["value"] == pytest.approx(0.525)
+    # Mean of the last 3 steps (18, 19, 20) of reward = step / 40 + 0.05 seed, over both seeds.
+    last_k = data(alice_client, experiment, rule="mean_last_k", k=3)["summary"][0]
+    assert last_k["value"] == pytest.approx(19 / 40 + 0.025)
+    auc = data(alice_client, experiment, rule="auc")["summary"][0]
+    assert auc["value"] == pytest.approx(0.25 + 0.025)
+    runs = payload["runs"]
+    assert len(runs) == 8 and {r["status"] for r in runs} == {Run.SUCCEEDED}
+    first = next(r for r in runs if (r["preset"], r["staleness"], r["seed"]) == ("grpo", "sync_offset=2", 1))
+    assert first["reward/mean"] == pytest.approx(0.7) and first["kl/init"] == pytest.approx(0.4)
+
+
+def test_throughput_is_3600_over_the_mean_step_time_and_the_mean_tokens_per_s_across_seeds(
+    alice_client, experiment
+):
+    payload = data(alice_client, experiment)
+    rows = {(r["preset"], r["staleness"]): r for r in payload["throughput"]}
+    assert list(rows) == [(r["preset"], r["staleness"]) for r in payload["summary"]]
+    # reinforce, on-policy: mean step times 0.5 s (seed 0) and 0.75 s (seed 1), so 7200 and 4800
+    # steps an hour; the mean of two seeds, with their min–max (no CI from two seeds).
+    row = rows["reinforce", "on-policy"]
+    assert (row["n_runs"], row["n_seeds"]) == (2, 2)
+    assert (row["steps_per_hour"], row["steps_per_hour_lo"], row["steps_per_hour_hi"]) == (
+        pytest.approx(6000),
+        pytest.approx(4800),
+        pytest.approx(7200),
+    )
+    assert (row["steps_per_hour_interval"], row["steps_per_hour_ci_lo"]) == ("min–max", None)
+    steps = range(1, 21)
+    for (preset, staleness), row in rows.items():
+        p, s = ("reinforce", "grpo").index(preset), ("on-policy", "sync_offset=2").index(staleness)
+        hourly = [3600 / (sum(step_time(t, p, s, seed) for t in steps) / 20) for seed in (0, 1)]
+        tokens = [sum(tokens_per_s(t, p, s, seed) for t in steps) / 20 for seed in (0, 1)]
+        assert row["steps_per_hour"] == pytest.approx(sum(hourly) / 2), (preset, staleness)
+        assert [row["steps_per_hour_lo"], row["steps_per_hour_hi"]] == pytest.approx(sorted(hourly))
+        assert row["tokens_per_s"] == pytest.approx(sum(tokens) / 2), (preset, staleness)
+        assert [row["tokens_per_s_lo"], row["tokens_per_s_hi"]] == pytest.approx(sorted(tokens))
+    # grpo, sync_offset=2, seed 1: 2 × 0.75 × 1.5 = 2.25 s a step, 1600 steps an hour; each step
+    # 176 tokens in 1.8 or 2.7 s.
+    run = next(
+        r for r in payload["runs"] if (r["preset"], r["staleness"], r["seed"]) == ("grpo", "sync_offset=2", 1)
+    )
+    assert run["steps_per_hour"] == pytest.approx(1600)
+    assert run["tokens_per_s"] == pytest.approx((176 / 1.8 + 176 / 2.7) / 2)
+    # Throughput does not depend on the metric shown, and the summary endpoint has it too.
+    assert (
+        data(alice_client, experiment, metric="kl/init", rule="best")["throughput"] == payload["throughput"]
+    )
+    summary = alice_client.get(reverse("experiment-compare-summary", args=[experiment.pk])).json()
+    assert summary["throughput"] == payload["throughput"]
+
+
+def test_a_run_without_step_times_is_left_out_of_its_groups_throughput(alice_client, experiment):
+    run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
+    MetricPoint.objects.filter(run=run, name__in=["time/step_s", "tokens_per_s"]).delete()
+    payload = data(alice_client, experiment)
+    row = next(r for r in payload["throughput"] if (r["preset"], r["staleness"]) == ("grpo", "on-policy"))
+    # Seed 0 alone: 0.75 s a step.
+    assert (row["n_runs"], row["n_seeds"]) == (2, 1)
+    assert (row["steps_per_hour"], row["steps_per_hour_lo"], row["steps_per_hour_interval"]) == (
+        pytest.approx(4800),
+        None,
+        None,
+    ), "one seed: a value, no interval"
+    assert next(r for r in payload["runs"] if r["id"] == run.pk)["steps_per_hour"] is None
+    assert next(r for r in payload["runs"] if r["id"] == run.pk)["tokens_per_s"] is None
+
+
+def test_a_group_with_one_seed_with_points_says_so(alice_client, experiment):
+    run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
+    MetricPoint.objects.filter(run=run).delete()
+    run.status = Run.RUNNING
+    run.save()
+    payload = data(alice_client, experiment)
+    g = group(payload, "grpo", "on-policy")
+    assert (g["n_runs"], g["n_seeds"]) == (2, 1)
+    row = next(r for r in payload["summary"] if (r["preset"], r["staleness"]) == ("grpo", "on-policy"))
+    assert (row["n_seeds"], row["value"], row["lo"], row["hi"], row["interval"]) == (
+        1,
+        0.75,
+        None,
+        None,
+        None,
+    )
+    assert row["n_active"] == 1, "its other run is still going"
+    assert payload["active"] is True
+
+
+def test_the_metric_points_come_from_one_query(alice_client, experiment):
+    with CaptureQueriesContext(connection) as queries:
+        data(alice_client, experiment, metric="reward/mean")
+    point_queries = [
+        q["sql"]
+        for q in queries
+        if '"experiments_metricpoint"' in q["sql"] and '"experiments_run"' not in q["sql"]
+    ]
+    assert len(point_queries) == 1 and "reward/mean" in str(queries.captured_queries)
+    # Session, user, experiment, runs (with their last reward and KL), points: none per run.
+    assert len(queries) == 5, [q["sql"] for q in queries]
+
+
+def test_csv_downloads_of_curves_and_summary_parse(alice_client, experiment):
+    url = reverse("experiment-compare-data", args=[experiment.pk])
+    response = alice_client.get(url, {"metric": "reward/mean", "x": "samples", "format": "csv"})
+    assert response["Content-Type"] == "text/csv"
+    assert "reward-mean-samples-curves.csv" in response["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert len(rows) == 4 * 21
+    last = next(
+        r for r in rows if (r["preset"], r["staleness"], r["samples"]) == ("grpo", "on-policy", "320")
+    )
+    assert float(last["mean"]) == pytest.approx(0.775) and last["n_seeds"] == "2"
+    summary_url = reverse("experiment-compare-summary", args=[experiment.pk])
+    reward_summary = alice_client.get(summary_url, {"metric": "reward/mean"}).json()
+    assert reward_summary["summary"][0]["value"] == pytest.approx(0.525)
+    rows = list(
+        csv.DictReader(
+            io.StringIO(
+                alice_client.get(summary_url, {"metric": "reward/mean", "format": "csv"}).content.decode()
+            )
+        )
+    )
+    assert [(r["preset"], r["staleness"], r["n_seeds"]) for r in rows][:2] == [
+        ("reinforce", "on-policy", "2"),
+        ("reinforce", "sync_offset=2", "2"),
+    ]
+    assert float(rows[0]["value"]) == pytest.approx(0.525)
+    assert (float(rows[0]["steps_per_hour"]), rows[0]["throughput_n_seeds"]) == (pytest.approx(6000), "2")
+    assert (
+        float(rows[0]["steps_per_hour_lo"]) == pytest.approx(4800)
+        and rows[0]["steps_per_hour_interval"] == "min–max"
+    )
+    assert (rows[0]["interval"], rows[0]["ci_lo"]) == ("min–max", ""), "no CI from two seeds"
+    assert float(rows[-1]["tokens_per_s"]) > 0 and rows[-1]["tokens_per_s_hi"] != ""
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"band": "sem"}, "band"),
+        ({"x": "epochs"}, "x"),
+        ({"rule": "median"}, "rule"),
+        ({"k": "0"}, "k"),
+        ({"k": "ten"}, "k"),
+        ({"delta": "-0.01"}, "delta"),
+        ({"delta": "two points"}, "delta"),
+        ({"delta": "nan"}, "delta"),
+        ({"metric": ""}, "metric"),
+        ({"format": "xml"}, "format"),
+    ],
+)
+def test_bad_query_parameters_are_a_400_naming_the_parameter(alice_client, experiment, params, param):
+    for name in ("experiment-compare-data", "experiment-compare-summary"):
+        response = alice_client.get(reverse(name, args=[experiment.pk]), params)
+        assert response.status_code == 400
+        assert response.json()["detail"][0]["param"] == param
+        assert param in response.json()["detail"][0]["msg"]
+
+
+def test_other_teams_get_404_and_anonymous_users_log_in(client, experiment, django_user_model):
+
+    bob = new_team_member("bob", "team-b", is_admin=False)
+    urls = [
+        reverse(name, args=[experiment.pk])
+        for name in ("experiment-compare", "experiment-compare-data", "experiment-compare-summary")
+    ]
+    for url in urls:
+        assert client.get(url)["Location"].startswith(reverse("login")), url
+    client.force_login(bob)
+    for url in urls:
+        assert client.get(url).status_code == 404, url
+
+
+def test_the_page_escapes_names_and_serves_plotly_from_our_static_files(alice_client, experiment):
+    experiment.name = "<script>alert(1)</script>"
+    experiment.save()
+    html = alice_client.get(reverse("experiment-compare", args=[experiment.pk])).content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>alert(1)" not in html
+    assert '<script src="/static/plotly/plotly.min.js">' in html
+    run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
+    Run.objects.filter(pk=run.pk).update(summary={"reward/mean": 0.9, "eval/accuracy": 0.6125})
+    detail = alice_client.get(reverse("experiment-detail", args=[experiment.pk])).content.decode()
+    assert reverse("experiment-compare", args=[experiment.pk]) in detail
+    assert "<th>Final held-out accuracy</th>" in detail and "0.6125" in detail
+
+
+def test_any_metric_name_makes_a_safe_csv_file_name(alice_client, experiment):
+    url = reverse("experiment-compare-summary", args=[experiment.pk])
+    response = alice_client.get(url, {"metric": 'a"\r\nSet-Cookie: x=1/é', "format": "csv"})
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == (
+        f'attachment; filename="experiment-{experiment.pk}-a-Set-Cookie-x-1-last-summary.csv"'
+    )
+    assert "Set-Cookie" not in {k for k, _ in response.items()}
+
+
+def test_points_come_back_per_run_sorted_by_step_with_missing_values_as_nan(experiment):
+    """The point reader (on PostgreSQL the binary-array path) returns steps, values and wall times
+    per run sorted by step whatever order the rows were written in; a NULL value is NaN."""
+    import numpy as np
+    from sample_experiments import START
+
+    from dashboards.points import points_by_run
+
+    run, other = experiment.runs.all()[:2]
+    MetricPoint.objects.filter(run__in=[run, other]).delete()
+    steps = [7, 3, 100_000, 0, 5]
+    MetricPoint.objects.bulk_create(
+        MetricPoint(
+            run=r, name="m", step=step, value=None if step == 5 else step / 10 + r.pk, wall_time=START
+        )
+        for r in (run, other)
+        for step in steps
+    )
+    MetricPoint.objects.filter(run=run, step=3).update(wall_time=START.replace(second=42))
+    points = points_by_run([run.pk, other.pk], "m", with_time=True)
+    assert sorted(points) == sorted([run.pk, other.pk])
+    got_steps, values, times = points[run.pk]
+    np.testing.assert_array_equal(got_steps, [0, 3, 5, 7, 100_000])
+    np.testing.assert_array_equal(values, [run.pk, 0.3 + run.pk, np.nan, 0.7 + run.pk, 10_000 + run.pk])
+    assert times[1] - times[0] == 42 and times[0] == START.timestamp()
+    assert points[other.pk][1][-1] == 10_000 + other.pk
+    assert points_by_run([run.pk], "no such metric") == {} and points_by_run([], "m") == {}
+
+
+def test_metric_points_have_one_unique_index_covering_values_on_postgresql(experiment):
+    """The unique (run, name, step) index exists on every database (the worker's upserts need it)
+    and is the table's only index besides the primary key; on PostgreSQL it covers value and wall
+    time, so the comparison reads points from the index alone."""
+    from django.db import IntegrityError, transaction
+
+    point = MetricPoint.objects.first()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        MetricPoint.objects.create(run=point.run, name=point.name, step=point.step, wall_time=point.wall_time)
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, MetricPoint._meta.db_table)
+    indexes = [
+        c["columns"] for c in constraints.values() if (c["index"] or c["unique"]) and not c["primary_key"]
+    ]
+    assert indexes == [["run_id", "name", "step"]]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'one_point_per_run_name_step'")
+            assert cursor.fetchone()[0].endswith("(run_id, name, step) INCLUDE (value, wall_time)")
+
+
+DEMO_PRESETS = ("reinforce", "grpo", "rec-oneside-nois", "rec-oneside-nois-wide")
+DEMO_STALENESS = ({}, {"sync_offset": 2}, {"offline": True})
+# grpo − rec-oneside-nois offline per seed: mean 0.01, σ_d 0.02, so ⌈(2.80158 · 0.02 / 0.01)²⌉ = 32 seeds.
+NOIS_OFFLINE = {0: 0.01, 1: 0.03, 2: -0.01}
+
+
+def demo_accuracy(preset: str, staleness: str, seed: int) -> float:
+    """Final held-out accuracy shaped like the paper's claims (docs/algorithms.md §10)."""
+    if staleness == "on-policy":
+        return 0.70 + 0.02 * seed
+    if staleness == "sync_offset=2":
+        return (0.50 if preset == "reinforce" else 0.695) + 0.02 * seed
+    offline = {
+        "reinforce": 0.40,
+        "grpo": 0.60,
+        "rec-oneside-nois": 0.60 + NOIS_OFFLINE[seed],
+        "rec-oneside-nois-wide": 0.685,
+    }
+    return offline[preset] + 0.02 * seed
+
+
+@pytest.fixture
+def demo(team, alice):
+    return make_finished_experiment(
+        team,
+        alice,
+        name="demo",
+        presets=DEMO_PRESETS,
+        staleness=DEMO_STALENESS,
+        seeds=(0, 1, 2),
+        final_accuracy=demo_accuracy,
+    )
+
+
+def test_drops_from_on_policy_are_paired_by_seed_with_a_ci(alice_client, demo):
+    payload = data(alice_client, demo, metric="eval/accuracy")
+    assert payload["delta"] == 0.02
+    drops = {(r["preset"], r["staleness"]): r for r in payload["drops"]}
+    assert set(drops) == {(p, s) for p in DEMO_PRESETS for s in ("sync_offset=2", "offline")}
+    reinforce = drops[("reinforce", "sync_offset=2")]
+    # Seeds differ by 0.02 each, but paired by seed the drop is −0.2 on every seed: an interval of width 0,
+    # their min–max (3 seeds: no CI), at the 3 decimals shown.
+    assert (
+        reinforce["value"],
+        reinforce["lo"],
+        reinforce["hi"],
+        reinforce["n_seeds"],
+        reinforce["interval"],
+    ) == (
+        -0.2,
+        -0.2,
+        -0.2,
+        3,
+        "min–max",
+    )
+    nois = drops[("rec-oneside-nois", "offline")]
+    assert nois["value"] == -0.09
+    assert (nois["lo"], nois["hi"]) == (-0.11, -0.07)
+
+
+def test_robustness_ranks_presets_by_mean_drop_and_names_their_tolerance(alice_client, demo):
+    rows = {r["preset"]: r for r in data(alice_client, demo, metric="eval/accuracy")["robustness"]}
+    assert {p: rows[p]["rank"] for p in DEMO_PRESETS} == {
+        "rec-oneside-nois-wide": 1,
+        "rec-oneside-nois": 2,
+        "grpo": 3,
+        "reinforce": 4,
+    }
+    assert rows["rec-oneside-nois-wide"]["mean_drop"] == pytest.approx((-0.005 - 0.015) / 2)
+    assert rows["reinforce"]["worst_drop"] == pytest.approx(-0.3)
+    tolerance = {p: rows[p]["tolerance"] for p in DEMO_PRESETS}
+    assert tolerance == {
+        "reinforce": "on-policy",
+        "grpo": "sync_offset=2",
+        "rec-oneside-nois": "sync_offset=2",
+        "rec-oneside-nois-wide": "offline",
+    }
+    wider = data(alice_client, demo, metric="eval/accuracy", delta="0.2")["robustness"]
+    assert [r["tolerance"] for r in wider] == ["sync_offset=2", "offline", "offline", "offline"]
+
+
+def test_presets_that_cannot_be_told_apart_say_how_many_seeds_would(alice_client, demo):
+    ties = data(alice_client, demo, metric="eval/accuracy")["ties"]
+    tie = next(t for t in ties if (t["staleness"], t["a"], t["b"]) == ("offline", "grpo", "rec-oneside-nois"))
+    assert tie["value"] == pytest.approx(0.01) and tie["lo"] <= 0 <= tie["hi"]
+    assert tie["std"] == pytest.approx(0.02) and tie["seeds_needed"] == 32
+    identical = next(
+        t for t in ties if (t["staleness"], t["a"], t["b"]) == ("on-policy", "reinforce", "grpo")
+    )
+    assert identical["value"] == 0 and identical["seeds_needed"] is None, "Δ = 0: cannot tell with these data"
+    assert not any(t["staleness"] == "sync_offset=2" and t["a"] == "reinforce" for t in ties), "told apart"
+
+
+def test_findings_check_the_papers_claims_with_numbers(alice_client, demo):
+    found = data(alice_client, demo, metric="eval/accuracy")["findings"]
+    assert [f["verdict"] for f in found] == ["support", "support", "support"]
+    assert all(f["experiment"] == demo.pk and not f["missing"] for f in found)
+    assert (
+        "rec-oneside-nois − reinforce: +0.000 [+0.000, +0.000] (min–max of 3 seeds; no CI below 5)"
+        in found[0]["text"]
+    )
+    assert (
+        "at sync_offset=2: reinforce -0.200 [-0.200, -0.200] (min–max of 3 seeds; no CI below 5)"
+        in found[1]["text"]
+    )
+    assert "at offline: +0.075 [+0.055, +0.095] (min–max of 3 seeds; no CI below 5)" in found[2]["text"]
+    # What decided each verdict, per preset and setting.
+    assert found[0]["reasons"] == [
+        "rec-oneside-nois − reinforce: within ±δ = 0.02",
+        "rec-oneside-nois-wide − reinforce: within ±δ = 0.02",
+    ]
+    assert found[1]["reasons"][0].startswith(
+        "at sync_offset=2: supports: reinforce degrades and every clipped preset holds "
+        "(reinforce degrades (upper end below −δ = -0.02); grpo holds (lower end at or above −δ = -0.02)"
+    )
+    assert found[2]["reasons"] == [
+        "at offline: rec-oneside-nois-wide − rec-oneside-nois ahead (lower end above 0)"
+    ]
+    assert not any(f["provisional"] for f in found)
+
+
+def test_findings_name_the_missing_cells_and_contradict_when_every_preset_degrades(alice_client, experiment):
+    found = data(alice_client, experiment, metric="eval/accuracy")["findings"]
+    assert [f["verdict"] for f in found] == ["missing cells", "contradict", "missing cells"]
+    assert found[0]["missing"] == ["rec-oneside-nois × on-policy", "rec-oneside-nois-wide × on-policy"]
+    # The sample's accuracy drops 0.1 at sync_offset=2 for reinforce and grpo alike.
+    assert "grpo -0.100" in found[1]["text"]
+
+
+def test_runs_of_different_theta0_or_versions_are_warned_about(alice_client, team, alice):
+    experiment = make_finished_experiment(team, alice, seeds=(0, 1))
+    runs = list(experiment.runs.all())
+    same = {"theta0_sha256": "a" * 64, "torch": "2.13.0", "transformers": "5.24.0"}
+    for run in runs:
+        Run.objects.filter(pk=run.pk).update(provenance=same)
+    url = reverse("experiment-compare-data", args=[experiment.pk])
+    assert alice_client.get(url).json()["warnings"] == []
+    Run.objects.filter(pk=runs[0].pk).update(
+        provenance={**same, "theta0_sha256": "b" * 64, "torch": "2.14.0"}
+    )
+    warnings = alice_client.get(url).json()["warnings"]
+    assert len(warnings) == 2
+    assert (
+        "initial models (θ0)" in warnings[0]
+        and "aaaaaaaaaaaa" in warnings[0]
+        and "bbbbbbbbbbbb" in warnings[0]
+    )
+    assert "torch versions (2.13.0, 2.14.0)" in warnings[1]
+
+
+def test_a_change_of_exactly_delta_counts_as_within_it(alice_client, team, alice):
+    # Held-out accuracy moves in steps of 1/eval_size: 0.555 → 0.535 is a change of exactly δ = 0.02,
+    # which floating point makes −0.020000000000000018.
+    finals = {"on-policy": 0.555, "sync_offset=2": 0.535}
+    experiment = make_finished_experiment(
+        team, alice, presets=("grpo",), seeds=(0, 1), final_accuracy=lambda p, s, seed: finals[s]
+    )
+    raw = [
+        MetricPoint.objects.get(run__staleness=s, run__seed=0, name="eval/accuracy", step=20).value
+        for s in ("sync_offset=2", "on-policy")
+    ]
+    assert raw[0] - raw[1] < -0.02, "the data do hold the floating-point boundary case"
+    payload = data(alice_client, experiment, metric="eval/accuracy")
+    (row,) = payload["robustness"]
+    assert (row["tolerance"], row["n_seeds"], row["interval"]) == ("sync_offset=2", 2, "min–max")
+    (drop,) = payload["drops"]
+    assert (drop["value"], drop["lo"], drop["hi"]) == (-0.02, -0.02, -0.02)
+    assert payload["digits"] == 3
+    finer = data(alice_client, experiment, metric="eval/accuracy", delta="0.0195")
+    assert finer["digits"] == 4 and finer["robustness"][0]["tolerance"] == "on-policy"
+
+
+def test_five_seeds_get_a_bootstrap_ci_and_fewer_their_min_max(alice_client, team, alice):
+    experiment = make_finished_experiment(
+        team, alice, presets=("grpo",), staleness=({},), seeds=(0, 1, 2, 3, 4)
+    )
+    row = data(alice_client, experiment)["summary"][0]
+    assert (row["n_seeds"], row["interval"]) == (5, "95% bootstrap CI")
+    assert row["lo"] == row["ci_lo"] and row["hi"] == row["ci_hi"] and row["lo"] < row["value"] < row["hi"]
+    band = group(data(alice_client, experiment, band="ci"), "grpo", "on-policy")
+    assert band["band"] == "ci"
+    few = make_finished_experiment(
+        team, alice, name="few", presets=("grpo",), staleness=({},), seeds=(0, 1, 2, 3)
+    )
+    assert data(alice_client, few)["summary"][0]["interval"] == "min–max"
+    assert group(data(alice_client, few, band="ci"), "grpo", "on-policy")["band"] == "minmax", (
+        "no CI band either"
+    )
+
+
+def test_verdicts_on_cells_still_running_say_so_and_cells_without_values_are_waited_for(
+    alice_client, demo, team, alice
+):
+    running = demo.runs.filter(preset="reinforce", staleness="sync_offset=2")
+    running.update(status=Run.RUNNING)
+    found = data(alice_client, demo, metric="eval/accuracy")["findings"]
+    assert [f["provisional"] for f in found] == [False, True, False]
+    assert (found[1]["runs_active"], found[1]["runs"]) == (3, 36)
+    assert found[1]["text"].startswith("Provisional: 3 of these cells' 36 runs are still queued or running.")
+    # A cell whose runs have logged nothing yet is waited for, not missing.
+    MetricPoint.objects.filter(run__in=running).delete()
+    waiting = data(alice_client, demo, metric="eval/accuracy")["findings"][1]
+    assert waiting["verdict"] != "missing cells" and waiting["provisional"], waiting
+    assert "reinforce × sync_offset=2" not in " ".join(waiting["missing"])

@@ -1,0 +1,82 @@
+"""The lists say how each run executes and how long things took: a Mode column and filter on the
+Runs list and the experiment's runs, and wall-clock (started, finished, duration; "so far" while a
+run is going) on the run, experiment and list pages; the run page's CSV works with the session."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+from support import TINY_CONFIG
+
+from experiments.models import MetricPoint, Run
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def runs(make_run):
+    simulated = make_run("sim")
+    distributed = make_run("dist", config={**TINY_CONFIG, "execution": {"mode": "distributed"}})
+    now = timezone.now()
+    Run.objects.filter(pk=simulated.pk).update(
+        status=Run.SUCCEEDED, started=now - timedelta(minutes=3, seconds=20), finished=now
+    )
+    Run.objects.filter(pk=distributed.pk).update(status=Run.RUNNING, started=now - timedelta(seconds=30))
+    return Run.objects.get(pk=simulated.pk), Run.objects.get(pk=distributed.pk)
+
+
+def test_the_runs_list_has_a_mode_column_and_filter(alice_client, runs):
+    simulated, distributed = runs
+    html = alice_client.get(reverse("run-list")).content.decode()
+    assert '<td class="mode">distributed</td>' in html and '<td class="mode">simulated</td>' in html
+    only = alice_client.get(reverse("run-list"), {"mode": "distributed"}).context["page"]
+    assert [run.pk for run in only] == [distributed.pk]
+    # Runs stored before execution modes existed have none in their config: simulated.
+    Run.objects.filter(pk=simulated.pk).update(
+        config={k: v for k, v in simulated.config.items() if k != "execution"}
+    )
+    assert [
+        run.pk for run in alice_client.get(reverse("run-list"), {"mode": "simulated"}).context["page"]
+    ] == [simulated.pk]
+    bad = alice_client.get(reverse("run-list"), {"mode": "fast"}).content.decode()
+    assert "mode must be one of simulated, distributed, async (got &#x27;fast&#x27;); not filtered" in bad
+
+
+def test_wall_clock_is_on_the_run_experiment_and_list_pages(alice_client, runs):
+    simulated, distributed = runs
+    listing = alice_client.get(reverse("run-list")).content.decode()
+    assert '<td class="took">3 min 20 s</td>' in listing
+    assert re.search(r'<td class="took">3\d\.\d\d s so far</td>', listing), "a running run: how long so far"
+    page = alice_client.get(reverse("run-detail", args=[simulated.pk])).content.decode()
+    assert (
+        f"Started {timezone.localtime(simulated.started):%Y-%m-%d %H:%M:%S}" in page
+        and "took 3 min 20 s" in page
+    )
+    running = alice_client.get(reverse("run-detail", args=[distributed.pk])).content.decode()
+    assert "running for 3" in running  # 30-something seconds
+    experiment = alice_client.get(
+        reverse("experiment-detail", args=[simulated.experiment_id])
+    ).content.decode()
+    assert "took 3 min 20 s" in experiment
+    experiments = alice_client.get(reverse("experiment-list")).content.decode()
+    assert '<td class="took">3 min 20 s</td>' in experiments and "so far</td>" in experiments
+
+
+def test_the_run_pages_csv_works_with_the_session(alice_client, runs):
+    simulated, _ = runs
+    MetricPoint.upsert(simulated.pk, [("loss", 1, 0.5, timezone.now()), ("loss", 2, None, timezone.now())])
+    page = alice_client.get(reverse("run-detail", args=[simulated.pk])).content.decode()
+    url = reverse("run-metrics-csv", args=[simulated.pk])
+    assert f'href="{url}"' in page
+    response = alice_client.get(url)
+    assert response.status_code == 200 and response["Content-Type"] == "text/csv"
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert [(r["name"], r["step"], r["value"]) for r in rows] == [("loss", "1", "0.5"), ("loss", "2", "")]
+    assert Client().get(url).status_code == 302, "anonymous users log in first"

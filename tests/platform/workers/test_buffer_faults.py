@@ -1,0 +1,161 @@
+"""A run's buffer damaged under it (what the probe did to a shared `LAB_VAR_DIR`) costs no result:
+batch files damaged or deleted before the trainer takes them are made again; a weights file a
+queued job needs, damaged after the trainer moved past that version, re-queues the run, which
+resumes from an earlier checkpoint and publishes the version again. Either way the run logs the
+simulated twin's curves exactly. And a rollout job over the run's memory ceiling fails at once
+with the reason, its worker living on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from support import TINY_CONFIG, queue_sweep, wait_for
+from test_distributed import curves, wait_until_over
+
+from experiments.models import MetricPoint, RolloutJob, Run
+from workers.buffer import weight_store
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CONFIG = {**TINY_CONFIG, "steps": 40, "checkpoint_every": 4, "eval_every": 20}
+STALENESS = [{"sync_offset": 4}]  # batches made up to 4 steps ahead of the trainer
+
+
+def damage(path) -> None:
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    path.write_bytes(bytes(data))
+
+
+class Paused:
+    """SIGSTOP a worker's whole process group meanwhile (well under the heartbeat timeout)."""
+
+    def __init__(self, worker):
+        self.pgid = worker.proc.pid
+
+    def __enter__(self):
+        os.killpg(self.pgid, signal.SIGSTOP)
+
+    def __exit__(self, *exc):
+        os.killpg(self.pgid, signal.SIGCONT)
+
+
+def twin_and_run(team, alice):
+    twin = queue_sweep(team, alice, "twin", config=CONFIG, staleness=STALENESS).runs.get()
+    distributed = {**CONFIG, "execution": {"mode": "distributed"}}
+    run = queue_sweep(team, alice, "damaged", config=distributed, staleness=STALENESS).runs.get()
+    return twin, run
+
+
+def assert_curves_equal(run: Run, twin: Run) -> None:
+    mine, reference = curves(run), curves(twin)
+    assert set(mine) == set(reference)
+    for key, value in reference.items():
+        assert mine[key] == pytest.approx(value, abs=1e-5, rel=0), key
+
+
+def test_batch_files_damaged_or_deleted_before_they_are_taken_are_made_again(start_worker, team, alice):
+    start_worker(queue="rollout")
+    trainer = start_worker()
+    twin, run = twin_and_run(team, alice)
+    wait_for(lambda: MetricPoint.objects.filter(run=run, name="loss", step__gte=10).exists(), 240, "10 steps")
+    spoiled = []
+    for _ in range(50):  # until the pause finds batches made ahead of the trainer
+        with Paused(trainer):
+            logged = (
+                MetricPoint.objects.filter(run=run, name="loss")
+                .order_by("-step")
+                .values_list("step", flat=True)
+            )
+            ahead = RolloutJob.objects.filter(
+                run=run, kind=RolloutJob.BATCH, status=RolloutJob.DONE, step__gt=logged.first()
+            ).order_by("step")
+            for i, job in enumerate(ahead):  # every one the trainer may not have taken yet
+                path = Path(job.path)
+                if i % 2:
+                    path.unlink()
+                else:
+                    damage(path)
+                spoiled.append(job.pk)
+        if spoiled:
+            break
+        time.sleep(0.1)
+    assert spoiled, "no batch was ever made ahead of the trainer"
+    wait_until_over([run, twin], 300)
+
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.SUCCEEDED, 1), run.error
+    remade = RolloutJob.objects.filter(pk__in=spoiled, attempt__gte=2)
+    assert remade.exists(), "at least the next batch was untaken, so made again"
+    assert not remade.exclude(status=RolloutJob.DONE).exists()
+    assert "its batch file cannot be used" in trainer.log()
+    assert_curves_equal(run, twin)
+
+
+def test_weights_damaged_after_the_trainer_moved_past_them_are_published_again(start_worker, team, alice):
+    rollout_worker = start_worker(queue="rollout")
+    start_worker()
+    twin, run = twin_and_run(team, alice)
+    wait_for(lambda: MetricPoint.objects.filter(run=run, name="loss", step__gte=10).exists(), 240, "10 steps")
+    with Paused(rollout_worker):
+        # The trainer runs out of batches made ahead and waits for the oldest queued job.
+        waited_on = wait_for(
+            lambda: (
+                RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH, status=RolloutJob.QUEUED)
+                .order_by("step")
+                .first()
+            ),
+            30,
+            "a queued batch job",
+        )
+        # Older than the trainer's newest checkpoint by the time it waits for this job (it trains
+        # at most to that job's step, 5 steps past its version): that checkpoint cannot be resumed.
+        version = waited_on.version
+        damage(weight_store(run).path(version))
+    wait_until_over([run, twin], 300)
+
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.SUCCEEDED, 2), run.error
+    notes = [note["text"] for note in run.notes]
+    assert len(notes) == 1 and notes[0].startswith("resumed from step-"), notes
+    assert f"weights of version {version} at runs/" in notes[0] and "do not match their sha256" in notes[0]
+    waited_on.refresh_from_db()
+    assert waited_on.status == RolloutJob.DONE and waited_on.attempt >= 2
+    assert_curves_equal(run, twin)
+
+
+LARGER_MODEL = {
+    "tiny": {
+        "hidden_size": 512,
+        "num_layers": 8,
+        "num_heads": 8,
+        "intermediate_size": 2048,
+        "warmstart_max_steps": 0,  # θ0 as initialised: built in a moment, 34 M parameters
+    }
+}
+CEILING_MB = 150
+
+
+def test_a_rollout_job_over_the_memory_ceiling_fails_once_and_its_worker_goes_on(start_worker, team, alice):
+    rollout_worker = start_worker({"LAB_RUN_MEMORY_MB": str(CEILING_MB)}, queue="rollout")
+    start_worker({"LAB_RUN_MEMORY_MB": "0"})
+    execution = {"execution": {"mode": "distributed"}, "steps": 2, "eval_every": 0, "checkpoint_every": 0}
+    big = {**TINY_CONFIG, **execution, "model": LARGER_MODEL}
+    too_big = queue_sweep(team, alice, "too big", config=big).runs.get()
+    wait_until_over([too_big], 300)
+    fits = queue_sweep(team, alice, "fits", config={**TINY_CONFIG, **execution}).runs.get()
+    wait_until_over([fits], 300)
+
+    too_big.refresh_from_db()
+    fits.refresh_from_db()
+    job = RolloutJob.objects.get(run=too_big, step=1)
+    assert (job.status, job.attempt) == (RolloutJob.FAILED, 1), "not retried: it would fail alike"
+    assert job.error.startswith("memory: ") and f"{CEILING_MB} MiB (LAB_RUN_MEMORY_MB" in job.error, job.error
+    assert too_big.status == Run.FAILED and job.error in too_big.error
+    assert fits.status == Run.SUCCEEDED, fits.error
+    assert rollout_worker.proc.poll() is None

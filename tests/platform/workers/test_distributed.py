@@ -1,0 +1,191 @@
+"""Distributed execution: one training worker, rollout jobs on two rollout workers, and every
+metric equal to the simulated run of the same config and seed at every step."""
+
+from __future__ import annotations
+
+import pytest
+from support import TINY_CONFIG, queue_sweep, wait_for
+
+from experiments.models import MetricPoint, PolicyVersion, RolloutJob, Run
+from rlcore.sinks import EVAL_METRICS, STEP_METRICS
+from rlcore.staleness import behavior_version
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+COMPARED = [name for name in (*STEP_METRICS, *EVAL_METRICS) if not name.startswith("time/")]
+COMPARED.remove("tokens_per_s")
+STALENESS = [{"sync_offset": 2}, {"sync_interval": 3}]
+
+
+def curves(run: Run) -> dict[tuple[str, int], float]:
+    return {
+        (name, step): value
+        for name, step, value in MetricPoint.objects.filter(run=run, name__in=COMPARED).values_list(
+            "name", "step", "value"
+        )
+    }
+
+
+def wait_until_over(runs, timeout_s: float) -> None:
+    ids = [run.pk for run in runs]
+    wait_for(
+        lambda: not Run.objects.filter(pk__in=ids, status__in=Run.ACTIVE).exists(),
+        timeout_s,
+        f"runs {ids} to end",
+        interval_s=0.5,
+    )
+
+
+def test_distributed_runs_log_the_simulated_curves_exactly(start_worker, team, alice):
+    distributed_config = {**TINY_CONFIG, "execution": {"mode": "distributed", "rollout_workers": 2}}
+    presets = ["grpo", "reinforce"]
+    simulated = queue_sweep(team, alice, "simulated", presets=presets, staleness=STALENESS)
+    distributed = queue_sweep(
+        team, alice, "distributed", config=distributed_config, presets=presets, staleness=STALENESS
+    )
+    training_worker = start_worker()
+    rollout_workers = [start_worker(queue="rollout"), start_worker(queue="rollout")]
+    runs = list(Run.objects.filter(experiment__in=[simulated, distributed]))
+    wait_until_over(runs, 300)
+
+    steps = TINY_CONFIG["steps"]
+    for run in distributed.runs.all():
+        assert run.status == Run.SUCCEEDED, run.error
+        twin = simulated.runs.get(preset=run.preset, staleness=run.staleness, seed=run.seed)
+        assert twin.status == Run.SUCCEEDED, twin.error
+        mine, reference = curves(run), curves(twin)
+        assert set(mine) == set(reference)
+        assert {step for _, step in mine} == set(range(steps + 1))
+        for key, value in reference.items():
+            assert mine[key] == pytest.approx(value, abs=1e-5, rel=0), (run.staleness, key)
+
+        jobs = list(RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH))
+        assert sorted((j.step, j.part) for j in jobs) == [(t, p) for t in range(1, steps + 1) for p in (0, 1)]
+        schedule = run.run_config().staleness
+        for job in jobs:
+            assert job.status == RolloutJob.DONE and job.attempt == 1
+            assert job.version == behavior_version(job.step, schedule.sync_interval, schedule.sync_offset)
+        # The evaluations (steps 5 and 6) ran on the rollout workers, one job each: the values
+        # above are the trainer's evaluation exactly.
+        evals = RolloutJob.objects.filter(run=run, kind=RolloutJob.EVAL)
+        assert sorted(
+            evals.values_list("step", "part", "version", "status", "groups_start", "groups_stop")
+        ) == [
+            (5, 0, 5, RolloutJob.DONE, 0, 20),
+            (6, 0, 6, RolloutJob.DONE, 0, 20),
+        ]
+        published = set(PolicyVersion.objects.filter(run=run).values_list("version", flat=True))
+        assert published == {j.version for j in jobs} | {5, 6}, "only versions some step or evaluation needs"
+        wait_for(lambda run=run: not run.buffer_dir.exists(), 30, "the buffer to end with the run")
+        assert run.summary["weights/publish_bytes"] > 0
+        assert 0 <= run.summary["idle/trainer_frac"] <= 1
+
+    jobs = RolloutJob.objects.filter(run__experiment=distributed)
+    makers = {w.identity for w in rollout_workers}
+    used = set(jobs.filter(kind=RolloutJob.BATCH).values_list("worker", flat=True))
+    assert used <= makers, "only rollout workers generate"
+    # The trainer makes an evaluation itself only while it waits for it at the end, if no rollout
+    # worker took it first.
+    assert set(jobs.filter(kind=RolloutJob.EVAL, step__lt=steps).values_list("worker", flat=True)) <= makers
+    assert set(jobs.filter(kind=RolloutJob.EVAL).values_list("worker", flat=True)) <= makers | {
+        training_worker.identity
+    }
+
+
+def kill_mid_job(workers, timeout_s: float = 120):
+    """SIGKILL whichever of `workers` is first seen generating a rollout job (the broker decides
+    who gets jobs); return (that job, the killed worker, the others)."""
+    by_identity = {w.identity: w for w in workers}
+    job = wait_for(
+        lambda: RolloutJob.objects.filter(worker__in=by_identity, status=RolloutJob.RUNNING).first(),
+        timeout_s,
+        "a rollout worker to start a rollout job",
+        interval_s=0.005,
+    )
+    victim = by_identity[job.worker]
+    victim.kill()
+    return job, victim, [w for w in workers if w is not victim]
+
+
+def assert_one_point_per_name_and_step(run: Run) -> None:
+    points = list(MetricPoint.objects.filter(run=run).values_list("name", "step"))
+    assert len(points) == len(set(points))
+
+
+def test_killed_rollout_and_training_workers_lose_nothing_and_change_no_value(start_worker, team, alice):
+    # Every worker is up before the runs are queued: a tiny run is over in seconds.
+    rollout_workers = [start_worker(queue="rollout"), start_worker(queue="rollout")]
+    first_trainer = start_worker()
+    config = {**TINY_CONFIG, "steps": 60, "checkpoint_every": 4, "eval_every": 20}
+    twin_experiment = queue_sweep(team, alice, "reference", config=config, staleness=[{"sync_offset": 2}])
+    distributed = {**config, "execution": {"mode": "distributed"}}
+    experiment = queue_sweep(team, alice, "crashes", config=distributed, staleness=[{"sync_offset": 2}])
+    run, twin = experiment.runs.get(), twin_experiment.runs.get()
+    killed_job, doomed, [survivor] = kill_mid_job(rollout_workers)
+    wait_for(
+        lambda: MetricPoint.objects.filter(run=run, name="loss", step__gte=10).exists(),
+        240,
+        "10 steps of the distributed run",
+    )
+    first_trainer.kill()
+    second_trainer = start_worker()
+    wait_until_over([run, twin], 300)
+
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.SUCCEEDED, 2), run.error
+    wait_for(lambda: f"run {run.pk} attempt 2: succeeded" in second_trainer.log(), 30, "the task's log line")
+    killed_job.refresh_from_db()
+    assert killed_job.status == RolloutJob.DONE
+    if killed_job.attempt == 1:  # it finished in the instant before the kill
+        assert killed_job.worker == doomed.identity
+    else:
+        assert (killed_job.attempt, killed_job.worker) == (2, survivor.identity)
+    assert not RolloutJob.objects.filter(run=run).exclude(status=RolloutJob.DONE).exists()
+    mine, reference = curves(run), curves(twin)
+    assert set(mine) == set(reference)
+    for key, value in reference.items():
+        assert mine[key] == pytest.approx(value, abs=1e-5, rel=0), key
+    assert_one_point_per_name_and_step(run)
+
+
+def test_async_runs_stay_within_max_staleness_and_survive_a_killed_rollout_worker(start_worker, team, alice):
+    config = {
+        **TINY_CONFIG,
+        "steps": 16,
+        "checkpoint_every": 4,
+        "eval_every": 8,
+        "execution": {"mode": "async", "max_staleness": 2},
+    }
+    rollout_workers = [start_worker(queue="rollout"), start_worker(queue="rollout")]
+    start_worker()
+    experiment = queue_sweep(team, alice, "async", config=config, presets=["grpo", "reinforce"])
+    killed_job, doomed, [survivor] = kill_mid_job(rollout_workers)
+    runs = list(experiment.runs.all())
+    assert {r.staleness for r in runs} == {"async,max_staleness=2"}
+    wait_until_over(runs, 300)
+
+    for run in runs:
+        run.refresh_from_db()
+        assert run.status == Run.SUCCEEDED, run.error
+        lags = dict(MetricPoint.objects.filter(run=run, name="staleness/max").values_list("step", "value"))
+        assert sorted(lags) == list(range(1, 17))
+        assert max(lags.values()) <= 2, "no batch older than max_staleness versions"
+        assert lags[1] == 0, "step 1 can only train on θ0's batch"
+        for step, lag in lags.items():
+            job = RolloutJob.objects.get(run=run, kind=RolloutJob.BATCH, step=step)
+            assert lag == step - 1 - job.version, "the logged staleness is the measured one"
+        # Evaluations of steps 8 and 16 in parts of half a batch (8 of the 20 held-out problems).
+        evals = RolloutJob.objects.filter(run=run, kind=RolloutJob.EVAL)
+        assert sorted(evals.values_list("step", "groups_start", "groups_stop", "version")) == [
+            (step, lo, hi, step) for step in (8, 16) for lo, hi in ((0, 7), (7, 13), (13, 20))
+        ]
+        assert not evals.exclude(status=RolloutJob.DONE).exists()
+        accuracy = MetricPoint.objects.filter(run=run, name="eval/accuracy")
+        assert sorted(accuracy.values_list("step", flat=True)) == [0, 8, 16]
+        assert run.summary["eval/accuracy"] == accuracy.get(step=16).value, (
+            "the summary has the last evaluation"
+        )
+        assert_one_point_per_name_and_step(run)
+    killed_job.refresh_from_db()
+    assert killed_job.status == RolloutJob.DONE
+    assert killed_job.worker in (doomed.identity, survivor.identity)

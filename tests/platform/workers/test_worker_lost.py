@@ -1,0 +1,124 @@
+"""A worker killed mid-run: the run is reaped as lost, re-queued, and finished by a new
+worker process from its last checkpoint, with exactly one point per (name, step). A worker killed
+while a cancel of its run was pending: the run ends cancelled, never re-queued."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.db.models import Count
+from support import TINY_CONFIG, queue_sweep, wait_for
+
+from experiments.models import MetricPoint, Run
+from experiments.sweeps import create_experiment, expand
+from rlcore import models
+from rlcore.sinks import STEP_METRICS, WARM_START
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Long enough to still be training when the worker is killed after 5 steps are written (points
+# are written every half second, and a tiny step takes a few ms on a fast machine).
+STEPS = 200
+
+
+def test_sigkilled_worker_run_is_reaped_requeued_and_resumed(start_worker, team, alice, capsys):
+    config = {**TINY_CONFIG, "steps": STEPS, "eval_every": 20}
+    experiment = queue_sweep(team, alice, "survives a crash", config=config)
+    run = experiment.runs.get()
+    first = start_worker()
+    wait_for(
+        lambda: MetricPoint.objects.filter(run=run, name="loss", step__gte=5).exists(),
+        240,
+        "5 steps on the first worker",
+    )
+    first.kill()
+    run.refresh_from_db()
+    assert run.status == Run.RUNNING and run.worker == first.identity
+    assert any(run.checkpoint_dir.iterdir()), "a checkpoint was written before the kill"
+
+    def reaped():
+        call_command("reap")
+        return "lost, now queued (attempt 2)" in capsys.readouterr().out
+
+    wait_for(reaped, 30, "the reaper to notice the missing heartbeats", interval_s=1)
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.QUEUED, 2)
+    assert run.error == f"worker {first.identity} stopped sending heartbeats"
+
+    second = start_worker()
+    wait_for(lambda: Run.objects.get(pk=run.pk).status not in Run.ACTIVE, 240, "the second attempt to end")
+    run.refresh_from_db()
+    assert (run.status, run.attempt, run.worker) == (Run.SUCCEEDED, 2, second.identity), run.error
+    points = MetricPoint.objects.filter(run=run)
+    assert points.values("name", "step").annotate(n=Count("id")).filter(n__gt=1).count() == 0
+    for name in STEP_METRICS:
+        assert sorted(points.filter(name=name).values_list("step", flat=True)) == list(range(1, STEPS + 1)), (
+            name
+        )
+    assert (
+        f"run {run.pk} attempt 1" not in second.log() and f"run {run.pk} attempt 2: succeeded" in second.log()
+    )
+    # Resumed, not restarted: the steps before the checkpoint keep the points attempt 1 wrote.
+    assert points.get(name="loss", step=1).wall_time < run.started
+
+
+def test_the_worker_reaps_lost_runs_by_itself(start_worker, team, alice, worker_env):
+    experiment = queue_sweep(team, alice, "orphan", presets=["reinforce"])
+    run = experiment.runs.get()
+    run.claim("a-worker-that-died:1", attempt=1)
+    Run.objects.filter(pk=run.pk).update(heartbeat=run.heartbeat.replace(year=2000))
+
+    worker = start_worker()
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.SUCCEEDED, 240, "the orphaned run to be redone")
+    run.refresh_from_db()
+    assert run.attempt == 2 and run.worker == worker.identity
+    assert f"run {run.pk} lost (worker a-worker-that-died:1 stopped sending heartbeats)" in worker.log()
+
+
+# A model size no other test uses and an unreachable target: a warm start of up to 3,000 steps,
+# far longer than the test needs to cancel the run and kill its worker in it.
+WARM_START_CONFIG = {
+    **TINY_CONFIG,
+    "model": {
+        "tiny": {
+            **TINY_CONFIG["model"]["tiny"],
+            "intermediate_size": 80,
+            "warmstart_max_steps": 3000,
+            "warmstart_accuracy": 0.99,
+        }
+    },
+}
+
+
+def test_a_cancel_pending_when_the_worker_dies_in_the_warm_start_is_final(start_worker, team, alice):
+    sweep = expand(WARM_START_CONFIG, ["grpo"], [{}], [0])
+    cached = f"tiny-{models.tiny_cache_key(sweep.configs[0])}"
+    shutil.rmtree(settings.LAB_CACHE_DIR / cached, ignore_errors=True)
+    experiment = create_experiment(team, alice, "cancelled while warming up", "", sweep)
+    run = experiment.runs.get()
+    first = start_worker()
+    try:
+        wait_for(lambda: Run.objects.get(pk=run.pk).phase == WARM_START, 120, "the warm start")
+        # Honoured at the next training step's boundary, which the warm start is far from.
+        assert run.cancel() and run.status == Run.RUNNING and run.cancel_requested is not None
+        first.kill()
+
+        second = start_worker()  # its reaper finds the run's heartbeat stale
+        wait_for(
+            lambda: Run.objects.filter(pk=run.pk).exclude(status=Run.RUNNING, attempt=1).exists(),
+            60,
+            "the run to be reaped",
+        )
+        run.refresh_from_db()
+        assert (run.status, run.attempt) == (Run.CANCELLED, 1), "cancel is final: not re-queued"
+        assert run.error == f"worker {first.identity} stopped sending heartbeats"
+        assert f"run {run.pk} lost ({run.error}); now cancelled, attempt 1" in second.log()
+        assert f"run {run.pk} attempt 2" not in second.log()
+        assert not MetricPoint.objects.filter(run=run).exists(), "never trained"
+    finally:
+        # The killed worker's half-built model (a temporary folder beside the cache entry).
+        for leftover in settings.LAB_CACHE_DIR.glob(f"{cached}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)

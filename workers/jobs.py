@@ -1,0 +1,122 @@
+"""A rollout job's lease, in whichever process makes it (a rollout worker, or a trainer making
+its own eval parts while it waits): claim an attempt, make it while one heartbeat thread per
+process beats, then finish it or fail it, at once when another attempt would fail alike."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+from experiments.models import RolloutJob
+from rlcore.evaluate import EvalSums, Evaluator
+from workers.db_outage import retry_db
+from workers.memory import OverMemoryCeiling
+
+log = logging.getLogger(__name__)
+
+
+class CannotMake(RuntimeError):
+    """The job would fail the same way on any attempt (its weights file is missing or damaged):
+    it fails at once, saying why, instead of using up its attempts."""
+
+
+@dataclass(frozen=True)
+class Made:
+    """What a rollout job made: the version it used, and the batch file (a batch part) or the
+    evaluation's sums (an eval part)."""
+
+    version: int
+    path: str = ""
+    sha256: str = ""
+    result: dict | None = None
+
+
+@retry_db
+def claim(job_id: int, attempt: int, worker: str) -> RolloutJob | None:
+    """The job, claimed for `attempt` by `worker`; None if it is not queued for that attempt. A
+    claim retried after its UPDATE committed but the answer was lost finds the job already ours.
+    The UPDATE comes first and the row (with its run) is read once, after it."""
+    RolloutJob.claim_pk(job_id, worker, attempt)
+    job = RolloutJob.objects.select_related("run").filter(pk=job_id).first()
+    mine = job is not None and (job.status, job.worker, job.attempt) == (RolloutJob.RUNNING, worker, attempt)
+    return job if mine else None
+
+
+def make(job: RolloutJob, worker: str, produce: Callable[[], Made]) -> str:
+    """Make claimed `job` with `produce()` under its lease, then finish it, or fail it with the
+    error; return what happened."""
+    attempt = job.attempt
+    leases.hold(job, worker, attempt)
+    try:
+        made = produce()
+    except Exception as exc:
+        log.exception("rollout job %s attempt %s failed", job.pk, attempt)
+        leases.release(job)
+        # Over the memory ceiling, or weights that cannot be loaded: another attempt would fail alike.
+        final = isinstance(exc, OverMemoryCeiling | CannotMake)
+        reason = str(exc) if final else f"{type(exc).__name__}: {exc}"
+        retry_db(job.fail)(worker, attempt, reason, final)
+        return f"rollout job {job.pk} attempt {attempt}: failed"
+    leases.release(job)
+    if not retry_db(job.finish)(worker, attempt, made.version, made.path, made.sha256, made.result):
+        return f"rollout job {job.pk} attempt {attempt}: no longer this worker's; result dropped"
+    return (
+        f"rollout job {job.pk} attempt {attempt}: {job.kind} of step {job.step} part {job.part} "
+        f"done with version {made.version}"
+    )
+
+
+def evaluate_part(job: RolloutJob, evaluator: Evaluator, policy: torch.nn.Module) -> EvalSums:
+    """Eval job `job`'s held-out problems, evaluated as the trainer would, with `policy` holding
+    the job's version."""
+    return evaluator.evaluate_part(policy, job.step, job.groups_start, job.groups_stop)
+
+
+class Leases:
+    """The jobs this process is making, and one thread that beats their heartbeats every quarter
+    of `LAB_HEARTBEAT_TIMEOUT_S` (at least 0.2 s) while there are any; it ends, closing its
+    database connection, at the first beat that finds none."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, tuple[RolloutJob, str, int]] = {}
+        self._thread: threading.Thread | None = None
+
+    def hold(self, job: RolloutJob, worker: str, attempt: int) -> None:
+        with self._lock:
+            self._held[job.pk] = (job, worker, attempt)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._beat, name="rollout-heartbeat", daemon=True)
+                self._thread.start()
+
+    def release(self, job: RolloutJob) -> None:
+        with self._lock:
+            self._held.pop(job.pk, None)
+
+    def _beat(self) -> None:
+        try:
+            while True:
+                time.sleep(max(0.2, settings.LAB_HEARTBEAT_TIMEOUT_S / 4))
+                with self._lock:
+                    held = list(self._held.values())
+                    if not held:
+                        self._thread = None
+                        return
+                for job, worker, attempt in held:
+                    try:
+                        job.beat(worker, attempt)  # a job finished meanwhile: beats nothing
+                    except Exception:
+                        log.exception("rollout job %s: heartbeat failed; retrying", job.pk)
+                        close_old_connections()
+        finally:
+            connection.close()
+
+
+leases = Leases()
