@@ -7,8 +7,13 @@ import hashlib
 import shutil
 from pathlib import Path
 
+import torch
+
 from experiments.models import PolicyVersion, RolloutJob, Run
-from rlcore.weights import WeightStore
+from rlcore.weights import Published, WeightStore
+
+# Weight files no job needs are deleted once they hold this much (the tiny model: every 16 steps).
+PRUNE_SPARE_BYTES = 64 * 2**20
 
 
 def weight_store(run: Run) -> WeightStore:
@@ -60,3 +65,41 @@ def remove_batches(run: Run, upto: int) -> None:
 def clear_buffer(run: Run) -> None:
     """The run is over: its published weights and batch files go."""
     shutil.rmtree(run.buffer_dir, ignore_errors=True)
+
+
+class Publisher:
+    """The weights one trainer attempt publishes to its run's buffer: each version written once
+    (an evaluation and the next step both publish it), and the files no job needs pruned. Only
+    this trainer writes there, so the folder is listed once, when the attempt starts."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.store = weight_store(run)
+        self.last: tuple[int, Published] | None = None  # the version written last
+        self.on_disk = set(self.store.versions())
+        self.seconds: list[float] = []
+        self.size_bytes = 0
+
+    def publish(self, version: int, policy: torch.nn.Module) -> Published:
+        if self.last is None or self.last[0] != version:
+            published = self.store.publish(version, policy.state_dict())
+            self.on_disk.add(version)
+            self.seconds.append(published.seconds)
+            self.size_bytes += published.size_bytes
+            self.last = (version, published)
+        return self.last[1]
+
+    def prune(self, keep: set[int | None]) -> None:
+        """Delete the version files no unfinished job needs, except those in `keep`, the newest
+        (async jobs not claimed yet take it) and the one published last, once the others hold
+        `PRUNE_SPARE_BYTES` (at least two files): a small model's files go a dozen at a time,
+        not with a query every step."""
+        mine = self.last[0] if self.last is not None else None
+        older = [v for v in self.on_disk if v not in (mine, max(self.on_disk, default=None), *keep)]
+        file_bytes = self.size_bytes / max(1, len(self.seconds))
+        if len(older) < 2 or len(older) * file_bytes < PRUNE_SPARE_BYTES:
+            return
+        needed = RolloutJob.objects.filter(run=self.run, status__in=RolloutJob.UNFINISHED, version__in=older)
+        gone = set(older) - set(needed.values_list("version", flat=True))
+        self.store.remove(gone)
+        self.on_disk -= gone

@@ -4,11 +4,12 @@ process beats, then finish it or fail it, at once when another attempt would fai
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from django.conf import settings
@@ -20,6 +21,10 @@ from workers.db_outage import retry_db
 from workers.memory import OverMemoryCeiling
 
 log = logging.getLogger(__name__)
+
+# Up to this many parameters (512 MiB in float32) an async trainer keeps a copy of its newest
+# evaluated weights, to make that evaluation's parts while it waits for batches.
+EVAL_COPY_PARAMS = 2**27
 
 
 class CannotMake(RuntimeError):
@@ -77,6 +82,74 @@ def evaluate_part(job: RolloutJob, evaluator: Evaluator, policy: torch.nn.Module
     """Eval job `job`'s held-out problems, evaluated as the trainer would, with `policy` holding
     the job's version."""
     return evaluator.evaluate_part(policy, job.step, job.groups_start, job.groups_stop)
+
+
+class TrainerEvalParts:
+    """The eval parts a trainer makes itself while it waits, under the same lease as a rollout
+    worker: parts of its newest evaluation, with a copy of that version's weights (`copies`, as in
+    async execution, while the model has at most `EVAL_COPY_PARAMS` parameters), else only while
+    its own policy still holds that version."""
+
+    def __init__(self, run_id: int, worker: str, copies: bool):
+        self.run_id, self.worker, self.copies = run_id, worker, copies
+        self.evaluator: Evaluator | None = None  # known from the first evaluation on
+        self.policy: torch.nn.Module | None = None  # the trainer's live policy, likewise
+        self.version: int | None = None  # the newest evaluation's
+        self.copy: torch.nn.Module | None = None  # its weights, when copied
+        # The version the trainer's policy holds now: known from a publish or an evaluation until
+        # the update after the next `take` changes the policy (None meanwhile).
+        self.policy_version: int | None = None
+        self.made = 0
+        self.seconds = 0.0  # spent making them
+
+    def newest(self, step: int, policy: torch.nn.Module, evaluator: Evaluator) -> None:
+        """The trainer evaluates `step`: its parts are the ones to make from now on."""
+        self.evaluator, self.policy = evaluator, policy
+        self.policy_version = self.version = step
+        if self.copies and sum(p.numel() for p in policy.parameters()) <= EVAL_COPY_PARAMS:
+            if self.copy is None:  # θ0 is the policy's architecture, without gradients
+                self.copy = copy.deepcopy(evaluator.initial)
+            self.copy.load_state_dict(policy.state_dict())
+
+    def make_one(self) -> bool:
+        """Make one queued part of the newest evaluation here, with its weights (the copy, or the
+        trainer's own policy while it holds them), θ0 and tokenizer; True if it made one."""
+        evaluator, version = self.evaluator, self.version
+        if evaluator is None or version is None:
+            return False
+        policy = self.copy if self.copy is not None else self.policy
+        if policy is self.policy and self.policy_version != version:
+            return False  # the policy has moved on since
+        started = time.perf_counter()  # claiming the part is part of making it
+        job = self._claim(version)
+        if job is None:
+            return False
+
+        def produce() -> Made:
+            return Made(version, result=asdict(evaluate_part(job, evaluator, policy)))
+
+        log.info("trainer: %s", make(job, self.worker, produce))
+        self.made += 1
+        self.seconds += time.perf_counter() - started
+        return True
+
+    def _claim(self, version: int) -> RolloutJob | None:
+        """A queued part of `version`, claimed for the trainer, from the last (rollout workers take
+        the first ones first); None if there is none left."""
+        queued = retry_db(
+            lambda: list(
+                RolloutJob.objects.filter(
+                    run_id=self.run_id, kind=RolloutJob.EVAL, version=version, status=RolloutJob.QUEUED
+                )
+                .order_by("-part")
+                .values_list("pk", "attempt")
+            )
+        )()
+        for pk, attempt in queued:
+            job = claim(pk, attempt, self.worker)
+            if job is not None:
+                return job
+        return None
 
 
 class Leases:

@@ -1,15 +1,14 @@
 """`DatabaseSource`: a trainer's batches made by rollout jobs on other workers (rows in the
 database), on the schedule or the admission bound of its execution mode (`workers.admission`);
 its held-out evaluations made as eval jobs, partly by the trainer itself while it waits. What
-fails its check is made again, not trusted (docs/architecture.md, "Distributed and async runs")."""
+fails its check is made again, not trusted (docs/architecture.md, "How a step's data flows")."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,6 @@ MAX_POLL_S = 0.02
 STOP_CHECK_S = 0.5
 EVALS_CHECK_S = 0.25  # how often a trainer between steps looks for finished evaluations
 GIVEN_UP = (RolloutJob.FAILED, RolloutJob.LOST, RolloutJob.CANCELLED)
-# Up to this many parameters (512 MiB in float32) an async trainer keeps a copy of its newest
-# evaluated weights, to make that evaluation's parts while it waits for batches.
-EVAL_COPY_PARAMS = 2**27
-# Weight files no job needs are deleted once they hold this much (the tiny model: every 16 steps).
-PRUNE_SPARE_BYTES = 64 * 2**20
 
 
 class BufferDamaged(RuntimeError):
@@ -66,31 +60,17 @@ class DatabaseSource:
         self.config = config
         self.admission = ADMISSION[config.execution.mode](config)
         self.should_stop = should_stop
-        self.store = buffer.weight_store(run)
+        self.publisher = buffer.Publisher(run)
+        self.evals = jobs.TrainerEvalParts(run.pk, worker, copies=self.admission.evaluates_between_batches)
         self.slices = group_slices(config.rollout.prompts_per_step, config.execution.rollout_workers)
         self.eval_slices = self.admission.eval_slices()
         self.evals_logged: set[int] = set()  # a new attempt logs every done evaluation again
         self.evals_pending: set[int] | None = None  # evaluations out (None: not looked yet)
         self.evals_checked = 0.0  # when they were last looked for (time.monotonic())
-        self._published: tuple[int, Published] | None = None  # the last version written
-        # The versions with a file in the store: only this trainer writes there, so the folder is
-        # listed once, at the start of the attempt, and followed from then on.
-        self._on_disk = set(self.store.versions())
         self.last_taken = 0
         self.checkpointed = 0  # the step of the last checkpoint whose state() we gave
         self.started: float | None = None  # the first publish: loading θ0 is not idle time
         self.idle_s = 0.0  # blocked in `_wait_for`, less the eval parts made there
-        self.publish_s: list[float] = []
-        self.publish_bytes = 0
-        self.evaluator: Evaluator | None = None  # known from the first evaluation on
-        self.policy: torch.nn.Module | None = None  # the trainer's live policy, likewise
-        # The version the trainer's policy holds now: known from a publish or an evaluation until
-        # the update after the next `take` changes the policy (None meanwhile).
-        self.policy_version: int | None = None
-        self.eval_version: int | None = None  # the newest evaluation's
-        self.eval_copy: torch.nn.Module | None = None  # that version's weights, when copied (async)
-        self.eval_parts_made = 0  # by the trainer itself, while it waited
-        self.eval_parts_s = 0.0
         self._recorded: set[int] = set()  # versions this attempt recorded
         self._before = self._existing()
         self.created_upto = self._before.batch_step
@@ -100,11 +80,11 @@ class DatabaseSource:
     def publish(self, version: int, policy: torch.nn.Module) -> None:
         if self.started is None:
             self.started = time.perf_counter()
-        self.policy_version = version
+        self.evals.policy_version = version
         steps = self.admission.steps_to_create(version, self.created_upto)
         if steps is None:
             return
-        self._record_version(version, self._publish_weights(version, policy), steps)
+        self._record_version(version, self.publisher.publish(version, policy), steps)
         self.created_upto = max([self.created_upto, *steps])
 
     def evaluate(self, step: int, policy: torch.nn.Module, evaluator: Evaluator) -> None:
@@ -114,16 +94,10 @@ class DatabaseSource:
             self.started = time.perf_counter()
         # The previous evaluation's parts the rollout workers have not taken yet are made here
         # first: they fell behind (batches come first), and a backlog would grow to the run's end.
-        while self._evaluate_here():
+        while self.evals.make_one():
             pass
-        self.evaluator, self.policy = evaluator, policy
-        self.policy_version = self.eval_version = step
-        small = sum(p.numel() for p in policy.parameters()) <= EVAL_COPY_PARAMS
-        if self.admission.evaluates_between_batches and small:
-            if self.eval_copy is None:  # θ0 is the policy's architecture, without gradients
-                self.eval_copy = copy.deepcopy(evaluator.initial)
-            self.eval_copy.load_state_dict(policy.state_dict())
-        self._record_version(step, self._publish_weights(step, policy), (), evaluate=True)
+        self.evals.newest(step, policy, evaluator)
+        self._record_version(step, self.publisher.publish(step, policy), (), evaluate=True)
         if self.evals_pending is not None:
             self.evals_pending.add(step)
 
@@ -182,7 +156,7 @@ class DatabaseSource:
                 self._remake(job, f"its batch file could not be used when the trainer took it ({exc})")
         batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
         self.last_taken = step
-        self.policy_version = None  # the step's update comes next
+        self.evals.policy_version = None  # the step's update comes next
         self._prune_weights()
         return batch
 
@@ -254,10 +228,11 @@ class DatabaseSource:
         done = RolloutJob.objects.filter(run=self.run, status=RolloutJob.DONE).exclude(worker=self.worker)
         busy = sum((j.duration_s or 0.0) for j in done)
         rollout_workers = max(1, done.values("worker").distinct().count())
+        seconds = self.publisher.seconds
         return {
-            "weights/publish_s_mean": sum(self.publish_s) / len(self.publish_s) if self.publish_s else 0.0,
-            "weights/publish_bytes": float(self.publish_bytes),
-            "evals/trainer_parts": float(self.eval_parts_made),
+            "weights/publish_s_mean": sum(seconds) / len(seconds) if seconds else 0.0,
+            "weights/publish_bytes": float(self.publisher.size_bytes),
+            "evals/trainer_parts": float(self.evals.made),
             "idle/trainer_frac": min(1.0, self.idle_s / wall) if wall > 0 else 0.0,
             "idle/rollout_frac": max(0.0, 1.0 - busy / (rollout_workers * wall)) if wall > 0 else 0.0,
         }
@@ -272,7 +247,7 @@ class DatabaseSource:
     ) -> None:
         """Call `check()` until it says done, pausing a little longer each time (a short pause
         here is a step's idle time), or, while `evaluate_meanwhile()` says so, making a queued
-        eval part instead where there is one (`_evaluate_here`). Raises `Stopped` once the run is
+        eval part instead where there is one (`TrainerEvalParts.make_one`). Raises `Stopped` once the run is
         asked to stop, and RuntimeError for a job `check` names as given up (failed, lost or
         cancelled).
 
@@ -281,7 +256,7 @@ class DatabaseSource:
         idle time, and neither publishing nor reading a batch is waiting."""
         pause, next_stop_check = POLL_S, time.perf_counter() + STOP_CHECK_S
         waiting_since: float | None = None
-        parts_before = self.eval_parts_s
+        parts_before = self.evals.seconds
         try:
             while True:
                 done, given_up = check()
@@ -289,7 +264,7 @@ class DatabaseSource:
                     return
                 if waiting_since is None:
                     waiting_since = time.perf_counter()
-                if evaluate_meanwhile and given_up is None and evaluate_meanwhile() and self._evaluate_here():
+                if evaluate_meanwhile and given_up is None and evaluate_meanwhile() and self.evals.make_one():
                     pause = POLL_S
                     continue
                 now = time.perf_counter()
@@ -304,60 +279,7 @@ class DatabaseSource:
         finally:
             if waiting_since is not None:
                 waited = time.perf_counter() - waiting_since
-                self.idle_s += max(0.0, waited - (self.eval_parts_s - parts_before))
-
-    def _evaluate_here(self) -> bool:
-        """Make one queued eval part of the newest evaluation in this process, with its weights
-        (the copy, or the trainer's own policy while it holds them), θ0 and tokenizer; True if it
-        made one."""
-        evaluator, version = self.evaluator, self.eval_version
-        if evaluator is None or version is None:
-            return False
-        policy = self.eval_copy if self.eval_copy is not None else self.policy
-        if policy is self.policy and self.policy_version != version:
-            return False  # the policy has moved on since
-        started = time.perf_counter()  # claiming the part is part of making it
-        job = self._claim_eval_part(version)
-        if job is None:
-            return False
-
-        def produce() -> jobs.Made:
-            return jobs.Made(version, result=asdict(jobs.evaluate_part(job, evaluator, policy)))
-
-        log.info("trainer: %s", jobs.make(job, self.worker, produce))
-        self.eval_parts_made += 1
-        self.eval_parts_s += time.perf_counter() - started
-        return True
-
-    def _claim_eval_part(self, version: int) -> RolloutJob | None:
-        """A queued eval part of `version`, claimed for the trainer; None if there is none left."""
-        for pk, attempt in self._queued_eval_parts(version):
-            job = jobs.claim(pk, attempt, self.worker)
-            if job is not None:
-                return job
-        return None
-
-    @retry_db
-    def _queued_eval_parts(self, version: int) -> list[tuple[int, int]]:
-        """(id, attempt) of `version`'s queued eval parts, from the last: rollout workers take
-        the first ones first."""
-        return list(
-            RolloutJob.objects.filter(
-                run=self.run, kind=RolloutJob.EVAL, version=version, status=RolloutJob.QUEUED
-            )
-            .order_by("-part")
-            .values_list("pk", "attempt")
-        )
-
-    def _publish_weights(self, version: int, policy: torch.nn.Module) -> Published:
-        """Write `version`'s weights once (an evaluation and the next step both publish it)."""
-        if self._published is None or self._published[0] != version:
-            published = self.store.publish(version, policy.state_dict())
-            self._on_disk.add(version)
-            self.publish_s.append(published.seconds)
-            self.publish_bytes += published.size_bytes
-            self._published = (version, published)
-        return self._published[1]
+                self.idle_s += max(0.0, waited - (self.evals.seconds - parts_before))
 
     @retry_db
     def _eval_results(self) -> tuple[list[tuple[int, dict[str, float]]], set[int], RolloutJob | None]:
@@ -509,12 +431,8 @@ class DatabaseSource:
 
     @retry_db
     def _prune_weights(self) -> None:
-        """Delete the version files no unfinished job needs, except the newest (async jobs not
-        claimed yet take it) and the one this trainer published last, once the others hold
-        `PRUNE_SPARE_BYTES` (at least two files): a small model's files go a dozen at a time,
-        not with a query every step."""
-        mine = self._published[0] if self._published is not None else None
-        # Fixed versions: those of the batches not taken yet, in case one must be made again.
+        """Prune the published weights no job needs (`buffer.Publisher.prune`), keeping, with fixed
+        versions, those of the batches not taken yet, in case one must be made again."""
         untaken = (
             {
                 self.admission.version_of(t)
@@ -523,11 +441,4 @@ class DatabaseSource:
             if self.admission.fixed_versions
             else set()
         )
-        older = [v for v in self._on_disk if v not in (mine, max(self._on_disk, default=None), *untaken)]
-        file_bytes = self.publish_bytes / max(1, len(self.publish_s))
-        if len(older) < 2 or len(older) * file_bytes < PRUNE_SPARE_BYTES:
-            return
-        needed = RolloutJob.objects.filter(run=self.run, status__in=RolloutJob.UNFINISHED, version__in=older)
-        gone = set(older) - set(needed.values_list("version", flat=True))
-        self.store.remove(gone)
-        self._on_disk -= gone
+        self.publisher.prune(untaken)

@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from django.test import Client, override_settings
 from django.urls import reverse
-from test_make_up import free_port
+from support import free_port
 
 from accounts import throttle
 from accounts.models import ApiToken

@@ -10,24 +10,17 @@ import os
 import platform
 import re
 import signal
-import socket
 import subprocess
 import urllib.request
 from urllib.parse import urlencode
 
 import pytest
 from django.conf import settings
-from support import REPO, TEST_VAR, TINY_CONFIG, stop_group, wait_for
+from support import REPO, TEST_VAR, TINY_CONFIG, free_port, stop_group, wait_for
 
 from lab.settings import default_torch_threads, usable_cores
 
 UP_LIMIT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def csrf_token(html: str) -> str:

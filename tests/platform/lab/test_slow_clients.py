@@ -16,8 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from support import start_web, stop_group, wait_for
-from test_make_up import free_port
+from support import free_port, start_web, stop_group, wait_for
 
 SLOW_CONNECTIONS = 32
 HEALTH_CHECKS = 20

@@ -250,7 +250,7 @@ def test_a_waiting_trainer_makes_its_evaluations_parts_itself_and_they_add_up_to
     summary = source.summary()
     assert summary["evals/trainer_parts"] == 3
     # Left idle: the checks between parts; the parts themselves, and claiming them, are work.
-    assert source.idle_s < 0.5 * source.eval_parts_s
+    assert source.idle_s < 0.5 * source.evals.seconds
     assert summary["idle/rollout_frac"] == 1.0, "the trainer's parts are not rollout workers' work"
     purge_queue("rollout")
 
