@@ -344,6 +344,60 @@ class StalenessConfig(_Strict):
 
 MAX_ROLLOUT_WORKERS = 16
 
+SCHEDULE_MODES = ("simulated", "distributed")
+
+
+class StalenessCell(StalenessConfig):
+    """One cell of a sweep's staleness axis: a schedule (the fields of `StalenessConfig`), run
+    `simulated` or `distributed` (`mode`; blank: the sweep's execution mode), or an async cell,
+    `{"mode": "async", "max_staleness": k}`, whose staleness is measured and bounded by k."""
+
+    mode: Literal["simulated", "distributed", "async"] | None = Field(
+        None,
+        title="Execution mode of the cell",
+        description="simulated or distributed (a schedule cell; blank: the sweep's execution.mode), or async",
+    )
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_STEPS,
+        title="Staleness bound",
+        description="an async cell's bound k (default 1): no batch is trained more than k versions behind",
+    )
+
+    @model_validator(mode="after")
+    def _kind(self) -> StalenessCell:
+        if self.mode == "async" and self.schedule != StalenessConfig():
+            raise ValueError(
+                "an async cell measures its own staleness: it takes no sync_interval, sync_offset or "
+                'offline; write it as {"mode": "async", "max_staleness": k}'
+            )
+        if self.max_staleness is not None and self.mode != "async":
+            raise ValueError(
+                'max_staleness is the bound of an async cell: write {"mode": "async", "max_staleness": k}'
+            )
+        return self
+
+    @property
+    def schedule(self) -> StalenessConfig:
+        return StalenessConfig(
+            sync_interval=self.sync_interval, sync_offset=self.sync_offset, offline=self.offline
+        )
+
+    def execution(self, base: dict[str, Any]) -> dict[str, Any]:
+        """The sweep's base `execution` section for this cell: its mode and, in an async cell, its
+        bound (a schedule cell drops the base's bound; a simulated one its rollout workers)."""
+        if self.mode is None:
+            return base
+        out = {**base, "mode": self.mode}
+        if self.mode == "async":
+            out["max_staleness"] = 1 if self.max_staleness is None else self.max_staleness
+        else:
+            out.pop("max_staleness", None)
+        if self.mode == "simulated":
+            out.pop("rollout_workers", None)
+        return out
+
 
 class ExecutionConfig(_Strict):
     """Where rollouts run: in the trainer's process (simulated) or on rollout workers."""
@@ -505,7 +559,9 @@ class RunConfig(_Strict):
         if execution.mode == "async" and staleness is not None and staleness != StalenessConfig():
             raise ValueError(
                 "staleness settings do not apply to execution mode 'async': it measures its own "
-                "staleness, bounded by execution.max_staleness; keep only on-policy and set that bound"
+                "staleness, bounded by execution.max_staleness; keep only on-policy and set that bound, "
+                "or keep the sweep's mode simulated or distributed and add async cells beside the "
+                'schedules ({"mode": "async", "max_staleness": k}; on the form, "Async bounds")'
             )
         return execution
 
@@ -615,10 +671,18 @@ class RunConfig(_Strict):
 
     @property
     def staleness_label(self) -> str:
-        """How off-policy the run is: the schedule's label, or the async bound."""
-        if self.execution.mode == "async":
-            return f"async,max_staleness={self.execution.max_staleness}"
-        return self.staleness.label
+        """The run's cell on the staleness axis: the schedule's label (`sync_offset=2`), marked
+        when rollout workers run it (`sync_offset=2 (distributed)`), or the async bound (`async ≤ 2`)."""
+        return cell_label(self.execution.mode, self.staleness.label, self.execution.max_staleness)
+
+
+def cell_label(mode: str, schedule_label: str, max_staleness: int | None) -> str:
+    """The label of a cell on the staleness axis (`RunConfig.staleness_label`)."""
+    if mode == "async":
+        return f"async ≤ {max_staleness}"
+    if mode == "distributed":
+        return f"{schedule_label} (distributed)"
+    return schedule_label
 
 
 def error_list(exc: ValidationError) -> list[tuple[str, str]]:

@@ -157,9 +157,12 @@ def _mean_lag(steps: int, sync_interval: int, sync_offset: int, offline: bool) -
     return sum(staleness_lag(t, sync_interval, sync_offset, offline) for t in range(1, steps + 1)) / steps
 
 
+LAG_METRIC = "staleness"
+
+
 def staleness_rank(config: dict[str, Any]) -> float:
-    """How stale a run's data is, to order staleness settings from on-policy to the stalest: the
-    mean lag its schedule gives over its steps (docs/algorithms.md §6), or an async run's bound."""
+    """How stale a run's data is by its config: the mean lag its schedule gives over its steps
+    (docs/algorithms.md §6), or an async run's bound (its measured lag is `mean_lags`')."""
     execution = config.get("execution", {})
     if execution.get("mode") == "async":
         return float(execution.get("max_staleness") or 0)
@@ -180,6 +183,29 @@ PROVENANCE_CHECKS = {
     "transformers": "transformers versions",
     "vllm": "vLLM versions",
 }
+
+
+def mean_lags(runs: list[Run]) -> dict[str, dict[str, Any]]:
+    """Per staleness cell label: `mean_lag`, the lag its runs trained at, mean over their steps
+    (the schedule's, exact; an async cell's measured: the mean of its runs' logged `staleness`,
+    or its bound until one has logged a step), whether it was `measured`, and the async `bound`."""
+    by_label: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_label[run.staleness].append(run)
+    out = {}
+    for label, members in by_label.items():
+        config = members[0].config
+        if config.get("execution", {}).get("mode") != "async":
+            out[label] = {"mean_lag": staleness_rank(config), "measured": False, "bound": None}
+            continue
+        logged = [run.mean_lag for run in members if run.mean_lag is not None and math.isfinite(run.mean_lag)]
+        bound = staleness_rank(config)
+        out[label] = {
+            "mean_lag": float(np.mean(logged)) if logged else bound,
+            "measured": bool(logged),
+            "bound": int(bound),
+        }
+    return out
 
 
 def provenance_warnings(runs: list[Run]) -> list[str]:
@@ -220,6 +246,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 for name in SCATTER_METRICS
             },
             mean_step_s=_mean_of(STEP_TIME_METRIC),
+            mean_lag=_mean_of(LAG_METRIC),
             mean_tokens_per_s=_mean_of(TOKEN_RATE_METRIC),
         )
     )
@@ -230,10 +257,8 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
     experiments = list({run.experiment_id: run.experiment for run in runs}.values())
     several = len(experiments) > 1
     presets = sorted({run.preset for run in runs}, key=preset_sort_key)
-    first_of = {}
-    for run in runs:
-        first_of.setdefault(run.staleness, run)
-    staleness = sorted(first_of, key=lambda label: (staleness_rank(first_of[label].config), label))
+    lags = mean_lags(runs)
+    staleness = sorted(lags, key=lambda label: (lags[label]["mean_lag"], label))
     lines = [
         {"line": line_label(preset, experiment, several), "preset": preset, "experiment": experiment.pk}
         for experiment in experiments
@@ -312,7 +337,6 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 }
                 for run in group_runs
             ]
-    mean_lags = {label: staleness_rank(first_of[label].config) for label in staleness}
     cell_runs = {
         cell: (sum(run.is_active for run in members_of), len(members_of))
         for cell, members_of in members.items()
@@ -330,6 +354,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         "presets": presets,
         "lines": lines,
         "staleness": staleness,
+        "lags": lags,
         "colours": preset_colours(presets),
         "groups": groups,
         "summary": summary,
@@ -337,7 +362,14 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         "runs": run_rows,
         "digits": curves.decision_digits(query.delta),
         "min_ci_seeds": curves.MIN_CI_SEEDS,
-        **staleness_answer(finals_by_cell, lines, staleness, mean_lags, query.delta, cell_runs),
+        **staleness_answer(
+            finals_by_cell,
+            lines,
+            staleness,
+            {label: lag["mean_lag"] for label, lag in lags.items()},
+            query.delta,
+            cell_runs,
+        ),
     }
 
 
@@ -355,8 +387,10 @@ def staleness_answer(
 ) -> dict[str, Any]:
     """How much each line loses to staleness, and what the data say about the paper's claims.
 
-    `drops`: per line and staleness setting, the final value minus the same line's on-policy final
-    value, paired by seed, rounded as shown (`curves.decision_digits`: what every decision below
+    `drops`: per line and staleness cell (schedules and async cells alike), the final value minus
+    the same line's on-policy final value (`baseline`: its cell, on-policy or on-policy
+    (distributed), and its experiment: another compared one's when the line has none, `borrowed`),
+    paired by seed, rounded as shown (`curves.decision_digits`: what every decision below
     compares with δ). `robustness`: per line, the mean and the worst drop over its staleness
     settings, its tolerance (the stalest setting up to which every drop's interval stays within δ
     below 0), its rank within its experiment by mean drop (lines missing a setting the experiment
@@ -372,6 +406,8 @@ def staleness_answer(
     def change(a, b) -> curves.Difference:
         return curves.paired_difference(a, b).rounded(digits)
 
+    own, finals = finals, dict(finals)
+    borrowed = _borrow_baselines(finals, lines, staleness)
     drops, robustness, ties, found = [], [], [], []
     for line in lines:
         cells = {
@@ -379,16 +415,22 @@ def staleness_answer(
             for s in staleness
             if (line["experiment"], line["preset"], s) in finals
         }
-        if findings.ON_POLICY not in cells:
+        on_policy = findings.baseline(cells)
+        if on_policy is None:
             continue
-        tested = [findings.ON_POLICY] + [s for s in staleness if s in cells and s != findings.ON_POLICY]
-        changes = {s: change(cells[s], cells[findings.ON_POLICY]) for s in tested[1:]}
-        drops += [{**line, "staleness": s, **_difference_row(d)} for s, d in changes.items()]
+        baseline = {"staleness": on_policy, "experiment": borrowed.get((line["experiment"], line["preset"]))}
+        baseline["experiment"] = baseline["experiment"] or line["experiment"]
+        tested = [on_policy] + [s for s in staleness if s in cells and s != on_policy]
+        changes = {s: change(cells[s], cells[on_policy]) for s in tested[1:]}
+        drops += [
+            {**line, "staleness": s, "baseline": baseline, **_difference_row(d)} for s, d in changes.items()
+        ]
         means = [d.mean for d in changes.values() if math.isfinite(d.mean)]
         pairs = [d.n_pairs for d in changes.values()]
         robustness.append(
             {
                 **line,
+                "baseline": baseline,
                 "settings": list(changes),
                 "mean_drop": _scalar(round(float(np.mean(means)), digits)) if means else None,
                 "worst_drop": _scalar(min(means)) if means else None,
@@ -408,9 +450,9 @@ def staleness_answer(
         for setting in staleness:
             for i, a in enumerate(presets):
                 for b in presets[i + 1 :]:
-                    if (experiment, a, setting) not in finals or (experiment, b, setting) not in finals:
+                    if (experiment, a, setting) not in own or (experiment, b, setting) not in own:
                         continue
-                    d = change(finals[(experiment, b, setting)], finals[(experiment, a, setting)])
+                    d = change(own[(experiment, b, setting)], own[(experiment, a, setting)])
                     if d.n_pairs and d.contains_zero():
                         ties.append(
                             {
@@ -425,6 +467,38 @@ def staleness_answer(
         cells = {(p, s): v for (e, p, s), v in finals.items() if e == experiment}
         runs = {(p, s): counts for (e, p, s), counts in cell_runs.items() if e == experiment}
         tested = [s for s in staleness if any(key[1] == s for key in cells | runs)]
-        evidence = findings.Evidence(cells, delta, digits, runs)
+        on_policy = findings.baseline({s for _, s in cells}) or findings.ON_POLICY
+        evidence = findings.Evidence(cells, delta, digits, runs, on_policy)
         found += [{"experiment": experiment, **f} for f in findings.findings(evidence, tested, mean_lags)]
-    return {"drops": drops, "robustness": robustness, "ties": ties, "findings": found}
+    return {
+        "drops": drops,
+        "robustness": robustness,
+        "ties": ties,
+        "findings": found,
+        "borrowed": [
+            {"experiment": e, "preset": p, "from_experiment": source} for (e, p), source in borrowed.items()
+        ],
+    }
+
+
+def _borrow_baselines(
+    finals: dict[tuple[int, str, str], dict[int, float]], lines: list[dict[str, Any]], staleness: list[str]
+) -> dict[tuple[int, str], int]:
+    """Lines of several compared experiments that have stale cells but no on-policy runs take those of
+    the same preset from the first other experiment that has them (paired by seed, like their own):
+    added to `finals` under the line's own experiment; returns (experiment, preset) → the lender."""
+    borrowed = {}
+    for line in lines:
+        experiment, preset = line["experiment"], line["preset"]
+        own = [s for s in staleness if (experiment, preset, s) in finals]
+        if not own or findings.baseline(own) is not None:
+            continue
+        for other in lines:
+            if other["preset"] != preset or other["experiment"] == experiment:
+                continue
+            lent = findings.baseline([s for s in staleness if (other["experiment"], preset, s) in finals])
+            if lent is not None and (other["experiment"], preset) not in borrowed:
+                finals[(experiment, preset, lent)] = finals[(other["experiment"], preset, lent)]
+                borrowed[(experiment, preset)] = other["experiment"]
+                break
+    return borrowed

@@ -5,13 +5,15 @@ while its cells still have runs queued or running."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dashboards import curves
+from rlcore.config import cell_label
 
 ON_POLICY = "on-policy"
+ON_POLICY_DISTRIBUTED = cell_label("distributed", ON_POLICY, None)
 OFFLINE = "offline"
 REINFORCE = "reinforce"
 NOIS = "rec-oneside-nois"
@@ -35,6 +37,9 @@ class Evidence:
     digits: int = curves.SHOWN_DIGITS
     # cell → (runs still queued or running, runs in all): provisional verdicts say so
     runs: Mapping[Cell, tuple[int, int]] = field(default_factory=dict)
+    # the cell the changes are taken from: on-policy, or, where the experiment ran no simulated
+    # runs, on-policy (distributed), the same numbers
+    on_policy: str = ON_POLICY
 
     def has(self, cell: Cell) -> bool:
         return bool(self.finals.get(cell))
@@ -112,10 +117,12 @@ def _needs(evidence: Evidence, claim: str, cells: Sequence[Cell], what: str = ""
 
 def on_policy_coincide(evidence: Evidence) -> dict[str, Any]:
     claim = f"On-policy, {REINFORCE}, {NOIS} and {WIDE} coincide (ρ ≡ 1)."
-    cells = [(p, ON_POLICY) for p in (REINFORCE, NOIS, WIDE)]
+    cells = [(p, evidence.on_policy) for p in (REINFORCE, NOIS, WIDE)]
     if (needed := _needs(evidence, claim, cells)) is not None:
         return needed
-    diffs = {p: evidence.change((p, ON_POLICY), (REINFORCE, ON_POLICY)) for p in (NOIS, WIDE)}
+    diffs = {
+        p: evidence.change((p, evidence.on_policy), (REINFORCE, evidence.on_policy)) for p in (NOIS, WIDE)
+    }
     if all(evidence.within(d) for d in diffs.values()):
         verdict = SUPPORT
     elif any(evidence.outside(d) for d in diffs.values()):
@@ -129,23 +136,30 @@ def on_policy_coincide(evidence: Evidence) -> dict[str, Any]:
 
 def reinforce_degrades(evidence: Evidence, settings: Sequence[str]) -> dict[str, Any]:
     claim = f"Under staleness {REINFORCE} degrades while the clipped presets hold."
-    clipped = [p for p in CLIPPED if evidence.has((p, ON_POLICY))]
+    clipped = [p for p in CLIPPED if evidence.has((p, evidence.on_policy))]
     stale = [
         s
         for s in settings
-        if s != ON_POLICY and evidence.has((REINFORCE, s)) and any(evidence.has((p, s)) for p in clipped)
+        if s != evidence.on_policy
+        and evidence.has((REINFORCE, s))
+        and any(evidence.has((p, s)) for p in clipped)
     ]
-    if not evidence.has((REINFORCE, ON_POLICY)) or not clipped or not stale:
+    if not evidence.has((REINFORCE, evidence.on_policy)) or not clipped or not stale:
         what = []
-        if not evidence.has((REINFORCE, ON_POLICY)):
-            what.append(f"{REINFORCE} × {ON_POLICY}")
+        if not evidence.has((REINFORCE, evidence.on_policy)):
+            what.append(f"{REINFORCE} × {evidence.on_policy}")
         if not clipped:
-            what.append(f"a clipped preset ({', '.join(CLIPPED)}) × {ON_POLICY}")
+            what.append(f"a clipped preset ({', '.join(CLIPPED)}) × {evidence.on_policy}")
         if not stale:
-            what.append(f"{REINFORCE} and a clipped preset at one staleness setting besides {ON_POLICY}")
+            what.append(
+                f"{REINFORCE} and a clipped preset at one staleness setting besides {evidence.on_policy}"
+            )
         pending = [
             cell
-            for cell in [(REINFORCE, ON_POLICY), *((p, s) for p in (REINFORCE, *CLIPPED) for s in settings)]
+            for cell in [
+                (REINFORCE, evidence.on_policy),
+                *((p, s) for p in (REINFORCE, *CLIPPED) for s in settings),
+            ]
             if not evidence.has(cell) and evidence.runs.get(cell)
         ]
         if pending:
@@ -153,8 +167,8 @@ def reinforce_degrades(evidence: Evidence, settings: Sequence[str]) -> dict[str,
         return _finding(claim, MISSING, f"Needs {'; '.join(what)}.", [f"no runs of {w}" for w in what], what)
     parts, reasons, supported, contradicted = [], [], [], []
     for s in stale:
-        drop_r = evidence.change((REINFORCE, s), (REINFORCE, ON_POLICY))
-        drops = {p: evidence.change((p, s), (p, ON_POLICY)) for p in clipped if evidence.has((p, s))}
+        drop_r = evidence.change((REINFORCE, s), (REINFORCE, evidence.on_policy))
+        drops = {p: evidence.change((p, s), (p, evidence.on_policy)) for p in clipped if evidence.has((p, s))}
         if evidence.degrades(drop_r) and all(evidence.holds(d) for d in drops.values()):
             supported.append(s)
             decided = f"supports: {REINFORCE} degrades and every clipped preset holds"
@@ -224,9 +238,9 @@ def wide_clip_faster(
 
 
 CLAIM_CELLS = {
-    0: lambda settings, lags: [(p, ON_POLICY) for p in (REINFORCE, NOIS, WIDE)],
-    1: lambda settings, lags: [(p, s) for p in (REINFORCE, *CLIPPED) for s in settings],
-    2: lambda settings, lags: [
+    0: lambda settings, lags, on_policy: [(p, on_policy) for p in (REINFORCE, NOIS, WIDE)],
+    1: lambda settings, lags, on_policy: [(p, s) for p in (REINFORCE, *CLIPPED) for s in settings],
+    2: lambda settings, lags, on_policy: [
         (p, s) for s in settings if s == OFFLINE or lags.get(s, 0) >= LARGE_MEAN_LAG for p in (NOIS, WIDE)
     ],
 }
@@ -245,7 +259,7 @@ def findings(
         wide_clip_faster(evidence, settings, mean_lags),
     ]
     for index, found in enumerate(out):
-        cells = set(CLAIM_CELLS[index](settings, mean_lags))
+        cells = set(CLAIM_CELLS[index](settings, mean_lags, evidence.on_policy))
         active = sum(evidence.runs.get(cell, (0, 0))[0] for cell in cells)
         total = sum(evidence.runs.get(cell, (0, 0))[1] for cell in cells)
         found.update(provisional=active > 0, runs_active=active, runs=total)
@@ -254,3 +268,9 @@ def findings(
                 f"Provisional: {active} of these cells' {total} runs are still queued or running. {found['text']}"
             )
     return out
+
+
+def baseline(labels: Collection[str]) -> str | None:
+    """The cell of `labels` that changes are taken from: on-policy, else on-policy run
+    distributed (the same numbers); None when neither is there."""
+    return next((label for label in (ON_POLICY, ON_POLICY_DISTRIBUTED) if label in labels), None)

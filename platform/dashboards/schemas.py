@@ -89,8 +89,18 @@ class ComparedRunOut(LineOut):
     tokens_per_s: float | None
 
 
+class BaselineOut(Schema):
+    staleness: str = Field(
+        description="the cell changes are taken from: on-policy, or on-policy (distributed)"
+    )
+    experiment: int = Field(
+        description="its experiment: the line's own, or the compared one it was borrowed from"
+    )
+
+
 class DropOut(LineOut, IntervalOut):
     staleness: str
+    baseline: BaselineOut
     n_seeds: int = Field(description="seed pairs")
     value: float | None = Field(
         description="final value minus the line's on-policy one, paired by seed, rounded to `digits` decimals"
@@ -99,6 +109,7 @@ class DropOut(LineOut, IntervalOut):
 
 
 class RobustnessOut(LineOut):
+    baseline: BaselineOut
     settings: list[str]
     mean_drop: float | None
     worst_drop: float | None
@@ -133,6 +144,25 @@ class FindingOut(Schema):
     runs: int = Field(description="runs of the claim's cells")
 
 
+class LagOut(Schema):
+    mean_lag: float = Field(
+        description="versions behind on-policy its runs trained at, mean over their steps: the schedule's, "
+        "or an async cell's as its runs logged it (`staleness`)"
+    )
+    measured: bool = Field(
+        description="mean_lag is measured (async); false: the schedule's, or the bound until measured"
+    )
+    bound: int | None = Field(description="an async cell's max_staleness")
+
+
+class BorrowedOut(Schema):
+    experiment: int
+    preset: str
+    from_experiment: int = Field(
+        description="the compared experiment whose on-policy runs are this line's baseline"
+    )
+
+
 class ExperimentRefOut(Schema):
     id: int
     name: str
@@ -154,7 +184,10 @@ class ComparisonOut(Schema):
     experiments: list[ExperimentRefOut]
     presets: list[str]
     lines: list[LineOut]
-    staleness: list[str] = Field(description="staleness labels, from on-policy to the stalest")
+    staleness: list[str] = Field(
+        description="staleness cell labels, from on-policy to the stalest (by mean lag)"
+    )
+    lags: dict[str, LagOut] = Field(description="per staleness cell, the lag its runs trained at")
     colours: dict[str, str] = Field(description="each preset's colour")
     groups: list[GroupOut]
     summary: list[FinalValueOut]
@@ -164,3 +197,4 @@ class ComparisonOut(Schema):
     robustness: list[RobustnessOut]
     ties: list[TieOut]
     findings: list[FindingOut]
+    borrowed: list[BorrowedOut] = Field(description="lines whose on-policy baseline is another experiment's")

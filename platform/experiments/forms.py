@@ -26,6 +26,7 @@ AXIS_ERROR_FIELDS = {
     "staleness.sync_interval": "sync_intervals",
     "staleness.sync_offset": "sync_offsets",
     "staleness.offline": "offline",
+    "staleness.async": "async_bounds",
     "execution": "execution.mode",
 }
 
@@ -225,8 +226,14 @@ def initial_from_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     is no scalar run parameter), each as a warning to submit that part through the API."""
     initial: dict[str, Any] = {"presets": list(spec.get("presets", [])), "on_policy": False}
     warnings: list[str] = []
-    intervals, offsets = [], []
+    intervals, offsets, bounds = [], [], []
+    base_mode = spec.get("config", {}).get("execution", {}).get("mode", "simulated")
     for setting in spec.get("staleness", []):
+        if setting.get("mode") == "async" and set(setting) <= {"mode", "max_staleness"}:
+            bounds.append(setting.get("max_staleness", 1))
+            continue
+        if setting.get("mode") == base_mode:  # the sweep's own mode, written out
+            setting = {k: v for k, v in setting.items() if k != "mode"}
         keys = set(setting)
         if not keys:
             initial["on_policy"] = True
@@ -236,12 +243,18 @@ def initial_from_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             offsets.append(setting["sync_offset"])
         elif keys == {"offline"} and setting["offline"]:
             initial["offline"] = True
+        elif "mode" in keys:
+            warnings.append(
+                f"the staleness cell {setting} runs {setting['mode']}, and the form runs every schedule "
+                f"cell in the sweep's mode ({base_mode}); submit it through the API"
+            )
         else:
             warnings.append(
                 f"the staleness setting {setting} combines fields the form sets apart; submit it through the API"
             )
     initial["sync_intervals"] = ", ".join(map(str, intervals))
     initial["sync_offsets"] = ", ".join(map(str, offsets))
+    initial["async_bounds"] = ", ".join(map(str, bounds))
     initial["seeds"] = ", ".join(map(str, spec.get("seeds", [])))
     known = {param.path for param, _ in run_parameter_fields()}
 
@@ -285,6 +298,15 @@ class SweepForm(forms.Form):
         help_text=f"{_staleness_help('sync_offset')}. E.g. 8, 32: one run setting per value",
     )
     offline = forms.BooleanField(required=False, label="Offline", help_text=_staleness_help("offline"))
+    async_bounds = forms.CharField(
+        required=False,
+        label="Async bounds",
+        help_text=(
+            "k: async cells beside the schedules, run on rollout workers that generate with the newest "
+            "weights, no batch more than k versions behind (their lag is measured). E.g. 1, 4: one "
+            "cell per value"
+        ),
+    )
     seeds = forms.CharField(initial="0", label="Seeds", help_text="e.g. 0, 1, 2: one run per value")
 
     def __init__(self, *args, user, **kwargs):
@@ -300,7 +322,9 @@ class SweepForm(forms.Form):
         return [self[name] for name in ("name", "team", "description")]
 
     def staleness_fields(self) -> list[forms.BoundField]:
-        return [self[name] for name in ("on_policy", "sync_intervals", "sync_offsets", "offline")]
+        return [
+            self[name] for name in ("on_policy", "sync_intervals", "sync_offsets", "offline", "async_bounds")
+        ]
 
     def preset_options(self) -> list[tuple[Any, str]]:
         """Each preset's checkbox with the one line saying what the preset is."""
@@ -346,6 +370,9 @@ class SweepForm(forms.Form):
     def clean_sync_offsets(self) -> list[int]:
         return _int_list(self.cleaned_data["sync_offsets"], "sync offsets")
 
+    def clean_async_bounds(self) -> list[int]:
+        return _int_list(self.cleaned_data["async_bounds"], "async bounds")
+
     def clean_seeds(self) -> list[int]:
         return _int_list(self.cleaned_data["seeds"], "seeds")
 
@@ -374,6 +401,7 @@ class SweepForm(forms.Form):
         settings += [{"sync_offset": d} for d in data.get("sync_offsets", [])]
         if data.get("offline"):
             settings.append({"offline": True})
+        settings += [{"mode": "async", "max_staleness": k} for k in data.get("async_bounds", [])]
         return settings
 
     def clean(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from ninja import Field, Schema
 from pydantic import StringConstraints
 
 from lab.schemas import DocumentedAs, NoNul
-from rlcore.config import RunConfig, StalenessConfig
+from rlcore.config import RunConfig, StalenessCell
 
 
 class SweepIn(Schema):
@@ -22,8 +22,11 @@ class SweepIn(Schema):
         "algorithm.preset, staleness and seed come from presets, staleness and seeds",
     )
     presets: list[str] = Field(description="rlcore presets (python -m rlcore presets), one run each")
-    staleness: list[Annotated[dict[str, Any], DocumentedAs(StalenessConfig)]] = Field(
-        [{}], description="staleness settings, one run each; {} is on-policy"
+    staleness: list[Annotated[dict[str, Any], DocumentedAs(StalenessCell)]] = Field(
+        [{}],
+        description='staleness cells, one run each: a schedule ({} is on-policy, {"sync_offset": 2}), '
+        'run in config.execution.mode unless the cell sets "mode" (simulated or distributed), or an '
+        'async cell {"mode": "async", "max_staleness": k}',
     )
     seeds: list[int] = Field([0], description="seeds, one run each")
 
@@ -91,7 +94,8 @@ class RunOut(Schema):
     experiment: int
     preset: str
     staleness: str = Field(
-        description="the staleness setting as a label: on-policy, sync_interval=8, sync_offset=4, offline "
+        description="the run's staleness cell as a label: on-policy, sync_interval=8, sync_offset=4, offline, "
+        "marked (distributed) when rollout workers ran the schedule, or async ≤ k "
         "(the numbers are in the run's config)"
     )
     seed: int

@@ -1,7 +1,9 @@
-"""A sweep: one base run config crossed with presets × staleness settings × seeds. `expand`
-validates every cell through `RunConfig` and names each problem once by the field the submitter
-wrote (`presets`, `staleness.sync_offset`, `rollout.group_size`); `create_experiment` refuses a sweep
-over `LAB_TEAM_MAX_QUEUED` and sends the runs' messages after the transaction commits."""
+"""A sweep: one base run config crossed with presets × staleness cells × seeds. A staleness cell
+is a schedule run simulated or distributed, or an async cell with its bound (`StalenessCell`), so
+execution is an axis of the grid beside staleness. `expand` validates every cell through
+`RunConfig` and names each problem once by the field the submitter wrote (`presets`,
+`staleness.sync_offset`, `staleness.async`, `rollout.group_size`); `create_experiment` refuses a
+sweep over `LAB_TEAM_MAX_QUEUED` and sends the runs' messages after the transaction commits."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 from accounts.models import Membership, Team
 from experiments.models import Experiment, Run, queued_cap_refusal, validation_context
 from rlcore import presets as rl_presets
-from rlcore.config import RunConfig, StalenessConfig, error_list
+from rlcore.config import RunConfig, StalenessCell, cell_label, error_list
 
 # RunConfig nests a few levels at most (algorithm.params.<knob>); a submitted config or staleness
 # setting nested deeper than this is refused before anything walks it recursively (Python's
@@ -109,6 +111,8 @@ def _described(setting: dict[str, Any]) -> str:
 
 def _staleness_field(setting: dict[str, Any]) -> str:
     """The submitted field a staleness setting came from (the form shows each kind in its own box)."""
+    if setting.get("mode") == "async" or "max_staleness" in setting:
+        return "staleness.async"
     if setting.get("offline"):
         return "staleness.offline"
     for key in ("sync_offset", "sync_interval"):
@@ -127,26 +131,57 @@ def _valid_steps(steps: Any) -> int | None:
         return None
 
 
-def _staleness_errors(staleness: list[dict[str, Any]], steps: Any) -> list[tuple[str, str]]:
-    """Settings that repeat another one, or that never leave θ₀ within `steps` (offline in disguise).
-
-    Settings RunConfig rejects are left to it, and so is the rule about `steps` while `steps` itself
-    is not valid (RunConfig names its own error)."""
-    steps = _valid_steps(steps)
-    errors = []
-    seen: dict[StalenessConfig, dict[str, Any]] = {}
+def _cells(staleness: list[dict[str, Any]]) -> tuple[list[StalenessCell | None], list[tuple[str, str]]]:
+    """Each staleness setting as a cell (None where it is not one), and why each such is not."""
+    cells: list[StalenessCell | None] = []
+    errors: list[tuple[str, str]] = []
     for setting in staleness:
         try:
-            resolved = StalenessConfig.model_validate(setting)
-        except ValidationError:
+            cells.append(StalenessCell.model_validate(setting))
+        except ValidationError as exc:
+            cells.append(None)
+            for dotted, message in error_list(exc):
+                if dotted in ("mode", "max_staleness"):
+                    error = ("staleness.async", f"{dotted}: {message}")
+                elif dotted == "config":  # a rule of the whole cell
+                    error = (_staleness_field(setting), message)
+                else:
+                    error = (f"staleness.{dotted}", message)
+                if error not in errors:
+                    errors.append(error)
+    return cells, errors
+
+
+def _staleness_errors(
+    staleness: list[dict[str, Any]], cells: list[StalenessCell | None], base: dict[str, Any], steps: Any
+) -> list[tuple[str, str]]:
+    """Cells that repeat another one (the same schedule in the same mode, or the same async bound),
+    or that never leave θ₀ within `steps` (offline in disguise).
+
+    Settings that are no cell are reported by `_cells`; the rule about `steps` is left to RunConfig
+    while `steps` itself is not valid (RunConfig names its own error)."""
+    steps = _valid_steps(steps)
+    execution = base.get("execution") if isinstance(base.get("execution"), dict) else {}
+    errors = []
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for setting, cell in zip(staleness, cells, strict=True):
+        if cell is None:
             continue
+        resolved = cell.schedule
+        cell_execution = cell.execution(execution)
+        mode = cell_execution.get("mode", "simulated")
+        bound = cell_execution.get("max_staleness", 1) if mode == "async" else None
+        # (A schedule in an async sweep is refused by RunConfig, saying why.)
+        label = resolved.label if mode == "async" and resolved.label != "on-policy" else None
+        label = label or cell_label(mode, resolved.label, bound)
         field = _staleness_field(setting)
-        if resolved in seen:
-            first = seen[resolved]
+        key = (mode, resolved, bound)
+        if key in seen:
+            first = seen[key]
             same = "is listed twice" if first == setting else f"is the same setting as {_described(first)}"
-            errors.append((field, f"{_described(setting)} {same} ({resolved.label}); list each setting once"))
+            errors.append((field, f"{_described(setting)} {same} ({label}); list each setting once"))
             continue
-        seen[resolved] = setting
+        seen[key] = setting
         k, d = resolved.sync_interval, resolved.sync_offset
         if not resolved.offline and steps is not None and (k, d) != (1, 0) and k + d >= steps:
             what = f"sync_offset {d}" if d else f"sync_interval {k}"
@@ -220,22 +255,33 @@ def expand(
                 (name, f"{shown} {'is' if len(repeated) == 1 else 'are'} listed twice; list each once")
             )
     steps = base.get("steps", RunConfig.model_fields["steps"].default)
-    errors += _staleness_errors(staleness, steps)
+    cells, cell_errors = _cells(staleness)
+    errors += cell_errors
+    errors += _staleness_errors(staleness, cells, base, steps)
     errors += _knob_errors(base, presets)
     knobs_reported = any(name.startswith("algorithm.params.") for name, _ in errors)
     configs = []
     context = validation_context()
-    for preset, setting, seed in itertools.product(presets, staleness, seeds):
+    for preset, (setting, cell), seed in itertools.product(
+        presets, zip(staleness, cells, strict=True), seeds
+    ):
+        if cell is None:
+            continue
         data = copy.deepcopy(base)
         algorithm = data.get("algorithm", {})
         data["algorithm"] = {**algorithm, "preset": preset} if isinstance(algorithm, dict) else algorithm
-        data["staleness"] = setting
+        data["staleness"] = {k: v for k, v in setting.items() if k not in ("mode", "max_staleness")}
+        if cell.mode is not None:
+            execution = data.get("execution", {})
+            data["execution"] = cell.execution(execution if isinstance(execution, dict) else {})
         data["seed"] = seed
         try:
             configs.append(RunConfig.model_validate(data, context=context))
         except ValidationError as exc:
             for dotted, message in error_list(exc):
-                error = (_submitted_name(dotted), message)
+                # What the cell set is reported on the cell's own field.
+                from_cell = cell.mode is not None and dotted in ("execution.mode", "execution.max_staleness")
+                error = (_staleness_field(setting) if from_cell else _submitted_name(dotted), message)
                 if error not in errors and not (knobs_reported and dotted == "algorithm.params"):
                     errors.append(error)
     if errors:

@@ -256,10 +256,13 @@ def test_execution_modes_pick_their_queues_and_labels():
     distributed = RunConfig.model_validate(
         {"execution": {"mode": "distributed"}, "staleness": {"sync_offset": 2}}
     )
-    assert (distributed.rollout_queue, distributed.staleness_label) == ("rollout", "sync_offset=2")
+    assert (distributed.rollout_queue, distributed.staleness_label) == (
+        "rollout",
+        "sync_offset=2 (distributed)",
+    )
     async_run = RunConfig.model_validate({"execution": {"mode": "async"}})
     assert async_run.execution.max_staleness == 1, "async defaults to one version behind at most"
-    assert async_run.staleness_label == "async,max_staleness=1"
+    assert async_run.staleness_label == "async ≤ 1"
     gpu = RunConfig.model_validate({"execution": {"mode": "async"}, "rollout": {"engine": "vllm"}})
     assert (gpu.queue, gpu.rollout_queue) == ("gpu", "rollout-gpu")
     # Stored resolved: the stored form validates to the same config.

@@ -322,7 +322,7 @@ def test_a_distributed_runs_page_shows_its_rollout_jobs_latest_first_and_escaped
 
 def test_a_finished_async_runs_execution_report_is_in_units_people_read(alice_client, team, alice):
     run = distributed_run(team, alice, mode="async")
-    assert run.staleness == "async,max_staleness=1"
+    assert run.staleness == "async ≤ 1"
     summary = {
         "reward/mean": 0.5,
         "weights/publish_s_mean": 0.0123,

@@ -1,5 +1,5 @@
 """The OpenAPI schema at /api/openapi.json describes the API completely: a sweep's `config` is
-RunConfig's schema and its `staleness` settings StalenessConfig's, every operation lists its
+RunConfig's schema and its `staleness` settings StalenessCell's (a schedule or an async cell), every operation lists its
 status codes with a schema for each, and the error bodies the API really sends have the
 declared shapes."""
 
@@ -10,7 +10,7 @@ from support import queue_sweep
 
 from accounts.models import ApiToken, Membership, Team
 from experiments.models import Run
-from rlcore.config import RunConfig, StalenessConfig
+from rlcore.config import RunConfig, StalenessCell
 
 pytestmark = pytest.mark.django_db
 
@@ -88,14 +88,12 @@ def test_config_is_run_configs_schema_and_staleness_is_typed(schema):
     staleness = component(schema, sweep["staleness"]["items"]["$ref"])
     assert (
         set(staleness["properties"])
-        == set(StalenessConfig.model_fields)
-        == {
-            "sync_interval",
-            "sync_offset",
-            "offline",
-        }
+        == set(StalenessCell.model_fields)
+        == {"sync_interval", "sync_offset", "offline", "mode", "max_staleness"}
     )
     assert staleness["properties"]["offline"]["type"] == "boolean"
+    modes = [option for option in staleness["properties"]["mode"]["anyOf"] if option.get("type") != "null"]
+    assert modes == [{"type": "string", "enum": ["simulated", "distributed", "async"]}]
 
     detail = component(schema, "#/components/schemas/RunDetailOut")["properties"]
     assert referenced(schema, detail["config"]) is run_config

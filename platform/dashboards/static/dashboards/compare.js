@@ -325,15 +325,23 @@
 
   // One trace per line over the staleness settings (a category axis): `fields.value` of the line's
   // rows (summary or throughput rows of the payload) with their CI as error bars.
+  const lagOf = (s) => payload.lags[s].mean_lag;
+  function lagText(s) {
+    const lag = payload.lags[s];
+    return lag.measured ? `measured mean lag ${lag.mean_lag.toFixed(2)}` : `mean lag ${lag.mean_lag.toFixed(2)}`;
+  }
+
   function drawVersusStaleness(element, rows, fields, options) {
     const traces = payload.lines.map(({ line, preset, experiment }) => {
       const points = payload.staleness.map((s) => rows.find((r) => r.line === line && r.staleness === s));
       const value = (r) => (r ? r[fields.value] : null);
       const name = escapeText(line);
       return {
-        x: payload.staleness.map(escapeText),
+        x: payload.staleness.map(lagOf),
         y: points.map(value),
-        customdata: points.map((r) => (r ? `${r[fields.interval] ?? "no interval"} over ${r.n_seeds} seed${r.n_seeds === 1 ? "" : "s"}` : "")),
+        customdata: points.map((r, i) =>
+          r ? `${escapeText(payload.staleness[i])} (${lagText(payload.staleness[i])}) · ${r[fields.interval] ?? "no interval"} over ${r.n_seeds} seed${r.n_seeds === 1 ? "" : "s"}` : "",
+        ),
         error_y: {
           type: "data",
           symmetric: false,
@@ -344,14 +352,25 @@
         mode: "lines+markers",
         name,
         line: { color: payload.colours[preset], dash: experimentDash({ experiment }) },
-        hovertemplate: `%{y:.4g} at %{x} · %{customdata}<extra>${name}</extra>`,
+        hovertemplate: `%{y:.4g} at %{customdata}<extra>${name}</extra>`,
         meta: { kind: options.kind, preset, line },
       };
     });
     // Three of these share a row: long staleness labels are tilted, and take the room they need.
     const layout = axisLayout(options.title);
     layout.margin.r = 40;
-    layout.xaxis = { title: { text: "staleness" }, type: "category", automargin: true, tickangle: -30 };
+    // Each cell at the mean lag its runs trained at (an async cell's as measured), labelled by name.
+    const ticks = new Map();
+    for (const s of payload.staleness) ticks.set(lagOf(s), [...(ticks.get(lagOf(s)) || []), escapeText(s)]);
+    layout.xaxis = {
+      title: { text: "mean lag (versions behind on-policy)" },
+      type: "linear",
+      automargin: true,
+      tickangle: -30,
+      tickmode: "array",
+      tickvals: [...ticks.keys()],
+      ticktext: [...ticks.values()].map((names) => names.join("<br>")),
+    };
     // Each line's markers a little to the side of the others', so no bracket hides another.
     layout.scattermode = "group";
     layout.scattergap = 0.7;

@@ -43,7 +43,7 @@
   function update() {
     const presets = form.querySelectorAll("input[name=presets]:checked").length;
     const stale = count(form.sync_intervals.value) + count(form.sync_offsets.value) + (form.offline.checked ? 1 : 0);
-    const settings = (form.on_policy.checked ? 1 : 0) + stale;
+    const settings = (form.on_policy.checked ? 1 : 0) + stale + count(form.async_bounds.value);
     const runs = presets * settings * count(form.seeds.value);
     const found = typingProblems();
     problems.replaceChildren(
@@ -56,7 +56,7 @@
     problems.hidden = found.length === 0;
     const mode = form.elements["execution.mode"];
     if (mode && mode.value === "async" && stale > 0) {
-      line.textContent = "Async runs measure their own staleness: keep only On-policy and set the bound (Max staleness).";
+      line.textContent = "Async runs measure their own staleness: keep the execution mode simulated or distributed and add async cells (Async bounds), or keep only On-policy and set the bound (Staleness bound).";
       return;
     }
     const values = [effective("steps", (v) => `${v} steps`), effective("optimizer.lr", (v) => `lr ${v}`)].filter(Boolean);
