@@ -59,6 +59,7 @@ def make(job: RolloutJob, worker: str, produce: Callable[[], Made]) -> str:
     error; return what happened."""
     attempt = job.attempt
     leases.hold(job, worker, attempt)
+    cpu_start = time.process_time()
     try:
         made = produce()
     except Exception as exc:
@@ -70,7 +71,8 @@ def make(job: RolloutJob, worker: str, produce: Callable[[], Made]) -> str:
         retry_db(job.fail)(worker, attempt, reason, final)
         return f"rollout job {job.pk} attempt {attempt}: failed"
     leases.release(job)
-    if not retry_db(job.finish)(worker, attempt, made.version, made.path, made.sha256, made.result):
+    cpu_s = time.process_time() - cpu_start
+    if not retry_db(job.finish)(worker, attempt, made.version, made.path, made.sha256, made.result, cpu_s):
         return f"rollout job {job.pk} attempt {attempt}: no longer this worker's; result dropped"
     return (
         f"rollout job {job.pk} attempt {attempt}: {job.kind} of step {job.step} part {job.part} "

@@ -19,6 +19,7 @@ from experiments.models import Checkpoint, Completion, MetricPoint, Run
 from experiments.text import storable
 from rlcore.sinks import TRAINING, Sample
 from workers.db_outage import UNREACHABLE, retry_db
+from workers.measure import Measurement
 
 FLUSH_INTERVAL_S = 0.5
 
@@ -50,6 +51,7 @@ class DatabaseSink:
         self._phase_detail: dict = {}
         # {"from_step", "from", "to_step", "to"}: steps done and when (Unix time) in this attempt.
         self._timing: dict[str, float] = {}
+        self.measurement = Measurement()  # what this attempt costs, phase by phase
         self._closing = threading.Event()
         self._refused: Exception | None = None  # the database refused a flush (not an outage)
         self._thread = threading.Thread(target=self._flush_loop, name=f"flush-run-{run.pk}", daemon=True)
@@ -63,6 +65,8 @@ class DatabaseSink:
             if step < self._latest:
                 return  # an evaluation that came back from a rollout worker: progress stays
             self._latest = self._progress = step
+            if step > 0:
+                self.measurement.step(step, metrics)
             if step > 0 and self._timing:
                 self._timing.update(to_step=step, to=time.time())
 
@@ -72,6 +76,8 @@ class DatabaseSink:
 
     def phase(self, name: str, **details: float) -> None:
         with self._lock:
+            if name != self._phase or name == TRAINING:
+                self.measurement.phase(name, details.get("step"))
             if name == TRAINING and not self._timing:
                 # The first step of this attempt starts now: as if its previous step had just ended.
                 now = time.time()

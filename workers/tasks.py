@@ -15,6 +15,7 @@ import time
 from celery.signals import worker_init, worker_ready
 from django.conf import settings
 from django.db import close_old_connections, connection
+from django.utils import timezone
 
 from execution.models import Worker
 from experiments import dispatch
@@ -84,6 +85,14 @@ def _train(run: Run, worker: str) -> str:
         if source is not None:
             summary.update(source.summary())
         sink.close()
+        measured = sink.measurement
+        steady_at = measured.steady_started_at or timezone.now()
+        summary.update(
+            measured.report(
+                RolloutJob.cpu_for(run, measured.started_at, worker),
+                RolloutJob.cpu_for(run, steady_at, worker),
+            )
+        )
     except Exception as exc:
         log.exception("run %s attempt %s failed", run_id, attempt)
         over_memory = isinstance(exc, OverMemoryCeiling)

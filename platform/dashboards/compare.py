@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from django.db.models import Avg, OuterRef, QuerySet, Subquery
 
-from dashboards import curves, findings
+from dashboards import curves, findings, throughput
 from dashboards.points import json_numbers, points_by_run
 from dashboards.query import ComparisonQuery
 from experiments.models import Experiment, MetricPoint, Run
@@ -36,15 +36,8 @@ STEP_TIME_METRIC = "time/step_s"
 TOKEN_RATE_METRIC = "tokens_per_s"
 
 
-THROUGHPUT_COLUMNS = (
-    "steps_per_hour",
-    "steps_per_hour_lo",
-    "steps_per_hour_hi",
-    "steps_per_hour_interval",
-    "tokens_per_s",
-    "tokens_per_s_lo",
-    "tokens_per_s_hi",
-    "tokens_per_s_interval",
+THROUGHPUT_COLUMNS = tuple(
+    f"{name}{part}" for name in throughput.RATES for part in ("", "_lo", "_hi", "_interval")
 )
 
 
@@ -114,17 +107,6 @@ def _mean_of(name: str) -> Subquery:
     )
 
 
-def _steps_per_hour(run: Run) -> float:
-    """3600 / the run's mean trainer step time (waiting for the batch plus the update); NaN if unknown."""
-    mean_step_s = run.mean_step_s
-    return 3600.0 / mean_step_s if mean_step_s is not None and mean_step_s > 0 else math.nan
-
-
-def _tokens_per_s(run: Run) -> float:
-    """The run's mean logged tokens per second; NaN if unknown."""
-    return math.nan if run.mean_tokens_per_s is None else run.mean_tokens_per_s
-
-
 def _interval_fields(result: curves.Summary | curves.Difference, prefix: str = "") -> dict[str, Any]:
     """`lo`, `hi` and `interval` (its kind: 95% bootstrap CI, min–max, or None for one seed), and
     `ci_lo`, `ci_hi`: the same bounds when they are a CI, else None."""
@@ -136,20 +118,6 @@ def _interval_fields(result: curves.Summary | curves.Difference, prefix: str = "
         f"{prefix}ci_lo": _scalar(result.lo) if ci else None,
         f"{prefix}ci_hi": _scalar(result.hi) if ci else None,
     }
-
-
-def _throughput(runs: list[Run]) -> dict[str, Any]:
-    """Steps per hour and tokens per second of a group's runs, each summarised across seeds like the
-    final values: the mean with its interval; `n_seeds` counts the runs with step times."""
-    per_run = {
-        "steps_per_hour": [_steps_per_hour(run) for run in runs],
-        "tokens_per_s": [_tokens_per_s(run) for run in runs],
-    }
-    row: dict[str, Any] = {"n_seeds": sum(math.isfinite(v) for v in per_run["steps_per_hour"])}
-    for name, values in per_run.items():
-        result = curves.summarise(values)
-        row |= {name: _scalar(result.mean), **_interval_fields(result, f"{name}_")}
-    return row
 
 
 @functools.cache
@@ -269,8 +237,10 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
     for run in runs:
         members[(run.experiment_id, run.preset, run.staleness)].append(run)
 
-    groups, summary, throughput, run_rows = [], [], [], []
+    costs = {run.pk: throughput.Cost.of(run) for run in runs}
+    groups, summary, rates, run_rows = [], [], [], []
     finals_by_cell: dict[tuple[int, str, str], dict[int, float]] = {}
+    finals_by_run: dict[int, float] = {}
     for line in lines:
         for setting in staleness:
             group_runs = members.get((line["experiment"], line["preset"], setting), [])
@@ -305,6 +275,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 }
             )
             finals = {pk: curves.final_value(s, query.rule, query.k) for pk, s in series.items()}
+            finals_by_run |= finals
             result = curves.summarise(list(finals.values()))
             finals_by_cell[(line["experiment"], line["preset"], setting)] = {
                 run.seed: finals[run.pk] for run in group_runs if run.pk in finals
@@ -320,7 +291,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                     "n_collapsed": sum(bool(run.collapsed) for run in group_runs),
                 }
             )
-            throughput.append({**key, **_throughput(group_runs)})
+            rates.append({**key, **throughput.cell_throughput(group_runs, costs, query.contended)})
             run_rows += [
                 {
                     "id": run.pk,
@@ -332,8 +303,9 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                     "collapsed_step": run.summary.get("collapsed_step"),
                     "final": _scalar(finals.get(run.pk, math.nan)),
                     **{name: getattr(run, f"last_{name}") for name in SCATTER_METRICS},
-                    "steps_per_hour": _scalar(_steps_per_hour(run)),
-                    "tokens_per_s": _scalar(_tokens_per_s(run)),
+                    "execution": run.execution_mode,
+                    "duration_s": run.duration_s,
+                    **throughput.run_fields(costs[run.pk]),
                 }
                 for run in group_runs
             ]
@@ -358,7 +330,11 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         "colours": preset_colours(presets),
         "groups": groups,
         "summary": summary,
-        "throughput": throughput,
+        "throughput": rates,
+        "contended": query.contended,
+        "speedups": throughput.speedups(
+            runs, costs, finals_by_run, query.contended, curves.decision_digits(query.delta)
+        ),
         "runs": run_rows,
         "digits": curves.decision_digits(query.delta),
         "min_ci_seeds": curves.MIN_CI_SEEDS,

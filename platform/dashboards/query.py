@@ -45,6 +45,7 @@ class ComparisonQuery:
     rule: str = "last"
     k: int = 10
     delta: float = 0.02
+    contended: bool = False
 
     @classmethod
     def parse(cls, params: QueryDict) -> ComparisonQuery:
@@ -67,7 +68,14 @@ class ComparisonQuery:
                 f"delta must be a number from 0 to {MAX_DELTA:g}, the change in the metric that counts "
                 f"(0.02 is 2 points of accuracy) (got {delta_text!r})",
             )
+        contended = params.get("contended", "0")
+        if contended not in ("0", "1"):
+            raise QueryError(
+                "contended",
+                f"contended must be 0 (leave contended runs out of throughput) or 1 (got {contended!r})",
+            )
         return cls(
+            contended=contended == "1",
             metric=metric,
             x=_choice(params, "x", curves.X_AXES, cls.x),
             band=_choice(params, "band", curves.BANDS, cls.band),
@@ -110,4 +118,9 @@ class ComparisonParams(Schema):
         str(ComparisonQuery.delta),
         description="δ: the change of the final value that counts, for the staleness tolerance and the findings "
         "(in the metric's units: 0.02 is 2 points of accuracy)",
+    )
+    contended: str = Field(
+        "0",
+        description="1: count runs that ran contended (other processes busy on their machine) in the "
+        "throughput and the speed-ups; 0 (default): leave them out",
     )

@@ -58,19 +58,45 @@ class FinalValueOut(CellOut, IntervalOut):
 
 
 class ThroughputOut(CellOut):
-    n_seeds: int = Field(description="runs with logged step times")
-    steps_per_hour: float | None
+    n_seeds: int = Field(
+        description="runs whose rates count: measured or with logged step times, not contended"
+    )
+    n_contended: int = Field(
+        description="runs that ran contended (other processes busy on their machine): left out unless contended=1"
+    )
+    n_unmeasured: int = Field(
+        description="runs stored before runs were measured (rates from logged step times)"
+    )
+    steps_per_hour: float | None = Field(
+        description="steady-state trainer steps per hour: the steps after the first over their wall-clock (runs measured before this was recorded: 3600 / their mean logged step time)"
+    )
     steps_per_hour_lo: float | None
     steps_per_hour_hi: float | None
     steps_per_hour_interval: str | None = Field(description=INTERVAL_HELP)
     steps_per_hour_ci_lo: float | None
     steps_per_hour_ci_hi: float | None
-    tokens_per_s: float | None
+    tokens_per_s: float | None = Field(description="steady-state response tokens trained per second")
     tokens_per_s_lo: float | None
     tokens_per_s_hi: float | None
-    tokens_per_s_interval: str | None
+    tokens_per_s_interval: str | None = Field(description=INTERVAL_HELP)
     tokens_per_s_ci_lo: float | None
     tokens_per_s_ci_hi: float | None
+    tokens_per_cpu_s: float | None = Field(
+        description="steady-state tokens per CPU second of the trainer's process and of the rollout jobs made for it"
+    )
+    tokens_per_cpu_s_lo: float | None
+    tokens_per_cpu_s_hi: float | None
+    tokens_per_cpu_s_interval: str | None = Field(description=INTERVAL_HELP)
+    tokens_per_cpu_s_ci_lo: float | None
+    tokens_per_cpu_s_ci_hi: float | None
+    cold_start_s: float | None = Field(
+        description="start-up and θ0 warm start before the first step, seconds (reported apart: no rate includes it)"
+    )
+    cold_start_s_lo: float | None
+    cold_start_s_hi: float | None
+    cold_start_s_interval: str | None = Field(description=INTERVAL_HELP)
+    cold_start_s_ci_lo: float | None
+    cold_start_s_ci_hi: float | None
 
 
 class ComparedRunOut(LineOut):
@@ -85,8 +111,55 @@ class ComparedRunOut(LineOut):
     final: float | None = Field(description="its final value of the metric (`rule`)")
     last_kl_init: float | None = Field(alias="kl/init", description="its last logged kl/init")
     last_reward_mean: float | None = Field(alias="reward/mean", description="its last logged reward/mean")
+    execution: str = Field(description="simulated, distributed or async")
+    duration_s: float | None = Field(description="from start to end (so far, while it runs)")
+    measured: bool = Field(description="its worker measured its phases, CPU and machine load")
+    contended: bool | None = Field(description="it ran contended; null: not known")
+    others_cores: float | None = Field(
+        description="cores other processes used on its machine meanwhile, on average"
+    )
     steps_per_hour: float | None
     tokens_per_s: float | None
+    tokens_per_cpu_s: float | None
+    cold_start_s: float | None
+    first_step_s: float | None
+
+
+class RatioOut(Schema):
+    value: float | None = Field(description="the geometric mean over seed pairs")
+    lo: float | None
+    hi: float | None
+    interval: str | None = Field(description=INTERVAL_HELP)
+    n_pairs: int
+
+
+class ChangeOut(Schema):
+    value: float | None = Field(
+        description="the cell's final value minus the reference's, paired by seed, rounded"
+    )
+    lo: float | None
+    hi: float | None
+    interval: str | None = Field(description=INTERVAL_HELP)
+    n_pairs: int
+
+
+class SpeedupOut(Schema):
+    experiment: int
+    preset: str
+    staleness: str = Field(description="the distributed or async cell")
+    reference: str = Field(description="the simulated cell it is measured against")
+    against: str = Field(description="why that one: the same bound, on-policy, or its own schedule")
+    speedup: RatioOut = Field(
+        description="the reference's wall-clock per steady step over the cell's (above 1: faster)"
+    )
+    cpu_cost: RatioOut = Field(description="the cell's CPU seconds per steady step over the reference's")
+    accuracy_change: ChangeOut
+    wall_per_step_s: float | None = Field(
+        description="the cell's wall-clock per steady step, evaluations included"
+    )
+    reference_wall_per_step_s: float | None
+    n_pairs: int = Field(description="seed pairs of measured runs that count")
+    n_left_out: int = Field(description="runs of the two cells left out: contended, or not measured")
 
 
 class BaselineOut(Schema):
@@ -192,6 +265,12 @@ class ComparisonOut(Schema):
     groups: list[GroupOut]
     summary: list[FinalValueOut]
     throughput: list[ThroughputOut]
+    contended: bool = Field(
+        description="contended runs count in the throughput and the speed-ups (contended=1)"
+    )
+    speedups: list[SpeedupOut] = Field(
+        description="each distributed or async cell against its matching simulated cells: wall-clock, CPU, accuracy"
+    )
     runs: list[ComparedRunOut]
     drops: list[DropOut]
     robustness: list[RobustnessOut]

@@ -244,6 +244,10 @@ if LAB_DB_OUTAGE_S < 0:
 # and running (workers pass over a team at its cap); 0 means no cap.
 LAB_TEAM_MAX_QUEUED = _number("LAB_TEAM_MAX_QUEUED", int, 1024, minimum=0)
 LAB_TEAM_MAX_RUNNING = _number("LAB_TEAM_MAX_RUNNING", int, 0, minimum=0)
+# A run attempt during which other processes on its training worker's machine used more than
+# this many cores on average (workers.measure) ran contended: its throughput is flagged and left
+# out of throughput comparisons and speed-ups by default.
+LAB_CONTENDED_CORES = _number("LAB_CONTENDED_CORES", float, 0.5, minimum=0)
 # The broker only delivers: sending a message is best-effort and gives up after about
 # LAB_BROKER_TIMEOUT_S per connection attempt; every worker's dispatcher checks every
 # LAB_DISPATCH_INTERVAL_S for queued work whose message may be missing (never sent, or lost with

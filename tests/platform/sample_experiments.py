@@ -56,9 +56,9 @@ def make_finished_experiment(
     sweep = expand(TINY_CONFIG, list(presets), list(staleness), list(seeds))
     experiment = Experiment.objects.create(team=team, owner=owner, name=name, spec=sweep.as_spec())
     points = []
-    for config in sweep.configs:
+    for index, config in enumerate(sweep.configs):  # in the grid's order: presets × staleness × seeds
         p = presets.index(config.algorithm.preset)
-        s = staleness.index(config.staleness.model_dump(exclude_defaults=True))
+        s = index // len(seeds) % len(staleness)
         run = Run.create_for(experiment, config, status=Run.SUCCEEDED, progress=steps)
         for step in range(steps + 1):
             wall_time = START + timedelta(seconds=step)

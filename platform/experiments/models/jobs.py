@@ -3,7 +3,8 @@ leased like a run), the policy versions it published and the checkpoints it wrot
 
 from __future__ import annotations
 
-from datetime import timedelta
+import platform
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models, transaction
@@ -56,6 +57,9 @@ class RolloutJob(Leased):
     path = models.CharField(max_length=500, blank=True, help_text="the batch file, once done")
     sha256 = models.CharField(max_length=64, blank=True)
     result = models.JSONField(null=True, blank=True, help_text="eval jobs: the evaluation's sums, once done")
+    cpu_s = models.FloatField(
+        null=True, blank=True, help_text="CPU seconds of the worker's process making it"
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -91,6 +95,7 @@ class RolloutJob(Leased):
         path: str = "",
         sha256: str = "",
         result: dict | None = None,
+        cpu_s: float | None = None,
     ) -> bool:
         return self._update(
             Q(status=RolloutJob.RUNNING, worker=worker, attempt=attempt),
@@ -100,8 +105,22 @@ class RolloutJob(Leased):
             path=path,
             sha256=sha256,
             result=result,
+            cpu_s=cpu_s,
             finished=timezone.now(),
         )
+
+    @classmethod
+    def cpu_for(cls, run: models.Model, since: datetime, trainer: str) -> tuple[float, float]:
+        """CPU seconds of the run's rollout jobs made since `since` by rollout workers (not by its
+        `trainer` itself, whose own CPU time counts them): in all, and on this machine."""
+        here = f"{platform.node()}:"
+        total = mine = 0.0
+        rows = cls.objects.filter(run=run, status=cls.DONE, finished__gte=since, cpu_s__isnull=False)
+        rows = rows.exclude(worker=trainer)
+        for worker, cpu_s in rows.values_list("worker", "cpu_s"):
+            total += cpu_s
+            mine += cpu_s if worker.startswith(here) else 0.0
+        return total, mine
 
     @property
     def failures(self) -> int:

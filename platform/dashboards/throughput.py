@@ -1,0 +1,253 @@
+"""Throughput a team can trust, and the speed-up readout: each run's steady-state rates and costs
+from what its worker measured (`workers.measure`: the run's summary), contended runs left out
+unless asked for, and for each async or distributed cell its wall-clock and CPU cost against the
+matching simulated cell, paired by seed, beside the accuracy it gave up (docs/architecture.md,
+"Throughput and the speed-up readout")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dashboards import curves
+from experiments.models import Run
+
+
+def _get(summary: Mapping[str, Any], name: str) -> float:
+    value = summary.get(name)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else math.nan
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One run's measured rates (NaN where unknown). Runs stored before runs were measured have
+    only their logged step times: `measured` is False and the rates come from those."""
+
+    measured: bool
+    contended: bool | None  # None: not known (not measured, or no /proc on its machine)
+    others_cores: float
+    steps_per_hour: float  # steady state: steps after the first, over their wall-clock
+    tokens_per_s: float
+    tokens_per_cpu_s: float  # steady tokens per CPU second of the trainer and its rollout jobs
+    cold_start_s: float  # start-up and θ0 warm start, before the first step
+    first_step_s: float
+    wall_per_step_s: float  # wall-clock per steady step, its evaluations and checkpoints included
+    cpu_per_step_s: float  # CPU seconds per steady step, likewise
+    attempt_s: float
+    threads: float
+
+    @classmethod
+    def of(cls, run: Run) -> Cost:
+        s = run.summary or {}
+        steady_s, steps = _get(s, "time/steady_s"), _get(s, "steps/steady")
+        if not math.isfinite(steady_s):
+            mean_step_s = getattr(run, "mean_step_s", None)
+            mean_tokens = getattr(run, "mean_tokens_per_s", None)
+            nan = math.nan
+            return cls(
+                False,
+                None,
+                nan,
+                3600.0 / mean_step_s if mean_step_s else nan,
+                nan if mean_tokens is None else float(mean_tokens),
+                *[nan] * 6,
+                nan,
+            )
+        contended = s.get("machine/contended")
+        per_step = steps if steps > 0 else math.nan
+        steady_wall = steady_s + _get(s, "time/eval_steady_s") + _get(s, "time/checkpoint_steady_s")
+        steady_cpu = _get(s, "cpu/trainer_steady_s") + _get(s, "cpu/rollout_steady_s")
+        tokens = _get(s, "tokens/steady")
+        return cls(
+            measured=True,
+            contended=None if contended is None else bool(contended),
+            others_cores=_get(s, "machine/others_cores"),
+            steps_per_hour=3600.0 * per_step / steady_s if steady_s > 0 else math.nan,
+            tokens_per_s=tokens / steady_s if steady_s > 0 else math.nan,
+            tokens_per_cpu_s=tokens / steady_cpu if steady_cpu > 0 else math.nan,
+            cold_start_s=_get(s, "time/startup_s") + _get(s, "time/warm_start_s"),
+            first_step_s=_get(s, "time/first_step_s"),
+            wall_per_step_s=steady_wall / per_step,
+            cpu_per_step_s=steady_cpu / per_step,
+            attempt_s=_get(s, "time/attempt_s"),
+            threads=_get(s, "threads/trainer"),
+        )
+
+    def counts(self, include_contended: bool) -> bool:
+        """Whether the run's rates count in throughput comparisons."""
+        return include_contended or not self.contended
+
+
+RATES = ("steps_per_hour", "tokens_per_s", "tokens_per_cpu_s", "cold_start_s")
+
+
+def _scalar(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _summary_fields(values: list[float], name: str) -> dict[str, Any]:
+    result = curves.summarise(values)
+    ci = result.interval == curves.CI
+    return {
+        name: _scalar(result.mean),
+        f"{name}_lo": _scalar(result.lo),
+        f"{name}_hi": _scalar(result.hi),
+        f"{name}_interval": result.interval,
+        f"{name}_ci_lo": _scalar(result.lo) if ci else None,
+        f"{name}_ci_hi": _scalar(result.hi) if ci else None,
+    }
+
+
+def cell_throughput(runs: list[Run], costs: Mapping[int, Cost], include_contended: bool) -> dict[str, Any]:
+    """A cell's rates across seeds, each the mean with its interval, from the runs that count
+    (`n_seeds`; `n_contended` left out as contended, `n_unmeasured` with logged step times only)."""
+    counted = [costs[run.pk] for run in runs if costs[run.pk].counts(include_contended)]
+    row: dict[str, Any] = {
+        "n_seeds": sum(math.isfinite(c.steps_per_hour) for c in counted),
+        "n_contended": sum(bool(costs[run.pk].contended) for run in runs),
+        "n_unmeasured": sum(not costs[run.pk].measured for run in runs),
+    }
+    for name in RATES:
+        row |= _summary_fields([getattr(c, name) for c in counted], name)
+    return row
+
+
+def run_fields(cost: Cost) -> dict[str, Any]:
+    """What the runs table shows of a run's measurement."""
+    return {
+        "measured": cost.measured,
+        "contended": cost.contended,
+        "others_cores": _scalar(cost.others_cores),
+        "steps_per_hour": _scalar(cost.steps_per_hour),
+        "tokens_per_s": _scalar(cost.tokens_per_s),
+        "tokens_per_cpu_s": _scalar(cost.tokens_per_cpu_s),
+        "cold_start_s": _scalar(cost.cold_start_s),
+        "first_step_s": _scalar(cost.first_step_s),
+    }
+
+
+def references(config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The simulated cells a distributed or async cell is measured against, as (what, the
+    reference's staleness section): an async ≤ k cell against `sync_offset: k` (the schedule with
+    the same bound) and against on-policy; a distributed cell against its own schedule."""
+    execution = config.get("execution", {})
+    mode = execution.get("mode", "simulated")
+    if mode == "async":
+        k = int(execution.get("max_staleness") or 0)
+        schedule = {"sync_offset": k} if k else {}
+        out = [("the same bound", schedule)]
+        return out + ([("on-policy", {})] if k else [])
+    if mode == "distributed":
+        return [("its own schedule", dict(config.get("staleness", {})))]
+    return []
+
+
+def _schedule_key(staleness: Mapping[str, Any]) -> tuple[int, int, bool]:
+    return (
+        int(staleness.get("sync_interval", 1)),
+        int(staleness.get("sync_offset", 0)),
+        bool(staleness.get("offline", False)),
+    )
+
+
+def _geometric(d: curves.Difference) -> dict[str, Any]:
+    """A paired difference of logs as a ratio: exp of its mean and bounds."""
+    return {
+        "value": _scalar(math.exp(d.mean)) if math.isfinite(d.mean) else None,
+        "lo": _scalar(math.exp(d.lo)) if math.isfinite(d.lo) else None,
+        "hi": _scalar(math.exp(d.hi)) if math.isfinite(d.hi) else None,
+        "interval": curves.interval_kind(d.n_pairs) if d.n_pairs else None,
+        "n_pairs": d.n_pairs,
+    }
+
+
+Pairs = Mapping[int, tuple[Run, Run]]  # seed → (the cell's run, the reference's)
+
+
+def _logs(pairs: Pairs, costs: Mapping[int, Cost], index: int, field: str) -> dict[int, float]:
+    """log of `field` of one side of each pair (NaN where it is not a positive number)."""
+    values = {seed: getattr(costs[pair[index].pk], field) for seed, pair in pairs.items()}
+    return {seed: math.log(v) if v > 0 else math.nan for seed, v in values.items()}
+
+
+def _mean(pairs: Pairs, costs: Mapping[int, Cost], index: int, field: str) -> float | None:
+    if not pairs:
+        return None
+    return _scalar(float(np.mean([getattr(costs[pair[index].pk], field) for pair in pairs.values()])))
+
+
+def speedups(
+    runs: list[Run],
+    costs: Mapping[int, Cost],
+    finals: Mapping[int, float],
+    include_contended: bool,
+    digits: int,
+) -> list[dict[str, Any]]:
+    """Per experiment, preset and distributed or async cell, per reference cell (`references`) of
+    the same experiment and preset: `speedup`, the reference's wall-clock per steady step over the
+    cell's (above 1: the cell is faster), and `cpu_cost`, the cell's CPU seconds per steady step
+    over the reference's, each the geometric mean over seed pairs with its interval (95% bootstrap
+    CI from 5 pairs, min–max below); `accuracy_change`, the cell's final value minus the
+    reference's, paired by seed and rounded to `digits` like every drop. Only measured runs that
+    count (`Cost.counts`) are paired; `n_left_out` says how many runs of the two cells were not."""
+    simulated: dict[tuple[int, str, tuple], dict[int, Run]] = {}
+    cells: dict[tuple[int, str, str], list[Run]] = {}
+    for run in runs:
+        mode = run.config.get("execution", {}).get("mode", "simulated")
+        if mode == "simulated":
+            key = (run.experiment_id, run.preset, _schedule_key(run.config.get("staleness", {})))
+            simulated.setdefault(key, {})[run.seed] = run
+        else:
+            cells.setdefault((run.experiment_id, run.preset, run.staleness), []).append(run)
+
+    def usable(run: Run) -> bool:
+        cost = costs[run.pk]
+        return cost.measured and cost.counts(include_contended) and math.isfinite(cost.wall_per_step_s)
+
+    rows = []
+    for (experiment, preset, label), members in cells.items():
+        for what, staleness in references(members[0].config):
+            reference = simulated.get((experiment, preset, _schedule_key(staleness)))
+            if not reference:
+                continue
+            pairs = {r.seed: (r, reference[r.seed]) for r in members if r.seed in reference}
+            good = {seed: pair for seed, pair in pairs.items() if usable(pair[0]) and usable(pair[1])}
+            ref_label = next(iter(reference.values())).staleness
+
+            wall = curves.paired_difference(
+                _logs(good, costs, 1, "wall_per_step_s"), _logs(good, costs, 0, "wall_per_step_s")
+            )
+            cpu = curves.paired_difference(
+                _logs(good, costs, 0, "cpu_per_step_s"), _logs(good, costs, 1, "cpu_per_step_s")
+            )
+            accuracy = curves.paired_difference(
+                {seed: finals.get(pair[0].pk, math.nan) for seed, pair in pairs.items()},
+                {seed: finals.get(pair[1].pk, math.nan) for seed, pair in pairs.items()},
+            ).rounded(digits)
+            rows.append(
+                {
+                    "experiment": experiment,
+                    "preset": preset,
+                    "staleness": label,
+                    "reference": ref_label,
+                    "against": what,
+                    "speedup": _geometric(wall),
+                    "cpu_cost": _geometric(cpu),
+                    "accuracy_change": {
+                        "value": _scalar(accuracy.mean),
+                        "lo": _scalar(accuracy.lo),
+                        "hi": _scalar(accuracy.hi),
+                        "interval": accuracy.interval,
+                        "n_pairs": accuracy.n_pairs,
+                    },
+                    "wall_per_step_s": _mean(good, costs, 0, "wall_per_step_s"),
+                    "reference_wall_per_step_s": _mean(good, costs, 1, "wall_per_step_s"),
+                    "n_pairs": len(good),
+                    "n_left_out": sum(not usable(r) for pair in pairs.values() for r in pair),
+                }
+            )
+    return rows
