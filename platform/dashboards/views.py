@@ -8,6 +8,7 @@ import itertools
 import re
 
 import numpy as np
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -35,6 +36,7 @@ def _compare_page(request: HttpRequest, context: dict) -> HttpResponse:
             "bands": curves.BANDS,
             "rules": curves.RULES,
             "min_ci_seeds": curves.MIN_CI_SEEDS,
+            "contended_cores": settings.LAB_CONTENDED_CORES,
             "collapse_rule": {
                 "fraction": collapse.NEAR_ZERO_FRACTION,
                 "min_best": collapse.MIN_BEST,

@@ -94,7 +94,7 @@ def submit_sweep(request: HttpRequest, sweep: SweepIn):
     team = Team.objects.filter(name=sweep.team, members=request.user).first()
     errors = [] if team else [("team", f"you are not a member of a team called {sweep.team!r}")]
     try:
-        grid = sweeps.expand(sweep.config, sweep.presets, sweep.staleness, sweep.seeds)
+        grid = sweeps.expand(sweep.config, sweep.presets, sweep.staleness, sweep.seeds, sweep.serial)
     except sweeps.SweepError as exc:
         errors += exc.errors
     if errors:

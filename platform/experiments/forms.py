@@ -256,6 +256,7 @@ def initial_from_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     initial["sync_offsets"] = ", ".join(map(str, offsets))
     initial["async_bounds"] = ", ".join(map(str, bounds))
     initial["seeds"] = ", ".join(map(str, spec.get("seeds", [])))
+    initial["serial"] = bool(spec.get("serial", False))
     known = {param.path for param, _ in run_parameter_fields()}
 
     def walk(node: dict[str, Any], prefix: str) -> None:
@@ -308,6 +309,14 @@ class SweepForm(forms.Form):
         ),
     )
     seeds = forms.CharField(initial="0", label="Seeds", help_text="e.g. 0, 1, 2: one run per value")
+    serial = forms.BooleanField(
+        required=False,
+        label="Measure one at a time",
+        help_text=(
+            "each run starts only when no other run is running, and no other run starts while it runs: "
+            "slower, but its throughput and speed-ups are the runs', not the machine's load"
+        ),
+    )
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
@@ -413,7 +422,11 @@ class SweepForm(forms.Form):
             return data
         try:
             self.sweep = sweeps.expand(
-                self.base_config(), data["presets"], self.staleness_settings(), data["seeds"]
+                self.base_config(),
+                data["presets"],
+                self.staleness_settings(),
+                data["seeds"],
+                bool(data.get("serial")),
             )
             # Not an error: runs wait in their queue until a worker starts.
             self.queue_warnings = Worker.missing_for(self.sweep.configs)

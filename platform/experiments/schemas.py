@@ -29,6 +29,11 @@ class SweepIn(Schema):
         'async cell {"mode": "async", "max_staleness": k}',
     )
     seeds: list[int] = Field([0], description="seeds, one run each")
+    serial: bool = Field(
+        False,
+        description="measure the runs one at a time: each starts only when no other run is running, and no "
+        "other run starts while it runs, so that its throughput is not the machine's load",
+    )
 
 
 class SweepOut(Schema):

@@ -44,6 +44,9 @@ class Sweep:
     staleness: list[dict[str, Any]]
     seeds: list[int]
     configs: list[RunConfig] = field(default_factory=list)
+    # Measured one at a time: each run starts only when no other run is running, and no other
+    # starts while it runs (`Run.claim_next`), so that its throughput means something.
+    serial: bool = False
 
     @property
     def size(self) -> int:
@@ -55,6 +58,7 @@ class Sweep:
             "presets": self.presets,
             "staleness": self.staleness,
             "seeds": self.seeds,
+            **({"serial": True} if self.serial else {}),
         }
 
 
@@ -224,7 +228,11 @@ def _knob_errors(base: dict[str, Any], presets: list[str]) -> list[tuple[str, st
 
 
 def expand(
-    base: dict[str, Any], presets: list[str], staleness: list[dict[str, Any]], seeds: list[int]
+    base: dict[str, Any],
+    presets: list[str],
+    staleness: list[dict[str, Any]],
+    seeds: list[int],
+    serial: bool = False,
 ) -> Sweep:
     """Validate the whole grid; return it with one resolved RunConfig per cell."""
     errors: list[tuple[str, str]] = []
@@ -286,7 +294,7 @@ def expand(
                     errors.append(error)
     if errors:
         raise SweepError(errors)
-    return Sweep(base, presets, staleness, seeds, configs)
+    return Sweep(base, presets, staleness, seeds, configs, serial)
 
 
 def create_experiment(team: Team, owner, name: str, description: str, sweep: Sweep) -> Experiment:
@@ -306,5 +314,5 @@ def create_experiment(team: Team, owner, name: str, description: str, sweep: Swe
             team=team, owner=owner, name=name, description=description, spec=sweep.as_spec()
         )
         for config in sweep.configs:
-            Run.create_for(experiment, config).enqueue()
+            Run.create_for(experiment, config, serial=sweep.serial).enqueue()
     return experiment

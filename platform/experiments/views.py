@@ -10,8 +10,20 @@ import typing
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Case, Count, F, Max, Min, Q, Value, When, Window
-from django.db.models.functions import RowNumber
+from django.db.models import (
+    Case,
+    Count,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Max,
+    Min,
+    Q,
+    Value,
+    When,
+    Window,
+)
+from django.db.models.functions import Coalesce, Now, RowNumber
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
@@ -300,6 +312,13 @@ def run_list(request: HttpRequest) -> HttpResponse:
     if not show_archived:
         runs = runs.filter(experiment__archived=None)
         experiments = experiments.filter(archived=None)
+    sort = request.GET.get("sort", "newest")
+    if sort not in RUN_ORDERS:
+        messages.error(
+            request, f"sort must be one of {', '.join(RUN_ORDERS)} (got {sort[:50]!r}); newest first"
+        )
+        sort = "newest"
+    runs = runs.annotate(took=_took()).order_by(*RUN_ORDERS[sort])
     chosen = {name: request.GET.get(name, "").strip() for name in (*filters, "mode")}
     for name, value in chosen.items():
         if not value:
@@ -338,8 +357,24 @@ def run_list(request: HttpRequest) -> HttpResponse:
             "staleness": sorted(visible.order_by().values_list("staleness", flat=True).distinct()),
             "statuses": [s for s, _ in Run.STATUSES],
             "modes": EXECUTION_MODES,
+            "sort": sort,
+            "orders": RUN_ORDERS,
         },
     )
+
+
+def _took():
+    """How long a run took, or has been running so far (null before it started)."""
+    return ExpressionWrapper(Coalesce(F("finished"), Now()) - F("started"), output_field=DurationField())
+
+
+# How the runs list can be ordered: its sort choice → order_by.
+RUN_ORDERS = {
+    "newest": ("-pk",),
+    "oldest": ("pk",),
+    "longest": (F("took").desc(nulls_last=True), "-pk"),
+    "shortest": (F("took").asc(nulls_last=True), "-pk"),
+}
 
 
 def _mode_filter(mode: str) -> Q:

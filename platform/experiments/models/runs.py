@@ -174,6 +174,10 @@ class Run(Leased):
     preset = models.CharField(max_length=100)
     staleness = models.CharField(max_length=100)
     seed = models.IntegerField()
+    serial = models.BooleanField(
+        default=False,
+        help_text="measured alone: starts on an idle pool, and nothing else starts while it runs",
+    )
     queue = models.CharField(max_length=20, default="cpu")
     status = models.CharField(max_length=20, choices=STATUSES, default=QUEUED, db_index=True)
     cancel_requested = models.DateTimeField(null=True, blank=True)
@@ -339,6 +343,23 @@ class Run(Leased):
         return self.config.get("execution", {}).get("mode", "simulated")
 
     @property
+    def measurement(self) -> dict[str, float | None]:
+        """Its last attempt's measured costs (workers.measure), by short name; `contended` is None
+        when not measured."""
+        s = self.summary
+        parts = ("startup", "warm_start", "first_step", "steady", "eval", "checkpoint", "attempt")
+        return {
+            **{part: s.get(f"time/{part}_s") for part in parts},
+            "steady_steps": int(s.get("steps/steady") or 0),
+            "cpu_trainer": s.get("cpu/trainer_s"),
+            "cpu_rollout": s.get("cpu/rollout_s"),
+            "threads": s.get("threads/trainer"),
+            "cores": s.get("machine/cores"),
+            "others_cores": s.get("machine/others_cores"),
+            "contended": None if s.get("machine/contended") is None else bool(s["machine/contended"]),
+        }
+
+    @property
     def execution_report(self) -> dict[str, float] | None:
         """What a finished distributed or async run reported about its execution: mean seconds to
         publish the weights, bytes published in all, and the fractions of wall time the trainer and
@@ -388,9 +409,13 @@ class Run(Leased):
         its messages in. Teams take turns: the team with the fewest running runs goes first, then
         the one served least recently (`Team.last_claimed`), then the one whose oldest queued run
         is oldest; within a team, first in, first out. A team running `LAB_TEAM_MAX_RUNNING` runs
-        waits. None if no run can start."""
+        waits. A serial run (measured alone) starts only when no run is running, and while its
+        turn waits for that, or while it runs, no other run starts. None if no run can start."""
         cap = settings.LAB_TEAM_MAX_RUNNING
         while True:
+            serial_work = cls.objects.filter(status__in=cls.ACTIVE, serial=True).exists()
+            if serial_work and cls.objects.filter(status=cls.RUNNING, serial=True).exists():
+                return None
             heads = dict(
                 cls.objects.filter(status=cls.QUEUED, queue=queue)
                 .values_list("experiment__team")
@@ -408,11 +433,19 @@ class Run(Leased):
                 return None
             *_, oldest, team = turns[0]
             with transaction.atomic():
+                if serial_work:
+                    # Every claim takes turns while serial runs wait or run (the first team's row as
+                    # the lock), so no run starts beside one that is measured alone.
+                    Team.objects.select_for_update().order_by("pk").first()
+                    if cls.objects.filter(status=cls.RUNNING, serial=True).exists():
+                        return None
                 # Claims of one team's runs take turns, so two workers never both take its last slot.
                 Team.objects.select_for_update().filter(pk=team).first()
                 if cap and cls.objects.filter(status=cls.RUNNING, experiment__team=team).count() >= cap:
                     continue
                 run = cls.objects.get(pk=oldest)
+                if run.serial and cls.objects.filter(status=cls.RUNNING).exists():
+                    return None  # its turn: the pool drains, and it starts once nothing runs
                 if run.claim(worker, run.attempt):
                     Team.objects.filter(pk=team).update(last_claimed=run.started)
                     return run

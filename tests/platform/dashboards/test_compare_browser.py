@@ -278,8 +278,73 @@ def test_compared_staleness_settings_read_from_on_policy_to_the_stalest(page, li
         "() => [...document.querySelectorAll('#plots .panel')].map(p => p.dataset.staleness)"
     )
     assert panels == expected
+    # On the degradation plot each setting sits at its schedule's mean lag over the config's 6 steps
+    # (lags min(t − 1, d): 0 1 2 2 2 2 and 0 1 2 3 4 4), labelled by name.
     degradation_x = page.evaluate("() => document.getElementById('degradation').data.map(t => t.x)")
-    assert degradation_x and all(x == expected for x in degradation_x)
+    assert degradation_x and all(x == [0, 9 / 6, 14 / 6] for x in degradation_x)
+    ticks = page.evaluate("() => document.getElementById('degradation').layout.xaxis.ticktext")
+    assert ticks == expected
+
+
+def test_the_trade_off_table_and_chart_of_a_mixed_sweep_with_a_contended_run(page, live_server, team, alice):
+    from test_speedup import CELLS, measured
+
+    finals = {"on-policy": 0.6, "sync_offset=2": 0.55, "async ≤ 2": 0.5, "sync_offset=2 (distributed)": 0.55}
+    experiment = make_finished_experiment(
+        team,
+        alice,
+        name="mixed",
+        presets=("reinforce", "grpo"),
+        staleness=CELLS,
+        seeds=(0, 1),
+        final_accuracy=lambda preset, label, seed: finals[label],
+    )
+    for run in experiment.runs.all():
+        wall = 1.0 if run.staleness == "async ≤ 2" else 2.0
+        contended = (run.preset, run.staleness, run.seed) == ("grpo", "async ≤ 2", 1)
+        run.summary = measured(wall / (4 if contended else 1), 1.0, contended=contended)
+        run.save(update_fields=["summary"])
+    contended_run = experiment.runs.get(preset="grpo", staleness="async ≤ 2", seed=1)
+
+    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]))
+    rendered(page, metric="eval/accuracy", contended="0")
+    page.locator("#speedups").scroll_into_view_if_needed()
+    page.screenshot(path=SCREENSHOTS / "compare-speedups.png", full_page=True)
+    row = page.locator(
+        "#speedups tr[data-preset=reinforce][data-staleness='async ≤ 2'][data-reference=on-policy]"
+    )
+    text = row.text_content()
+    assert "-0.100 [-0.100, -0.100] min–max · 2 seeds" in text, text
+    assert "2.00× [2.00×, 2.00×] min–max · 2 seed pairs, no CI below 5" in text, text
+    assert text.endswith("1.00 / 2.00none"), text
+    grpo = page.text_content(
+        "#speedups tr[data-preset=grpo][data-staleness='async ≤ 2'][data-reference=on-policy]"
+    )
+    assert "2.00× · 1 seed pair, no interval" in grpo and "1 (contended or not measured)" in grpo, grpo
+    distributed = page.text_content(
+        "#speedups tr[data-preset=grpo][data-staleness='sync_offset=2 (distributed)']"
+    )
+    assert "1.00× [1.00×, 1.00×]" in distributed and "sync_offset=2 (its own schedule)" in distributed
+    chart = page.evaluate(
+        "() => document.getElementById('speedup-chart').data.map(t => ({preset: t.meta.preset, x: t.x, y: t.y}))"
+    )
+    reinforce = next(t for t in chart if t["preset"] == "reinforce")
+    assert sorted(zip(reinforce["x"], reinforce["y"], strict=True)) == [
+        (1.0, 0.0),
+        (2.0, pytest.approx(-0.1)),
+        (2.0, pytest.approx(-0.05)),
+    ]
+    flagged = page.locator(f"#contended-runs li[data-run='{contended_run.pk}']")
+    assert flagged.is_visible()
+    assert "left out of the throughput and the speed-ups" in flagged.text_content()
+
+    page.select_option("select[name=contended]", "1")
+    rendered(page, contended="1")
+    grpo = page.text_content(
+        "#speedups tr[data-preset=grpo][data-staleness='async ≤ 2'][data-reference=on-policy]"
+    )
+    assert "min–max · 2 seed pairs" in grpo and "4.00×" in grpo, grpo
+    assert "counted" in page.text_content(f"#contended-runs li[data-run='{contended_run.pk}']")
 
 
 def test_the_staleness_answer_drop_table_findings_and_the_template_link(page, live_server, team, alice):

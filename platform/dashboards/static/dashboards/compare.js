@@ -3,8 +3,9 @@
 // its colour is its preset's, and with runs of several experiments the dash tells experiments apart.
 // Changing metric, x axis, band or final-value rule fetches again; view and smoothing only redraw.
 // Runs whose policy collapsed are counted in the final-value table and listed below it.
-// Below the curves, the trade-off: the final value and the trainer's throughput (steps per hour,
-// tokens/s), each against staleness; then the staleness answer: each line's drop from its own
+// Below the curves, the trade-off: the final value and the steady-state throughput (steps per hour,
+// tokens/s, tokens per CPU second; contended runs left out unless counted), each against the cells'
+// mean lag, and each distributed or async cell's speed-up beside the accuracy it gave up; then the staleness answer: each line's drop from its own
 // on-policy runs (paired by seed), its tolerance within δ and rank, presets the seeds cannot tell apart,
 // and the paper's claims checked against the data.
 // While a run is queued or running the data is polled every few seconds, without reloading the page.
@@ -14,8 +15,8 @@
 
 (() => {
   const POLL_MS = 3000;
-  const DEFAULTS = { metric: "eval/accuracy", x: "step", band: "std", view: "grid", smooth: "0", rule: "last", k: "10", delta: "0.02" };
-  const FETCHED = ["metric", "x", "band", "rule", "k", "delta"];
+  const DEFAULTS = { metric: "eval/accuracy", x: "step", band: "std", view: "grid", smooth: "0", rule: "last", k: "10", delta: "0.02", contended: "0" };
+  const FETCHED = ["metric", "x", "band", "rule", "k", "delta", "contended"];
   const SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "cross", "star", "triangle-down"];
   const DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"];
   const X_TITLES = { step: "step", samples: "samples seen", tokens: "response tokens seen", time: "wall time (s)" };
@@ -216,8 +217,15 @@
     return tr;
   }
 
+  // Where a line's changes are taken from, when it is not its own simulated on-policy runs.
+  function baselineNote(row) {
+    const { staleness, experiment } = row.baseline;
+    if (experiment !== row.experiment) return ` (baseline: ${staleness} runs of #${experiment})`;
+    return staleness === "on-policy" ? "" : ` (baseline: ${staleness})`;
+  }
+
   function drawStalenessAnswer() {
-    const stale = payload.staleness.filter((s) => s !== "on-policy");
+    const stale = payload.staleness.filter((s) => payload.drops.some((d) => d.staleness === s));
     const table = document.getElementById("drops");
     table.replaceChildren();
     cellRow(table, [`change from on-policy (paired by seed)`, ...stale, "mean change", "worst change", `tolerance (δ = ${payload.delta})`, "rank"], true);
@@ -229,7 +237,7 @@
       const worst = row.worst_drop === null ? "–" : row.worst_drop.toFixed(digits);
       const tolerance = row.tolerance === null ? "–" : row.tolerance + restsOn(row);
       const rank = row.rank === null ? "not ranked" : `${row.rank}${restsOn(row)}`;
-      const tr = cellRow(table, [row.line, ...cells, mean, worst, tolerance, rank]);
+      const tr = cellRow(table, [row.line + baselineNote(row), ...cells, mean, worst, tolerance, rank]);
       tr.dataset.preset = row.preset;
       tr.dataset.line = row.line;
     }
@@ -385,12 +393,95 @@
       yTitle: payload.metric,
     });
     for (const [element, name, title, yTitle] of [
-      ["throughput-steps", "steps_per_hour", "trainer steps per hour", "steps per hour"],
-      ["throughput-tokens", "tokens_per_s", "trainer tokens/s", "tokens/s"],
+      ["throughput-steps", "steps_per_hour", "steady-state trainer steps per hour", "steps per hour"],
+      ["throughput-tokens", "tokens_per_s", "steady-state tokens/s", "tokens/s"],
+      ["throughput-cpu", "tokens_per_cpu_s", "tokens per CPU second", "tokens / CPU s"],
     ]) {
       const fields = { value: name, lo: `${name}_lo`, hi: `${name}_hi`, interval: `${name}_interval` };
       drawVersusStaleness(element, payload.throughput, fields, { kind: name, title, yTitle, fromZero: true });
     }
+  }
+
+  // The two halves of the trade-off side by side: for each distributed or async cell, the accuracy
+  // it gave up against its matching simulated cell and the wall-clock it saved, paired by seed.
+  function ratioText(r) {
+    if (!r.n_pairs || r.value === null) return "–";
+    const f = (v) => `${Number(v).toFixed(2)}×`;
+    if (r.interval === null || r.lo === null) return `${f(r.value)} · 1 seed pair, no interval`;
+    const kind = r.interval === "min–max" ? `min–max · ${r.n_pairs} seed pairs, no CI below ${payload.min_ci_seeds}` : `95% bootstrap CI · ${r.n_pairs} seed pairs`;
+    return `${f(r.value)} [${f(r.lo)}, ${f(r.hi)}] ${kind}`;
+  }
+
+  function drawSpeedups() {
+    const table = document.getElementById("speedups");
+    table.replaceChildren();
+    const rows = payload.speedups;
+    document.getElementById("speedups-none").hidden = rows.length > 0;
+    if (!rows.length) {
+      Plotly.purge("speedup-chart");
+      return;
+    }
+    cellRow(table, ["preset", "cell", "against", `${payload.metric} change`, "wall-clock speed-up", "CPU cost", "s per steady step (cell / reference)", "runs left out"], true);
+    const several = payload.experiments.length > 1;
+    for (const r of rows) {
+      const seconds = r.wall_per_step_s === null ? "–" : `${r.wall_per_step_s.toPrecision(3)} / ${r.reference_wall_per_step_s.toPrecision(3)}`;
+      const change = { ...r.accuracy_change, n_seeds: r.accuracy_change.n_pairs };
+      const tr = cellRow(table, [
+        r.preset + (several ? ` · #${r.experiment}` : ""),
+        r.staleness,
+        `${r.reference} (${r.against})`,
+        bracket(change, payload.digits),
+        ratioText(r.speedup),
+        ratioText(r.cpu_cost),
+        seconds,
+        r.n_left_out ? `${r.n_left_out} (contended or not measured)` : "none",
+      ]);
+      tr.dataset.preset = r.preset;
+      tr.dataset.staleness = r.staleness;
+      tr.dataset.reference = r.reference;
+    }
+    const presets = [...new Set(rows.map((r) => r.preset))];
+    const traces = presets.map((preset) => {
+      const mine = rows.filter((r) => r.preset === preset && r.speedup.value !== null && r.accuracy_change.value !== null);
+      const bars = (r, side, key) => (r[key][side] === null ? null : Math.abs(r[key][side] - r[key].value));
+      return {
+        x: mine.map((r) => r.speedup.value),
+        y: mine.map((r) => r.accuracy_change.value),
+        error_x: { type: "data", symmetric: false, array: mine.map((r) => bars(r, "hi", "speedup")), arrayminus: mine.map((r) => bars(r, "lo", "speedup")) },
+        error_y: { type: "data", symmetric: false, array: mine.map((r) => bars(r, "hi", "accuracy_change")), arrayminus: mine.map((r) => bars(r, "lo", "accuracy_change")) },
+        text: mine.map((r) => escapeText(`${r.staleness} vs ${r.reference}`)),
+        hovertemplate: `%{text}: %{x:.2f}× faster, change %{y:+.3f}<extra>${escapeText(preset)}</extra>`,
+        type: "scatter",
+        mode: "markers",
+        name: escapeText(preset),
+        marker: { color: payload.colours[preset], size: 10, symbol: mine.map((r) => (r.against === "on-policy" ? "square" : "circle")) },
+        meta: { kind: "speedup", preset },
+      };
+    });
+    const layout = axisLayout(`accuracy lost vs time saved (circle: against the same bound, square: against on-policy)`, presets.length);
+    layout.xaxis = { title: { text: "wall-clock speed-up (×, above 1: faster)" }, automargin: true };
+    layout.yaxis = { title: { text: escapeText(`${payload.metric} change`) }, automargin: true, zeroline: true };
+    Plotly.newPlot("speedup-chart", traces, layout, plotConfig("speedup"));
+  }
+
+  // Runs that ran contended: flagged, and left out of the throughput and the speed-ups unless counted.
+  function drawContended() {
+    const box = document.getElementById("contended-runs");
+    const runs = payload.runs.filter((r) => r.contended);
+    box.hidden = runs.length === 0;
+    box.querySelector("ul").replaceChildren(
+      ...runs.map((r) => {
+        const li = document.createElement("li");
+        li.dataset.run = r.id;
+        const link = document.createElement("a");
+        link.href = `/runs/${r.id}/`;
+        link.textContent = `run ${r.id}`;
+        const cores = r.others_cores === null ? "?" : r.others_cores.toFixed(2);
+        const counted = payload.contended ? "counted (contended runs shown)" : "left out of the throughput and the speed-ups";
+        li.append(link, ` · ${r.line} · ${r.staleness} · seed ${r.seed}: other processes used ${cores} cores meanwhile; ${counted}`);
+        return li;
+      }),
+    );
   }
 
   function drawScatter() {
@@ -438,6 +529,8 @@
     drawCollapsed();
     drawStalenessAnswer();
     drawTradeOff();
+    drawSpeedups();
+    drawContended();
     drawScatter();
     document.getElementById("smooth-value").textContent = control("smooth").value;
     const runs = payload.runs.length;
