@@ -23,9 +23,14 @@ workers may finish after the trainer's last step); the initial evaluation, loadi
 one-off warm start are outside it, the same for all. On workers the evaluations run in parts
 on the rollout worker between batches, and on the trainer while it waits.
 
-The machines are noisy (single runs of the same code gave 1.06–1.39×), so the verdict's runs,
-simulated with 2 threads, with 1, and async, are measured in rounds (3 by default), and the
-verdict is the median of the rounds' speed-ups; the other modes run once, in the first round.
+The verdict is the product's own readout, the number the comparison page shows: a serial sweep
+(measured one run at a time) of `sync_offset: 1` and `async ≤ 1` with one seed per round on the
+two workers, read through `dashboards.compare.compare` (wall-clock per steady step, paired by seed,
+geometric mean with its interval), so this file and the page cannot disagree. Around it, outside
+the product, the machines are noisy (single runs of the same code gave 1.06–1.39×), so simulated
+with 2 threads, with 1, and async are measured in rounds (3 by default), and the stricter bar is
+the median of the rounds' speed-ups against the faster single process; the other modes run once,
+in the first round.
 Written to BENCHMARKS.md: every round, the ratio simulated / mode, and where each mode's time
 goes (means per step of `time/rollout_s`, `time/update_s`, `time/wait_s`, the weight publish
 time, and how many eval parts the trainer made; a mode of every round shows its median round's
@@ -63,6 +68,7 @@ from bench.lab_workers import (  # noqa: E402
     setup_django,
     start_workers,
     stop_workers,
+    sweep_on_workers,
     window,
     worker_pids,
 )
@@ -191,6 +197,40 @@ def on_workers(config: dict, name: str, pids: list[int]) -> dict:
     }
 
 
+READOUT_CELLS = [{"sync_offset": 1}, {"mode": "async", "max_staleness": 1}]
+
+
+def product_readout(env: dict[str, str], config: dict, seeds: int) -> tuple[dict, int]:
+    """The speed-up the comparison page shows for async ≤ 1 against `sync_offset: 1`: a serial
+    sweep of the two cells × `seeds` seeds on a training worker and a rollout worker (1 thread
+    each), read through `dashboards.compare.compare`, the page's own payload. Returns its
+    readout row and the experiment's id."""
+    from dashboards.compare import compare
+    from dashboards.query import ComparisonQuery
+
+    procs = start_workers(env, SCRATCH, ("cpu", "rollout"))
+    try:
+        quiet()
+        experiment = sweep_on_workers(
+            config, "async speedup: the product's readout", READOUT_CELLS, list(range(seeds)), serial=True
+        )
+    finally:
+        stop_workers(procs)
+    payload = compare(experiment.runs.all(), ComparisonQuery())
+    row = next(r for r in payload["speedups"] if r["reference"] == "sync_offset=1")
+    return row, experiment.pk
+
+
+def ratio_text(r: dict) -> str:
+    """A readout ratio as the page shows it."""
+    if not r["n_pairs"] or r["value"] is None:
+        return "–"
+    if r["lo"] is None:
+        return f"{r['value']:.2f}× (1 seed pair, no interval)"
+    kind = "min–max" if r["interval"] == "min–max" else "95% bootstrap CI"
+    return f"{r['value']:.2f}× [{r['lo']:.2f}×, {r['hi']:.2f}×] ({kind}, {r['n_pairs']} seed pairs)"
+
+
 def median_run(runs: list[dict]) -> dict:
     """The run whose seconds are the median (the lower middle one of an even number)."""
     return sorted(runs, key=lambda run: run["seconds"])[(len(runs) - 1) // 2]
@@ -251,6 +291,10 @@ def main() -> None:
             stop_workers(procs)
         rounds.append(this)
 
+    print("the product's readout: a serial sweep of sync_offset 1 and async ≤ 1 ...", flush=True)
+    readout, readout_experiment = product_readout(env, base_config(args.steps), args.rounds)
+    product = readout["speedup"]["value"] or 0.0
+
     def faster_reference(this: dict[str, dict]) -> str:
         # The faster single process: on a machine where torch's second thread slows the run down,
         # beating the 2-thread run alone would credit the overlap with that loss.
@@ -292,7 +336,8 @@ def main() -> None:
     # Measured once, in the first round: against that round's faster single process.
     first = rounds[0][faster_reference(rounds[0])]["seconds"]
     stretch = first / results["async, θ0 on the rollout side"]["seconds"]
-    verdict = "PASS" if fair >= TARGET else "FAIL"
+    verdict = "PASS" if product >= TARGET else "FAIL"
+    strict_verdict = "PASS" if fair >= TARGET else "FAIL"
     stretch_verdict = "PASS" if stretch >= STRETCH else "FAIL"
     round_lines = "; ".join(
         f"{i + 1}: {this['simulated']['seconds']:.1f} s, {this['simulated, 1 thread']['seconds']:.1f} s, "
@@ -349,13 +394,22 @@ def main() -> None:
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
+            "**The product's readout** (what the comparison page shows for these runs): a serial sweep "
+            f'("Measure one at a time") of `sync_offset: 1` (simulated) and `async ≤ 1` × {args.rounds} seeds '
+            "on the two workers (1 torch thread each), experiment "
+            f"#{readout_experiment}; wall-clock per steady step (evaluations included), paired by seed, "
+            f"geometric mean: async ≤ 1 is **{ratio_text(readout['speedup'])}** as fast as its schedule; "
+            f"CPU cost {ratio_text(readout['cpu_cost'])}; {readout['n_left_out']} runs left out "
+            f"(contended or not measured); target ≥ {TARGET}×: **{verdict}**.",
+            "",
             f"Rounds (simulated with 2 threads, with 1, async; each round's speed-up against its faster "
             f"single process): {round_lines}.",
             "",
             f"Speed-up of async at `max_staleness: 1` against the simulated run with 2 threads, median "
             f"of {len(rounds)} rounds: **{speedup:.2f}×**; against the faster single process of each "
-            f"round: **{fair:.2f}×** (rounds {', '.join(f'{x:.2f}×' for x in ratios)}); target ≥ "
-            f"{TARGET}× against the faster: **{verdict}**. With θ0's log-probs on the rollout "
+            f"round: **{fair:.2f}×** (rounds {', '.join(f'{x:.2f}×' for x in ratios)}); the stricter bar, "
+            f"≥ {TARGET}× against the faster single process, outside the product: **{strict_verdict}**. "
+            f"With θ0's log-probs on the rollout "
             f"side: **{stretch:.2f}×**; stretch target ≥ {STRETCH}×: **{stretch_verdict}**. Without the "
             f"periodic evaluations (final evaluation only): async **{rare:.2f}×** its simulated run.",
             "",

@@ -143,30 +143,36 @@ class CpuSampler:
         return [b - a for a, b in zip(at(start), at(end), strict=True)]
 
 
-def run_on_workers(config: dict, name: str):
-    """Submit `config` as a one-run experiment, wait for it to succeed, return the run."""
+def sweep_on_workers(config: dict, name: str, staleness: list[dict], seeds: list[int], serial: bool = False):
+    """Submit a sweep of `config`'s preset × `staleness` cells × `seeds` as the form and the API do,
+    wait for every run to succeed, return the experiment."""
     from django.contrib.auth import get_user_model
 
-    from accounts.models import Team
+    from accounts.models import Membership, Team
     from experiments.models import Run
     from experiments.sweeps import create_experiment, expand
 
     team, _ = Team.objects.get_or_create(name="bench")
     owner, _ = get_user_model().objects.get_or_create(username="bench")
-    config = dict(config)
+    Membership.objects.get_or_create(team=team, user=owner, defaults={"is_admin": True})
     preset = config.get("algorithm", {}).get("preset", "rec-oneside-nois")
-    staleness = config.pop("staleness", {})
-    experiment = create_experiment(team, owner, name, "", expand(config, [preset], [staleness], [0]))
-    run = experiment.runs.get()
-    deadline = time.monotonic() + RUN_LIMIT_S
-    while Run.objects.get(pk=run.pk).status in Run.ACTIVE:
+    experiment = create_experiment(team, owner, name, "", expand(config, [preset], staleness, seeds, serial))
+    deadline = time.monotonic() + RUN_LIMIT_S * len(staleness) * len(seeds)
+    while experiment.runs.filter(status__in=Run.ACTIVE).exists():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"run {run.pk} did not finish in {RUN_LIMIT_S} s")
+            raise RuntimeError(f"experiment {experiment.pk} did not finish in time")
         time.sleep(0.5)
-    run.refresh_from_db()
-    if run.status != Run.SUCCEEDED:
-        raise RuntimeError(f"run {run.pk} ended {run.status}: {run.error}")
-    return run
+    for run in experiment.runs.all():
+        if run.status != Run.SUCCEEDED:
+            raise RuntimeError(f"run {run.pk} ended {run.status}: {run.error}")
+    return experiment
+
+
+def run_on_workers(config: dict, name: str):
+    """Submit `config` as a one-run experiment, wait for it to succeed, return the run."""
+    config = dict(config)
+    staleness = config.pop("staleness", {})
+    return sweep_on_workers(config, name, [staleness], [0]).runs.get()
 
 
 def series(run, name: str) -> dict[int, float]:
