@@ -17,6 +17,8 @@ def seconds(value: float | None) -> str:
     if value is None:
         return "–"
     value = float(value)
+    if value == 0:
+        return "0 s"
     if value < 1e-3:
         return f"{value * 1e6:.0f} µs"
     if value < 1:

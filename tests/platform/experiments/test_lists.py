@@ -80,3 +80,55 @@ def test_the_run_pages_csv_works_with_the_session(alice_client, runs):
     rows = list(csv.DictReader(io.StringIO(response.content.decode())))
     assert [(r["name"], r["step"], r["value"]) for r in rows] == [("loss", "1", "0.5"), ("loss", "2", "")]
     assert Client().get(url).status_code == 302, "anonymous users log in first"
+
+
+def test_the_runs_list_orders_by_duration_and_marks_measured_alone_and_contended_runs(
+    alice_client, runs, make_run
+):
+    simulated, distributed = runs  # took 200 s; running for 30 s so far
+    queued = make_run("queued")  # not started: last either way
+    Run.objects.filter(pk=simulated.pk).update(
+        serial=True, summary={"machine/contended": 1.0, "machine/others_cores": 1.2}
+    )
+
+    def order(sort: str) -> list[int]:
+        return [run.pk for run in alice_client.get(reverse("run-list"), {"sort": sort}).context["page"]]
+
+    assert order("longest") == [simulated.pk, distributed.pk, queued.pk]
+    assert order("shortest") == [distributed.pk, simulated.pk, queued.pk]
+    assert order("oldest") == sorted(order("newest"))
+    response = alice_client.get(reverse("run-list"), {"sort": "fastest"})
+    assert (
+        "sort must be one of newest, oldest, longest, shortest (got &#x27;fastest&#x27;)"
+        in response.content.decode()
+    )
+    html = alice_client.get(reverse("run-list")).content.decode()
+    row = re.search(rf'aria-label="run {simulated.pk}".*?</tr>', html, re.S).group(0)
+    assert "measured alone" in row and "contended" in row and "1.2 cores" in row
+
+
+def test_the_run_page_says_where_its_time_went(alice_client, runs):
+    simulated, _ = runs
+    summary = {
+        "time/startup_s": 2.0,
+        "time/warm_start_s": 30.0,
+        "time/first_step_s": 1.0,
+        "time/steady_s": 60.0,
+        "time/eval_s": 5.0,
+        "time/checkpoint_s": 2.0,
+        "time/attempt_s": 100.0,
+        "steps/steady": 149.0,
+        "cpu/trainer_s": 90.0,
+        "cpu/rollout_s": 0.0,
+        "threads/trainer": 1.0,
+        "machine/cores": 2.0,
+        "machine/others_cores": 0.05,
+        "machine/contended": 0.0,
+    }
+    Run.objects.filter(pk=simulated.pk).update(summary=summary)
+    html = alice_client.get(reverse("run-detail", args=[simulated.pk])).content.decode()
+    table = re.search(r'<table id="measurement">.*?</table>', html, re.S).group(0)
+    text = " ".join(re.sub(r"<[^>]+>", " ", table).split())
+    assert "θ0 warm start 30.00 s" in text and "the whole attempt 1 min 40 s" in text, text
+    assert "steady steps (149) 1 min 0 s" in text and "0.05 · not contended" in text, text
+    assert "its rollout jobs 1 min 30 s / 0 s" in text, text

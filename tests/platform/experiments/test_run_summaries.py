@@ -127,7 +127,7 @@ def test_a_run_at_lr_1_collapses_and_one_at_the_default_lr_does_not(worker, team
 def test_a_succeeded_runs_summary_is_exactly_what_its_points_give(worker, team, alice):
     run = _ended(queue_sweep(team, alice, "ok").runs.get())
     assert run.status == Run.SUCCEEDED, run.error
-    assert set(run.summary) == {
+    logged = {
         "steps",
         "completed",
         "eval/accuracy_initial",
@@ -136,7 +136,24 @@ def test_a_succeeded_runs_summary_is_exactly_what_its_points_give(worker, team, 
         "kl/init",
         "collapsed",
     }
-    assert run.summary_from_points() == run.summary
+    # What its worker measured of it (workers.measure): no point holds those.
+    measured = {
+        *(
+            f"time/{part}_s"
+            for part in ("startup", "warm_start", "first_step", "steady", "eval", "checkpoint")
+        ),
+        *("time/eval_steady_s", "time/checkpoint_steady_s", "time/attempt_s", "steps/steady"),
+        *("tokens/total", "tokens/steady", "cpu/trainer_s", "cpu/trainer_steady_s", "cpu/rollout_s"),
+        *(
+            "cpu/rollout_steady_s",
+            "threads/trainer",
+            "machine/cores",
+            "machine/others_cores",
+            "machine/contended",
+        ),
+    }
+    assert set(run.summary) == logged | measured
+    assert run.summary_from_points() == {name: run.summary[name] for name in logged}
 
 
 @pytest.mark.django_db(transaction=True)
