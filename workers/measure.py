@@ -52,6 +52,8 @@ class Measurement:
         self.steady_from: dict[str, float] | None = None
         self.steady_cpu_from = 0.0
         self.steady_started_at: datetime | None = None
+        self.stopped: float | None = None  # `stop`: when training ended
+        self.stopped_cpu = 0.0
 
     def phase(self, name: str, step: int | None = None) -> None:
         now = time.perf_counter()
@@ -68,6 +70,12 @@ class Measurement:
         else:
             part = PARTS.get(name, self.current)
         self.current, self.since = part, now
+
+    def stop(self) -> None:
+        """The attempt's training is over: the clock stops (storing what is left is not training)."""
+        if self.stopped is None:
+            self.stopped = time.perf_counter()
+            self.stopped_cpu = time.process_time()
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
         """Count a trainer step's tokens (its `tokens_per_s` × `time/step_s`)."""
@@ -87,8 +95,8 @@ class Measurement:
         work there, not other processes'); `rollout_steady_cpu`: those since the steady state."""
         from django.conf import settings
 
-        now = time.perf_counter()
-        cpu_now = time.process_time()
+        self.stop()
+        now, cpu_now = self.stopped, self.stopped_cpu
         parts = dict(self.parts)
         parts[self.current] += now - self.since
         wall = now - self.started
@@ -112,7 +120,10 @@ class Measurement:
         rollout_cpu_here_s = rollout_cpu[1]
         busy = machine_busy_s()
         if busy is not None and self.busy_start is not None and wall > 0:
-            others = max(0.0, busy - self.busy_start - own_cpu - rollout_cpu_here_s) / wall
+            # Up to now, not to `stop`: the machine's and this process's CPU time alike.
+            own_now = time.process_time() - self.own_cpu_start
+            elapsed = time.perf_counter() - self.started
+            others = max(0.0, busy - self.busy_start - own_now - rollout_cpu_here_s) / elapsed
             out["machine/others_cores"] = others
             out["machine/contended"] = float(others > settings.LAB_CONTENDED_CORES)
         return out

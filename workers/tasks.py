@@ -82,17 +82,10 @@ def _train(run: Run, worker: str) -> str:
             source=source,
             ledger=CheckpointLedger(run),
         )
+        sink.measurement.stop()  # what follows is storing, not training
         if source is not None:
             summary.update(source.summary())
         sink.close()
-        measured = sink.measurement
-        steady_at = measured.steady_started_at or timezone.now()
-        summary.update(
-            measured.report(
-                RolloutJob.cpu_for(run, measured.started_at, worker),
-                RolloutJob.cpu_for(run, steady_at, worker),
-            )
-        )
     except Exception as exc:
         log.exception("run %s attempt %s failed", run_id, attempt)
         over_memory = isinstance(exc, OverMemoryCeiling)
@@ -117,11 +110,25 @@ def _train(run: Run, worker: str) -> str:
             retry_db(run.retry)(within_cap=False)
             return f"run {run_id} attempt {attempt}: failed; re-queued as attempt {run.attempt}"
         return f"run {run_id} attempt {attempt}: failed"
+    summary.update(measurement(run, sink, worker))
     retry_db(run.finish)(worker, {name: finite_or_none(value) for name, value in summary.items()})
     if run.status in (Run.SUCCEEDED, Run.CANCELLED):
         retry_db(RolloutJob.cancel_for)(run)
         clear_buffer(run)
     return f"run {run_id} attempt {attempt}: {run.status}"
+
+
+def measurement(run: Run, sink: DatabaseSink, worker: str) -> dict[str, float]:
+    """What the attempt cost (`workers.measure`), with the CPU time of its rollout jobs; nothing
+    (logged) if that cannot be read: a run that trained is never failed for its measurement."""
+    measured = sink.measurement
+    try:
+        steady_at = measured.steady_started_at or timezone.now()
+        cpu_for = retry_db(RolloutJob.cpu_for)
+        return measured.report(cpu_for(run, measured.started_at, worker), cpu_for(run, steady_at, worker))
+    except Exception:
+        log.exception("run %s: its measurement could not be made; its summary goes without", run.pk)
+        return {}
 
 
 LEFT_RUNNING = (

@@ -6,6 +6,7 @@ docs/architecture.md, "The comparison dashboard"."""
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections import defaultdict
 from typing import Any
@@ -125,7 +126,9 @@ def _mean_lag(steps: int, sync_interval: int, sync_offset: int, offline: bool) -
     return sum(staleness_lag(t, sync_interval, sync_offset, offline) for t in range(1, steps + 1)) / steps
 
 
-LAG_METRIC = "staleness"
+# The lag a step trained at: the mean over its batch's sequences (an async batch's parts may come
+# from several versions); runs logged before that metric existed have the batch's oldest lag only.
+LAG_METRIC, OLD_LAG_METRIC = "staleness/mean", "staleness"
 
 
 def staleness_rank(config: dict[str, Any]) -> float:
@@ -155,8 +158,9 @@ PROVENANCE_CHECKS = {
 
 def mean_lags(runs: list[Run]) -> dict[str, dict[str, Any]]:
     """Per staleness cell label: `mean_lag`, the lag its runs trained at, mean over their steps
-    (the schedule's, exact; an async cell's measured: the mean of its runs' logged `staleness`,
-    or its bound until one has logged a step), whether it was `measured`, and the async `bound`."""
+    (the schedule's, exact; an async cell's measured: the mean over its runs, of every compared
+    experiment, of their logged `staleness/mean`, or its bound until one has logged a step),
+    whether it was `measured`, and the async `bound`."""
     by_label: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
         by_label[run.staleness].append(run)
@@ -166,7 +170,8 @@ def mean_lags(runs: list[Run]) -> dict[str, dict[str, Any]]:
         if config.get("execution", {}).get("mode") != "async":
             out[label] = {"mean_lag": staleness_rank(config), "measured": False, "bound": None}
             continue
-        logged = [run.mean_lag for run in members if run.mean_lag is not None and math.isfinite(run.mean_lag)]
+        lags = [run.mean_old_lag if run.mean_lag is None else run.mean_lag for run in members]
+        logged = [lag for lag in lags if lag is not None and math.isfinite(lag)]
         bound = staleness_rank(config)
         out[label] = {
             "mean_lag": float(np.mean(logged)) if logged else bound,
@@ -174,6 +179,14 @@ def mean_lags(runs: list[Run]) -> dict[str, dict[str, Any]]:
             "bound": int(bound),
         }
     return out
+
+
+def comparable_config(config: dict[str, Any]) -> str:
+    """A run's config without what a sweep varies (preset, staleness, execution, seed), as text:
+    two experiments whose runs agree on it trained the same task, model, budget and optimiser."""
+    rest = {k: v for k, v in config.items() if k not in ("staleness", "execution", "seed")}
+    rest["algorithm"] = {k: v for k, v in rest.get("algorithm", {}).items() if k != "preset"}
+    return json.dumps(rest, sort_keys=True)
 
 
 def provenance_warnings(runs: list[Run]) -> list[str]:
@@ -215,6 +228,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             },
             mean_step_s=_mean_of(STEP_TIME_METRIC),
             mean_lag=_mean_of(LAG_METRIC),
+            mean_old_lag=_mean_of(OLD_LAG_METRIC),
             mean_tokens_per_s=_mean_of(TOKEN_RATE_METRIC),
         )
     )
@@ -345,6 +359,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             {label: lag["mean_lag"] for label, lag in lags.items()},
             query.delta,
             cell_runs,
+            {(run.experiment_id, run.preset): comparable_config(run.config) for run in runs},
         ),
     }
 
@@ -360,6 +375,7 @@ def staleness_answer(
     mean_lags: dict[str, float],
     delta: float,
     cell_runs: dict[tuple[int, str, str], tuple[int, int]] | None = None,
+    configs: dict[tuple[int, str], str] | None = None,
 ) -> dict[str, Any]:
     """How much each line loses to staleness, and what the data say about the paper's claims.
 
@@ -383,7 +399,7 @@ def staleness_answer(
         return curves.paired_difference(a, b).rounded(digits)
 
     own, finals = finals, dict(finals)
-    borrowed = _borrow_baselines(finals, lines, staleness)
+    borrowed = _borrow_baselines(finals, lines, staleness, configs or {})
     drops, robustness, ties, found = [], [], [], []
     for line in lines:
         cells = {
@@ -458,11 +474,16 @@ def staleness_answer(
 
 
 def _borrow_baselines(
-    finals: dict[tuple[int, str, str], dict[int, float]], lines: list[dict[str, Any]], staleness: list[str]
+    finals: dict[tuple[int, str, str], dict[int, float]],
+    lines: list[dict[str, Any]],
+    staleness: list[str],
+    configs: dict[tuple[int, str], str],
 ) -> dict[tuple[int, str], int]:
     """Lines of several compared experiments that have stale cells but no on-policy runs take those of
-    the same preset from the first other experiment that has them (paired by seed, like their own):
-    added to `finals` under the line's own experiment; returns (experiment, preset) → the lender."""
+    the same preset from the first other experiment that has them and runs the same config apart from
+    preset, staleness, execution and seed (`configs`: (experiment, preset) → that config, as text), paired by
+    seed like their own: added to `finals` under the line's own experiment; returns (experiment,
+    preset) → the lender."""
     borrowed = {}
     for line in lines:
         experiment, preset = line["experiment"], line["preset"]
@@ -472,6 +493,8 @@ def _borrow_baselines(
         for other in lines:
             if other["preset"] != preset or other["experiment"] == experiment:
                 continue
+            if configs.get((other["experiment"], preset)) != configs.get((experiment, preset)):
+                continue  # another task, model, budget or optimiser: no baseline for this line
             lent = findings.baseline([s for s in staleness if (other["experiment"], preset, s) in finals])
             if lent is not None and (other["experiment"], preset) not in borrowed:
                 finals[(experiment, preset, lent)] = finals[(other["experiment"], preset, lent)]

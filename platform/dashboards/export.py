@@ -39,7 +39,7 @@ def summary_csv(payload: dict[str, Any]) -> str:
     """The summary table as CSV: one row per (preset, staleness), the final value with its interval
     (`interval` says what `lo`, `hi` are: a 95% bootstrap CI, also in `ci_lo`/`ci_hi`, from
     `curves.MIN_CI_SEEDS` seeds, else the min–max), how many of its runs collapsed, and then the
-    group's throughput (`throughput_n_seeds`: the runs with logged step times)."""
+    group's throughput (`throughput_n_seeds`: the ended runs its rates rest on, contended ones left out)."""
     out = io.StringIO()
     writer = csv.writer(out)
     several = len(payload["experiments"]) > 1

@@ -64,8 +64,10 @@ class ThroughputOut(CellOut):
     n_contended: int = Field(
         description="runs that ran contended (other processes busy on their machine): left out unless contended=1"
     )
+    n_active: int = Field(description="runs still queued or running: their rates count once they end")
     n_unmeasured: int = Field(
-        description="runs stored before runs were measured (rates from logged step times)"
+        description="ended runs without a measurement (stored before runs were measured, or failed): rates from "
+        "their logged step times"
     )
     steps_per_hour: float | None = Field(
         description="steady-state trainer steps per hour: the steps after the first over their wall-clock (runs measured before this was recorded: 3600 / their mean logged step time)"
@@ -75,12 +77,14 @@ class ThroughputOut(CellOut):
     steps_per_hour_interval: str | None = Field(description=INTERVAL_HELP)
     steps_per_hour_ci_lo: float | None
     steps_per_hour_ci_hi: float | None
+    steps_per_hour_n: int = Field(description="runs this rate rests on")
     tokens_per_s: float | None = Field(description="steady-state response tokens trained per second")
     tokens_per_s_lo: float | None
     tokens_per_s_hi: float | None
     tokens_per_s_interval: str | None = Field(description=INTERVAL_HELP)
     tokens_per_s_ci_lo: float | None
     tokens_per_s_ci_hi: float | None
+    tokens_per_s_n: int = Field(description="runs this rate rests on")
     tokens_per_cpu_s: float | None = Field(
         description="steady-state tokens per CPU second of the trainer's process and of the rollout jobs made for it"
     )
@@ -89,6 +93,7 @@ class ThroughputOut(CellOut):
     tokens_per_cpu_s_interval: str | None = Field(description=INTERVAL_HELP)
     tokens_per_cpu_s_ci_lo: float | None
     tokens_per_cpu_s_ci_hi: float | None
+    tokens_per_cpu_s_n: int = Field(description="runs this rate rests on")
     cold_start_s: float | None = Field(
         description="start-up and θ0 warm start before the first step, seconds (reported apart: no rate includes it)"
     )
@@ -97,6 +102,7 @@ class ThroughputOut(CellOut):
     cold_start_s_interval: str | None = Field(description=INTERVAL_HELP)
     cold_start_s_ci_lo: float | None
     cold_start_s_ci_hi: float | None
+    cold_start_s_n: int = Field(description="runs this rate rests on")
 
 
 class ComparedRunOut(LineOut):
@@ -159,7 +165,10 @@ class SpeedupOut(Schema):
     )
     reference_wall_per_step_s: float | None
     n_pairs: int = Field(description="seed pairs of measured runs that count")
-    n_left_out: int = Field(description="runs of the two cells left out: contended, or not measured")
+    n_left_out: int = Field(
+        description="runs of the two cells left out: contended, not measured, or still going"
+    )
+    n_active: int = Field(description="runs of the two cells still queued or running")
 
 
 class BaselineOut(Schema):

@@ -47,15 +47,16 @@ class Cost:
         if not math.isfinite(steady_s):
             mean_step_s = getattr(run, "mean_step_s", None)
             mean_tokens = getattr(run, "mean_tokens_per_s", None)
-            nan = math.nan
+            unknown = dict.fromkeys(
+                ("others_cores", "tokens_per_cpu_s", "cold_start_s", "first_step_s"), math.nan
+            )
+            unknown |= dict.fromkeys(("wall_per_step_s", "cpu_per_step_s", "attempt_s", "threads"), math.nan)
             return cls(
-                False,
-                None,
-                nan,
-                3600.0 / mean_step_s if mean_step_s else nan,
-                nan if mean_tokens is None else float(mean_tokens),
-                *[nan] * 6,
-                nan,
+                measured=False,
+                contended=None,
+                steps_per_hour=3600.0 / mean_step_s if mean_step_s else math.nan,
+                tokens_per_s=math.nan if mean_tokens is None else float(mean_tokens),
+                **unknown,
             )
         contended = s.get("machine/contended")
         per_step = steps if steps > 0 else math.nan
@@ -103,16 +104,21 @@ def _summary_fields(values: list[float], name: str) -> dict[str, Any]:
 
 
 def cell_throughput(runs: list[Run], costs: Mapping[int, Cost], include_contended: bool) -> dict[str, Any]:
-    """A cell's rates across seeds, each the mean with its interval, from the runs that count
-    (`n_seeds`; `n_contended` left out as contended, `n_unmeasured` with logged step times only)."""
-    counted = [costs[run.pk] for run in runs if costs[run.pk].counts(include_contended)]
+    """A cell's rates across seeds, each the mean with its interval (`<rate>_n`: the runs it rests
+    on), from the ended runs that count: `n_seeds` of them; `n_contended` left out as contended,
+    `n_active` still queued or running (measured once they end), `n_unmeasured` ended with logged
+    step times only (stored before runs were measured, or failed)."""
+    ended = [run for run in runs if run.status not in Run.ACTIVE]
+    counted = [costs[run.pk] for run in ended if costs[run.pk].counts(include_contended)]
     row: dict[str, Any] = {
         "n_seeds": sum(math.isfinite(c.steps_per_hour) for c in counted),
-        "n_contended": sum(bool(costs[run.pk].contended) for run in runs),
-        "n_unmeasured": sum(not costs[run.pk].measured for run in runs),
+        "n_contended": sum(bool(costs[run.pk].contended) for run in ended),
+        "n_active": len(runs) - len(ended),
+        "n_unmeasured": sum(not costs[run.pk].measured for run in ended),
     }
     for name in RATES:
-        row |= _summary_fields([getattr(c, name) for c in counted], name)
+        values = [getattr(c, name) for c in counted]
+        row |= _summary_fields(values, name) | {f"{name}_n": sum(math.isfinite(v) for v in values)}
     return row
 
 
@@ -206,7 +212,10 @@ def speedups(
 
     def usable(run: Run) -> bool:
         cost = costs[run.pk]
-        return cost.measured and cost.counts(include_contended) and math.isfinite(cost.wall_per_step_s)
+        ended = run.status not in Run.ACTIVE
+        return (
+            ended and cost.measured and cost.counts(include_contended) and math.isfinite(cost.wall_per_step_s)
+        )
 
     rows = []
     for (experiment, preset, label), members in cells.items():
@@ -225,8 +234,8 @@ def speedups(
                 _logs(good, costs, 0, "cpu_per_step_s"), _logs(good, costs, 1, "cpu_per_step_s")
             )
             accuracy = curves.paired_difference(
-                {seed: finals.get(pair[0].pk, math.nan) for seed, pair in pairs.items()},
-                {seed: finals.get(pair[1].pk, math.nan) for seed, pair in pairs.items()},
+                {seed: finals.get(pair[0].pk, math.nan) for seed, pair in good.items()},
+                {seed: finals.get(pair[1].pk, math.nan) for seed, pair in good.items()},
             ).rounded(digits)
             rows.append(
                 {
@@ -248,6 +257,7 @@ def speedups(
                     "reference_wall_per_step_s": _mean(good, costs, 1, "wall_per_step_s"),
                     "n_pairs": len(good),
                     "n_left_out": sum(not usable(r) for pair in pairs.values() for r in pair),
+                    "n_active": sum(r.status in Run.ACTIVE for pair in pairs.values() for r in pair),
                 }
             )
     return rows

@@ -146,7 +146,7 @@ def _cells(staleness: list[dict[str, Any]]) -> tuple[list[StalenessCell | None],
             cells.append(None)
             for dotted, message in error_list(exc):
                 if dotted in ("mode", "max_staleness"):
-                    error = ("staleness.async", f"{dotted}: {message}")
+                    error = (_staleness_field(setting), f"{dotted}: {message}")
                 elif dotted == "config":  # a rule of the whole cell
                     error = (_staleness_field(setting), message)
                 else:

@@ -23,7 +23,7 @@ from django.db.models import (
     When,
     Window,
 )
-from django.db.models.functions import Coalesce, Now, RowNumber
+from django.db.models.functions import Now, RowNumber
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
@@ -364,8 +364,19 @@ def run_list(request: HttpRequest) -> HttpResponse:
 
 
 def _took():
-    """How long a run took, or has been running so far (null before it started)."""
-    return ExpressionWrapper(Coalesce(F("finished"), Now()) - F("started"), output_field=DurationField())
+    """How long a run took, or has been running so far (null when neither: not started, or queued
+    again for a retry), as `Run.duration_s` says."""
+    running = Q(status=Run.RUNNING, finished=None)
+    return Case(
+        When(running, then=ExpressionWrapper(Now() - F("started"), output_field=DurationField())),
+        When(
+            ~running,
+            finished__isnull=False,
+            then=ExpressionWrapper(F("finished") - F("started"), output_field=DurationField()),
+        ),
+        default=None,
+        output_field=DurationField(),
+    )
 
 
 # How the runs list can be ordered: its sort choice → order_by.

@@ -3,17 +3,28 @@ are marked `(distributed)`, async runs read `async ≤ k` (they read `async,max_
 
 from django.db import migrations
 
-from rlcore.config import StalenessConfig, cell_label
+
+def _schedule_label(staleness: dict) -> str:
+    """A stored staleness section's label, as `StalenessConfig.label` gave it when this was written."""
+    if staleness.get("offline"):
+        return "offline"
+    parts = []
+    if staleness.get("sync_interval", 1) != 1:
+        parts.append(f"sync_interval={staleness['sync_interval']}")
+    if staleness.get("sync_offset", 0):
+        parts.append(f"sync_offset={staleness['sync_offset']}")
+    return ",".join(parts) or "on-policy"
 
 
 def _labels(config: dict) -> tuple[str, str]:
     """(the label before this migration, the cell label) of a stored run config."""
     execution = config.get("execution") or {}
     mode = execution.get("mode", "simulated")
-    schedule = StalenessConfig.model_validate(config.get("staleness") or {}).label
+    schedule = _schedule_label(config.get("staleness") or {})
     bound = execution.get("max_staleness")
-    old = f"async,max_staleness={bound}" if mode == "async" else schedule
-    return old, cell_label(mode, schedule, bound)
+    if mode == "async":
+        return f"async,max_staleness={bound}", f"async ≤ {bound}"
+    return schedule, f"{schedule} (distributed)" if mode == "distributed" else schedule
 
 
 def _relabel(apps, new: bool) -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Count, F, Min, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -22,6 +22,7 @@ from experiments.collapse import METRIC as COLLAPSE_METRIC
 from experiments.collapse import Collapse, find_collapse
 from experiments.models.jobs import RolloutJob
 from experiments.models.results import Completion, MetricPoint
+from experiments.models.turns import TakingTurns
 from experiments.text import public_error
 from rlcore.config import RunConfig, error_list
 from rlcore.sinks import SUMMARY_LATEST
@@ -149,10 +150,7 @@ class SweepTemplate(models.Model):
         return f"{self.name} ({self.team})"
 
 
-NEVER = datetime.min.replace(tzinfo=UTC)  # a team never served goes before any that was
-
-
-class Run(Leased):
+class Run(TakingTurns, Leased):
     QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST = (
         "queued",
         "running",
@@ -392,64 +390,6 @@ class Run(Leased):
     def latest_rollout_jobs(self, limit: int) -> list[RolloutJob]:
         """The run's last `limit` rollout jobs: newest step first, parts in order within a step."""
         return list(self.rollout_jobs.order_by("-step", "kind", "part")[:limit])
-
-    @classmethod
-    def running_per_team(cls) -> dict[int, int]:
-        """Team id → how many of its runs are running now (on any queue)."""
-        return dict(
-            cls.objects.filter(status=cls.RUNNING)
-            .values_list("experiment__team")
-            .annotate(n=Count("id"))
-            .order_by()
-        )
-
-    @classmethod
-    def claim_next(cls, queue: str, worker: str) -> Run | None:
-        """Claim the next queued run of `queue` for `worker`, whatever order the broker delivers
-        its messages in. Teams take turns: the team with the fewest running runs goes first, then
-        the one served least recently (`Team.last_claimed`), then the one whose oldest queued run
-        is oldest; within a team, first in, first out. A team running `LAB_TEAM_MAX_RUNNING` runs
-        waits. A serial run (measured alone) starts only when no run is running, and while its
-        turn waits for that, or while it runs, no other run starts. None if no run can start."""
-        cap = settings.LAB_TEAM_MAX_RUNNING
-        while True:
-            serial_work = cls.objects.filter(status__in=cls.ACTIVE, serial=True).exists()
-            if serial_work and cls.objects.filter(status=cls.RUNNING, serial=True).exists():
-                return None
-            heads = dict(
-                cls.objects.filter(status=cls.QUEUED, queue=queue)
-                .values_list("experiment__team")
-                .annotate(oldest=Min("id"))
-                .order_by()
-            )
-            running = cls.running_per_team()
-            served = dict(Team.objects.filter(pk__in=heads).values_list("pk", "last_claimed"))
-            turns = sorted(
-                (running.get(team, 0), served[team] or NEVER, oldest, team)
-                for team, oldest in heads.items()
-                if not cap or running.get(team, 0) < cap
-            )
-            if not turns:
-                return None
-            *_, oldest, team = turns[0]
-            with transaction.atomic():
-                if serial_work:
-                    # Every claim takes turns while serial runs wait or run (the first team's row as
-                    # the lock), so no run starts beside one that is measured alone.
-                    Team.objects.select_for_update().order_by("pk").first()
-                    if cls.objects.filter(status=cls.RUNNING, serial=True).exists():
-                        return None
-                # Claims of one team's runs take turns, so two workers never both take its last slot.
-                Team.objects.select_for_update().filter(pk=team).first()
-                if cap and cls.objects.filter(status=cls.RUNNING, experiment__team=team).count() >= cap:
-                    continue
-                run = cls.objects.get(pk=oldest)
-                if run.serial and cls.objects.filter(status=cls.RUNNING).exists():
-                    return None  # its turn: the pool drains, and it starts once nothing runs
-                if run.claim(worker, run.attempt):
-                    Team.objects.filter(pk=team).update(last_claimed=run.started)
-                    return run
-            # Another worker claimed it (or it was cancelled) in the meantime: look again.
 
     @classmethod
     def claim_resets(cls) -> dict:

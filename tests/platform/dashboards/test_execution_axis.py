@@ -50,10 +50,12 @@ def test_an_async_cell_is_compared_with_the_same_on_policy_runs(start_worker, te
     assert response.status_code == 200
     payload = response.json()
 
-    # The measured lag is what the async runs logged: the mean over their steps of `staleness`.
+    # The measured lag is what the async runs logged: the mean over their steps of `staleness/mean`.
     async_runs = [r for r in runs if r.staleness == "async ≤ 2"]
     logged = [
-        np.mean(list(MetricPoint.objects.filter(run=r, name="staleness").values_list("value", flat=True)))
+        np.mean(
+            list(MetricPoint.objects.filter(run=r, name="staleness/mean").values_list("value", flat=True))
+        )
         for r in async_runs
     ]
     lag = payload["lags"]["async ≤ 2"]

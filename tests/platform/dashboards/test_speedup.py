@@ -166,3 +166,20 @@ def test_a_line_without_on_policy_runs_borrows_them_from_another_compared_experi
     # Alone, the stale experiment has no baseline and no drop.
     alone = payload(alice_client, stale, metric="reward/mean")
     assert alone["drops"] == [] and alone["borrowed"] == []
+
+
+def test_an_experiment_with_another_config_lends_no_baseline(alice_client, team, alice):
+    baseline = make_finished_experiment(team, alice, "baseline", presets=("grpo",), staleness=({},))
+    stale = make_finished_experiment(
+        team, alice, "stale", presets=("grpo",), staleness=({"mode": "async", "max_staleness": 2},)
+    )
+    for run in stale.runs.all():  # trained with another learning rate
+        run.config = {**run.config, "optimizer": {**run.config["optimizer"], "lr": 1e-4}}
+        run.save(update_fields=["config"])
+    ids = list(Run.objects.filter(experiment__in=[baseline, stale]).values_list("pk", flat=True))
+    data = alice_client.get(
+        reverse("runs-compare-data"), {"runs": ",".join(map(str, ids)), "metric": "reward/mean"}
+    )
+    assert data.json()["borrowed"] == [] and not [
+        d for d in data.json()["drops"] if d["experiment"] == stale.pk
+    ]

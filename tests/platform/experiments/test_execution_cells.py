@@ -72,9 +72,10 @@ def test_async_cells_sit_beside_schedules_and_each_cell_may_set_its_mode():
         ),
         (
             [{"mode": "fast"}],
-            "staleness.async",
+            "staleness",
             "mode: Input should be 'simulated', 'distributed' or 'async'",
         ),
+        ([{"mode": "fast", "sync_offset": 2}], "staleness.sync_offset", "mode: Input should be"),
         (
             [{"mode": "async"}, {"mode": "async", "max_staleness": 1}],
             "staleness.async",

@@ -347,9 +347,11 @@
       return {
         x: payload.staleness.map(lagOf),
         y: points.map(value),
-        customdata: points.map((r, i) =>
-          r ? `${escapeText(payload.staleness[i])} (${lagText(payload.staleness[i])}) · ${r[fields.interval] ?? "no interval"} over ${r.n_seeds} seed${r.n_seeds === 1 ? "" : "s"}` : "",
-        ),
+        customdata: points.map((r, i) => {
+          if (!r) return "";
+          const n = r[fields.n ?? "n_seeds"];
+          return `${escapeText(payload.staleness[i])} (${lagText(payload.staleness[i])}) · ${r[fields.interval] ?? "no interval"} over ${n} seed${n === 1 ? "" : "s"}`;
+        }),
         error_y: {
           type: "data",
           symmetric: false,
@@ -397,7 +399,7 @@
       ["throughput-tokens", "tokens_per_s", "steady-state tokens/s", "tokens/s"],
       ["throughput-cpu", "tokens_per_cpu_s", "tokens per CPU second", "tokens / CPU s"],
     ]) {
-      const fields = { value: name, lo: `${name}_lo`, hi: `${name}_hi`, interval: `${name}_interval` };
+      const fields = { value: name, lo: `${name}_lo`, hi: `${name}_hi`, interval: `${name}_interval`, n: `${name}_n` };
       drawVersusStaleness(element, payload.throughput, fields, { kind: name, title, yTitle, fromZero: true });
     }
   }
@@ -434,7 +436,7 @@
         ratioText(r.speedup),
         ratioText(r.cpu_cost),
         seconds,
-        r.n_left_out ? `${r.n_left_out} (contended or not measured)` : "none",
+        r.n_left_out ? `${r.n_left_out} (${r.n_active ? `${r.n_active} still going; ` : ""}contended or not measured)` : "none",
       ]);
       tr.dataset.preset = r.preset;
       tr.dataset.staleness = r.staleness;
