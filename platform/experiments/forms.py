@@ -15,7 +15,7 @@ from accounts.models import Team
 from execution.models import Worker
 from experiments import sweeps
 from experiments.models import queued_cap_refusal
-from rlcore.config import RunConfig, StalenessConfig
+from rlcore.config import SCHEDULE_MODES, RunConfig, StalenessConfig
 from rlcore.presets import PRESETS
 
 # Set per run by the grid, so not run-parameter fields of the form.
@@ -228,7 +228,21 @@ def initial_from_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     warnings: list[str] = []
     intervals, offsets, bounds = [], [], []
     base_mode = spec.get("config", {}).get("execution", {}).get("mode", "simulated")
-    for setting in spec.get("staleness", []):
+    cells = list(spec.get("staleness", []))
+    # Every schedule in both modes, as "Each schedule both simulated and distributed" wrote it.
+    schedules = [c for c in cells if c.get("mode") != "async"]
+    by_mode = {
+        m: [{k: v for k, v in c.items() if k != "mode"} for c in schedules if c.get("mode") == m]
+        for m in SCHEDULE_MODES
+    }
+    if (
+        schedules
+        and len(schedules) == 2 * len(by_mode["simulated"])
+        and by_mode["simulated"] == by_mode["distributed"]
+    ):
+        initial["both_modes"] = True
+        cells = [*by_mode["simulated"], *(c for c in cells if c.get("mode") == "async")]
+    for setting in cells:
         if setting.get("mode") == "async" and set(setting) <= {"mode", "max_staleness"}:
             bounds.append(setting.get("max_staleness", 1))
             continue
@@ -299,6 +313,14 @@ class SweepForm(forms.Form):
         help_text=f"{_staleness_help('sync_offset')}. E.g. 8, 32: one run setting per value",
     )
     offline = forms.BooleanField(required=False, label="Offline", help_text=_staleness_help("offline"))
+    both_modes = forms.BooleanField(
+        required=False,
+        label="Each schedule both simulated and distributed",
+        help_text=(
+            "two cells per schedule: one simulated, one on rollout workers (labelled (distributed)); the same "
+            "numbers, for what running apart costs or saves in wall-clock"
+        ),
+    )
     async_bounds = forms.CharField(
         required=False,
         label="Async bounds",
@@ -332,7 +354,15 @@ class SweepForm(forms.Form):
 
     def staleness_fields(self) -> list[forms.BoundField]:
         return [
-            self[name] for name in ("on_policy", "sync_intervals", "sync_offsets", "offline", "async_bounds")
+            self[name]
+            for name in (
+                "on_policy",
+                "sync_intervals",
+                "sync_offsets",
+                "offline",
+                "both_modes",
+                "async_bounds",
+            )
         ]
 
     def preset_options(self) -> list[tuple[Any, str]]:
@@ -410,6 +440,8 @@ class SweepForm(forms.Form):
         settings += [{"sync_offset": d} for d in data.get("sync_offsets", [])]
         if data.get("offline"):
             settings.append({"offline": True})
+        if data.get("both_modes"):
+            settings = [{**s, "mode": mode} for s in settings for mode in SCHEDULE_MODES]
         settings += [{"mode": "async", "max_staleness": k} for k in data.get("async_bounds", [])]
         return settings
 

@@ -148,3 +148,41 @@ def test_a_cell_in_another_mode_than_the_sweeps_is_kept_by_the_api_and_named_on_
         "the staleness cell {'sync_offset': 2, 'mode': 'distributed'} runs distributed, and the form runs "
         "every schedule cell in the sweep's mode (simulated); submit it through the API"
     ]
+
+
+def test_the_form_runs_each_schedule_in_both_modes_on_request(alice_client, team):
+    form = {
+        "name": "both",
+        "team": team.pk,
+        "presets": ["grpo"],
+        "on_policy": "on",
+        "sync_offsets": "2",
+        "both_modes": "on",
+        "async_bounds": "2",
+        "seeds": "0",
+        "steps": "6",
+        "rollout.group_size": "4",
+    }
+    response = alice_client.post(reverse("submit-sweep"), form)
+    assert response.status_code == 302, response.context["form"].errors
+    experiment = Experiment.objects.get(name="both")
+    assert sorted(r.staleness for r in experiment.runs.all()) == [
+        "async ≤ 2",
+        "on-policy",
+        "on-policy (distributed)",
+        "sync_offset=2",
+        "sync_offset=2 (distributed)",
+    ]
+    initial, warnings = initial_from_spec(experiment.spec)
+    assert (
+        initial["both_modes"],
+        initial["on_policy"],
+        initial["sync_offsets"],
+        initial["async_bounds"],
+    ) == (
+        True,
+        True,
+        "2",
+        "2",
+    )
+    assert warnings == []

@@ -108,3 +108,38 @@ def test_the_form_explains_itself_and_links_each_error_to_its_field(page, live_s
         assert page.evaluate("location.hash") == href
         assert page.evaluate("document.querySelector(':target').id") == href[1:]
     assert Run.objects.count() == 0
+
+
+def test_the_experiment_pages_runs_sort_by_a_clicked_column_and_stay_sorted_while_it_refreshes(
+    page, live_server, team, alice
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    experiment = queue_sweep(team, alice, "sorted", seeds=(0, 1, 2))
+    first, second, third = experiment.runs.order_by("pk")
+    now = timezone.now()
+    Run.objects.filter(pk=first.pk).update(
+        status=Run.SUCCEEDED, started=now - timedelta(seconds=50), finished=now
+    )
+    Run.objects.filter(pk=second.pk).update(
+        status=Run.SUCCEEDED, started=now - timedelta(seconds=500), finished=now
+    )
+    page.goto(live_server.url + reverse("experiment-detail", args=[experiment.pk]))
+
+    def order() -> list[str]:
+        return page.eval_on_selector_all("#sweep-runs tr[data-run]", "rows => rows.map(r => r.dataset.run)")
+
+    assert order() == [str(first.pk), str(second.pk), str(third.pk)]
+    page.click("#sweep-runs th:text-is('Took')")
+    assert order() == [str(first.pk), str(second.pk), str(third.pk)], "shortest first, not started last"
+    page.click("#sweep-runs th:text-is('Took')")
+    assert order() == [str(second.pk), str(first.pk), str(third.pk)]
+    # The third still queued, the page refreshes; the order holds.
+    Run.objects.filter(pk=third.pk).update(
+        status=Run.SUCCEEDED, started=now - timedelta(seconds=900), finished=now
+    )
+    page.wait_for_function("() => document.querySelector('#runs [data-active=false]')")
+    assert order() == [str(third.pk), str(second.pk), str(first.pk)]
+    page.screenshot(path=TEST_VAR / "screenshots" / "experiment-sorted.png", full_page=True)

@@ -43,7 +43,8 @@
   function update() {
     const presets = form.querySelectorAll("input[name=presets]:checked").length;
     const stale = count(form.sync_intervals.value) + count(form.sync_offsets.value) + (form.offline.checked ? 1 : 0);
-    const settings = (form.on_policy.checked ? 1 : 0) + stale + count(form.async_bounds.value);
+    const schedules = (form.on_policy.checked ? 1 : 0) + stale;
+    const settings = schedules * (form.both_modes.checked ? 2 : 1) + count(form.async_bounds.value);
     const runs = presets * settings * count(form.seeds.value);
     const found = typingProblems();
     problems.replaceChildren(
