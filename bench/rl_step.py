@@ -57,7 +57,6 @@ EVAL_SIZE = 8  # rlcore evaluates before the first and after the last step, outs
 # uncontended read 1.4-2.1 under contention).
 MAX_OTHERS = 0.1
 IDLE_WAIT_S = 120
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -92,11 +91,9 @@ Snapshot = tuple[float, float, float]
 
 def snapshot() -> Snapshot:
     """(wall seconds, CPU seconds busy on the whole machine, CPU seconds of this process)."""
-    user, nice, system, idle, iowait, irq, softirq, steal = (
-        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-    )
-    busy = (user + nice + system + irq + softirq + steal) / CLK_TCK
-    return time.perf_counter(), busy, time.process_time()
+    from workers.measure import machine_busy_s  # the one reading of /proc/stat, as workers measure runs
+
+    return time.perf_counter(), machine_busy_s(), time.process_time()
 
 
 def others_cores(start: Snapshot, end: Snapshot) -> float:

@@ -65,11 +65,10 @@ def usable_cores() -> int:
 
 
 def machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy since boot."""
-    user, nice, system, idle, iowait, irq, softirq, steal = (
-        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-    )
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+    """CPU seconds the whole machine has been busy since boot (as workers measure runs)."""
+    from workers import measure
+
+    return measure.machine_busy_s()
 
 
 def others_cores_now(seconds: float = 1.0) -> float:

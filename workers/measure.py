@@ -8,6 +8,7 @@ throughput says more about the machine's load than about the run (docs/architect
 from __future__ import annotations
 
 import os
+import platform
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -86,13 +87,11 @@ class Measurement:
         if step != self.first_step:
             self.steady_tokens += tokens
 
-    def report(
-        self, rollout_cpu: tuple[float, float], rollout_steady_cpu: tuple[float, float]
-    ) -> dict[str, float]:
+    def report(self, rollout_jobs: list[tuple[str, float, datetime]]) -> dict[str, float]:
         """The attempt's numbers, flat, for the run's summary (`time/<part>_s`, and `_steady_s` for
-        evaluations and checkpoints in the steady state). `rollout_cpu`: CPU seconds of the run's
-        rollout jobs made since the attempt started, in all and on this machine (the run's own
-        work there, not other processes'); `rollout_steady_cpu`: those since the steady state."""
+        evaluations and checkpoints in the steady state). `rollout_jobs`: (worker, CPU seconds,
+        finished) of the rollout jobs made for the attempt; those made on this machine are the
+        run's own work there, not other processes'."""
         from django.conf import settings
 
         self.stop()
@@ -102,6 +101,10 @@ class Measurement:
         wall = now - self.started
         own_cpu = cpu_now - self.own_cpu_start
         steady_from = self.steady_from or parts
+
+        def steady(finished: datetime) -> bool:
+            return self.steady_started_at is not None and finished >= self.steady_started_at
+
         out = {f"time/{name}_s": seconds for name, seconds in parts.items()}
         out |= {
             "time/eval_steady_s": parts["eval"] - steady_from["eval"],
@@ -112,12 +115,13 @@ class Measurement:
             "tokens/steady": self.steady_tokens,
             "cpu/trainer_s": own_cpu,
             "cpu/trainer_steady_s": cpu_now - self.steady_cpu_from if self.steady_from else 0.0,
-            "cpu/rollout_s": rollout_cpu[0],
-            "cpu/rollout_steady_s": rollout_steady_cpu[0],
+            "cpu/rollout_s": sum(cpu_s for _, cpu_s, _ in rollout_jobs),
+            "cpu/rollout_steady_s": sum(cpu_s for _, cpu_s, finished in rollout_jobs if steady(finished)),
             "threads/trainer": float(_torch_threads()),
             "machine/cores": float(os.cpu_count() or 0),
         }
-        rollout_cpu_here_s = rollout_cpu[1]
+        here = f"{platform.node()}:"
+        rollout_cpu_here_s = sum(cpu_s for worker, cpu_s, _ in rollout_jobs if worker.startswith(here))
         busy = machine_busy_s()
         if busy is not None and self.busy_start is not None and wall > 0:
             # Up to now, not to `stop`: the machine's and this process's CPU time alike.

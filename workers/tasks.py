@@ -15,7 +15,6 @@ import time
 from celery.signals import worker_init, worker_ready
 from django.conf import settings
 from django.db import close_old_connections, connection
-from django.utils import timezone
 
 from execution.models import Worker
 from experiments import dispatch
@@ -123,9 +122,7 @@ def measurement(run: Run, sink: DatabaseSink, worker: str) -> dict[str, float]:
     (logged) if that cannot be read: a run that trained is never failed for its measurement."""
     measured = sink.measurement
     try:
-        steady_at = measured.steady_started_at or timezone.now()
-        cpu_for = retry_db(RolloutJob.cpu_for)
-        return measured.report(cpu_for(run, measured.started_at, worker), cpu_for(run, steady_at, worker))
+        return measured.report(retry_db(RolloutJob.cpu_rows)(run, measured.started_at, worker))
     except Exception:
         log.exception("run %s: its measurement could not be made; its summary goes without", run.pk)
         return {}

@@ -93,10 +93,6 @@ def _series(run: Run, query: ComparisonQuery, points, lengths) -> curves.Series:
     return curves.Series.of(x, values)
 
 
-def _scalar(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 def _mean_of(name: str) -> Subquery:
     """The mean of metric `name` over the outer run's steps (missing values left out; None if none)."""
     return Subquery(
@@ -106,19 +102,6 @@ def _mean_of(name: str) -> Subquery:
         .annotate(mean=Avg("value"))
         .values("mean")
     )
-
-
-def _interval_fields(result: curves.Summary | curves.Difference, prefix: str = "") -> dict[str, Any]:
-    """`lo`, `hi` and `interval` (its kind: 95% bootstrap CI, min–max, or None for one seed), and
-    `ci_lo`, `ci_hi`: the same bounds when they are a CI, else None."""
-    ci = result.interval == curves.CI
-    return {
-        f"{prefix}lo": _scalar(result.lo),
-        f"{prefix}hi": _scalar(result.hi),
-        f"{prefix}interval": result.interval,
-        f"{prefix}ci_lo": _scalar(result.lo) if ci else None,
-        f"{prefix}ci_hi": _scalar(result.hi) if ci else None,
-    }
 
 
 @functools.cache
@@ -164,13 +147,28 @@ def mean_lags(runs: list[Run]) -> dict[str, dict[str, Any]]:
     by_label: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
         by_label[run.staleness].append(run)
+    # Only async runs' lags are read (one query): a schedule's are known from its config.
+    async_ids = [run.pk for run in runs if run.config.get("execution", {}).get("mode") == "async"]
+    logged_lags: dict[tuple[int, str], float] = {
+        (run_id, name): mean
+        for run_id, name, mean in MetricPoint.objects.filter(
+            run_id__in=async_ids, name__in=(LAG_METRIC, OLD_LAG_METRIC)
+        )
+        .values("run_id", "name")
+        .annotate(mean=Avg("value"))
+        .order_by()
+        .values_list("run_id", "name", "mean")
+    }
     out = {}
     for label, members in by_label.items():
         config = members[0].config
         if config.get("execution", {}).get("mode") != "async":
             out[label] = {"mean_lag": staleness_rank(config), "measured": False, "bound": None}
             continue
-        lags = [run.mean_old_lag if run.mean_lag is None else run.mean_lag for run in members]
+        lags = [
+            logged_lags.get((run.pk, LAG_METRIC), logged_lags.get((run.pk, OLD_LAG_METRIC)))
+            for run in members
+        ]
         logged = [lag for lag in lags if lag is not None and math.isfinite(lag)]
         bound = staleness_rank(config)
         out[label] = {
@@ -227,8 +225,6 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 for name in SCATTER_METRICS
             },
             mean_step_s=_mean_of(STEP_TIME_METRIC),
-            mean_lag=_mean_of(LAG_METRIC),
-            mean_old_lag=_mean_of(OLD_LAG_METRIC),
             mean_tokens_per_s=_mean_of(TOKEN_RATE_METRIC),
         )
     )
@@ -299,9 +295,9 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                     **key,
                     "n_seeds": result.n_seeds,
                     "n_active": sum(run.is_active for run in group_runs),
-                    "value": _scalar(result.mean),
-                    **_interval_fields(result),
-                    "std": _scalar(result.std),
+                    "value": curves.scalar(result.mean),
+                    **curves.interval_fields(result),
+                    "std": curves.scalar(result.std),
                     "n_collapsed": sum(bool(run.collapsed) for run in group_runs),
                 }
             )
@@ -315,7 +311,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                     "status": run.status,
                     "collapsed": run.collapsed,
                     "collapsed_step": run.summary.get("collapsed_step"),
-                    "final": _scalar(finals.get(run.pk, math.nan)),
+                    "final": curves.scalar(finals.get(run.pk, math.nan)),
                     **{name: getattr(run, f"last_{name}") for name in SCATTER_METRICS},
                     "execution": run.execution_mode,
                     "duration_s": run.duration_s,
@@ -365,7 +361,12 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
 
 
 def _difference_row(d: curves.Difference) -> dict[str, Any]:
-    return {"n_seeds": d.n_pairs, "value": _scalar(d.mean), **_interval_fields(d), "std": _scalar(d.std)}
+    return {
+        "n_seeds": d.n_pairs,
+        "value": curves.scalar(d.mean),
+        **curves.interval_fields(d),
+        "std": curves.scalar(d.std),
+    }
 
 
 def staleness_answer(
@@ -424,8 +425,8 @@ def staleness_answer(
                 **line,
                 "baseline": baseline,
                 "settings": list(changes),
-                "mean_drop": _scalar(round(float(np.mean(means)), digits)) if means else None,
-                "worst_drop": _scalar(min(means)) if means else None,
+                "mean_drop": curves.scalar(round(float(np.mean(means)), digits)) if means else None,
+                "worst_drop": curves.scalar(min(means)) if means else None,
                 "tolerance": curves.tolerance(tested, changes, delta),
                 "rank": None,
                 "n_seeds": min(pairs) if pairs else 0,

@@ -5,8 +5,10 @@ and their edge cases: docs/algorithms.md §12."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -362,3 +364,21 @@ def tolerance(settings: Sequence[str], drops: Mapping[str, Difference], delta: f
             break
         tolerated = setting
     return tolerated
+
+
+def scalar(value: float) -> float | None:
+    """A number for JSON: None where it is not finite."""
+    return value if math.isfinite(value) else None
+
+
+def interval_fields(result: Summary | Difference, prefix: str = "") -> dict[str, Any]:
+    """`lo`, `hi` and `interval` (its kind: 95% bootstrap CI, min–max, or None for one seed), and
+    `ci_lo`, `ci_hi`: the same bounds when they are a CI, else None; each name after `prefix`."""
+    ci = result.interval == CI
+    return {
+        f"{prefix}lo": scalar(result.lo),
+        f"{prefix}hi": scalar(result.hi),
+        f"{prefix}interval": result.interval,
+        f"{prefix}ci_lo": scalar(result.lo) if ci else None,
+        f"{prefix}ci_hi": scalar(result.hi) if ci else None,
+    }

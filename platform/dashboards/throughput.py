@@ -86,21 +86,9 @@ class Cost:
 RATES = ("steps_per_hour", "tokens_per_s", "tokens_per_cpu_s", "cold_start_s")
 
 
-def _scalar(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 def _summary_fields(values: list[float], name: str) -> dict[str, Any]:
     result = curves.summarise(values)
-    ci = result.interval == curves.CI
-    return {
-        name: _scalar(result.mean),
-        f"{name}_lo": _scalar(result.lo),
-        f"{name}_hi": _scalar(result.hi),
-        f"{name}_interval": result.interval,
-        f"{name}_ci_lo": _scalar(result.lo) if ci else None,
-        f"{name}_ci_hi": _scalar(result.hi) if ci else None,
-    }
+    return {name: curves.scalar(result.mean), **curves.interval_fields(result, f"{name}_")}
 
 
 def cell_throughput(runs: list[Run], costs: Mapping[int, Cost], include_contended: bool) -> dict[str, Any]:
@@ -127,12 +115,12 @@ def run_fields(cost: Cost) -> dict[str, Any]:
     return {
         "measured": cost.measured,
         "contended": cost.contended,
-        "others_cores": _scalar(cost.others_cores),
-        "steps_per_hour": _scalar(cost.steps_per_hour),
-        "tokens_per_s": _scalar(cost.tokens_per_s),
-        "tokens_per_cpu_s": _scalar(cost.tokens_per_cpu_s),
-        "cold_start_s": _scalar(cost.cold_start_s),
-        "first_step_s": _scalar(cost.first_step_s),
+        "others_cores": curves.scalar(cost.others_cores),
+        "steps_per_hour": curves.scalar(cost.steps_per_hour),
+        "tokens_per_s": curves.scalar(cost.tokens_per_s),
+        "tokens_per_cpu_s": curves.scalar(cost.tokens_per_cpu_s),
+        "cold_start_s": curves.scalar(cost.cold_start_s),
+        "first_step_s": curves.scalar(cost.first_step_s),
     }
 
 
@@ -163,9 +151,9 @@ def _schedule_key(staleness: Mapping[str, Any]) -> tuple[int, int, bool]:
 def _geometric(d: curves.Difference) -> dict[str, Any]:
     """A paired difference of logs as a ratio: exp of its mean and bounds."""
     return {
-        "value": _scalar(math.exp(d.mean)) if math.isfinite(d.mean) else None,
-        "lo": _scalar(math.exp(d.lo)) if math.isfinite(d.lo) else None,
-        "hi": _scalar(math.exp(d.hi)) if math.isfinite(d.hi) else None,
+        "value": curves.scalar(math.exp(d.mean)) if math.isfinite(d.mean) else None,
+        "lo": curves.scalar(math.exp(d.lo)) if math.isfinite(d.lo) else None,
+        "hi": curves.scalar(math.exp(d.hi)) if math.isfinite(d.hi) else None,
         "interval": curves.interval_kind(d.n_pairs) if d.n_pairs else None,
         "n_pairs": d.n_pairs,
     }
@@ -183,7 +171,7 @@ def _logs(pairs: Pairs, costs: Mapping[int, Cost], index: int, field: str) -> di
 def _mean(pairs: Pairs, costs: Mapping[int, Cost], index: int, field: str) -> float | None:
     if not pairs:
         return None
-    return _scalar(float(np.mean([getattr(costs[pair[index].pk], field) for pair in pairs.values()])))
+    return curves.scalar(float(np.mean([getattr(costs[pair[index].pk], field) for pair in pairs.values()])))
 
 
 def speedups(
@@ -247,9 +235,9 @@ def speedups(
                     "speedup": _geometric(wall),
                     "cpu_cost": _geometric(cpu),
                     "accuracy_change": {
-                        "value": _scalar(accuracy.mean),
-                        "lo": _scalar(accuracy.lo),
-                        "hi": _scalar(accuracy.hi),
+                        "value": curves.scalar(accuracy.mean),
+                        "lo": curves.scalar(accuracy.lo),
+                        "hi": curves.scalar(accuracy.hi),
                         "interval": accuracy.interval,
                         "n_pairs": accuracy.n_pairs,
                     },

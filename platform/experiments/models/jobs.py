@@ -3,7 +3,6 @@ leased like a run), the policy versions it published and the checkpoints it wrot
 
 from __future__ import annotations
 
-import platform
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -110,17 +109,11 @@ class RolloutJob(Leased):
         )
 
     @classmethod
-    def cpu_for(cls, run: models.Model, since: datetime, trainer: str) -> tuple[float, float]:
-        """CPU seconds of the run's rollout jobs made since `since` by rollout workers (not by its
-        `trainer` itself, whose own CPU time counts them): in all, and on this machine."""
-        here = f"{platform.node()}:"
-        total = mine = 0.0
+    def cpu_rows(cls, run: models.Model, since: datetime, trainer: str) -> list[tuple[str, float, datetime]]:
+        """(worker, CPU seconds, finished) of the run's rollout jobs made since `since` by rollout
+        workers (not by its `trainer` itself, whose own CPU time counts them)."""
         rows = cls.objects.filter(run=run, status=cls.DONE, finished__gte=since, cpu_s__isnull=False)
-        rows = rows.exclude(worker=trainer)
-        for worker, cpu_s in rows.values_list("worker", "cpu_s"):
-            total += cpu_s
-            mine += cpu_s if worker.startswith(here) else 0.0
-        return total, mine
+        return list(rows.exclude(worker=trainer).values_list("worker", "cpu_s", "finished"))
 
     @property
     def failures(self) -> int:

@@ -313,10 +313,9 @@
     }
   }
 
-  // Runs whose policy collapsed (held-out accuracy fell to near zero and stayed), each linked to its page.
-  function drawCollapsed() {
-    const box = document.getElementById("collapsed-runs");
-    const runs = payload.runs.filter((r) => r.collapsed);
+  // A list of runs under its heading (hidden when empty), each linked to its page, then `describe(run)`.
+  function drawRunList(id, runs, describe) {
+    const box = document.getElementById(id);
     box.hidden = runs.length === 0;
     box.querySelector("ul").replaceChildren(
       ...runs.map((r) => {
@@ -325,10 +324,15 @@
         const link = document.createElement("a");
         link.href = `/runs/${r.id}/`;
         link.textContent = `run ${r.id}`;
-        li.append(link, ` · ${r.line} · ${r.staleness} · seed ${r.seed}: collapsed at step ${r.collapsed_step}, ended ${r.status}`);
+        li.append(link, ` · ${r.line} · ${r.staleness} · seed ${r.seed}: ${describe(r)}`);
         return li;
       }),
     );
+  }
+
+  // Runs whose policy collapsed (held-out accuracy fell to near zero and stayed).
+  function drawCollapsed() {
+    drawRunList("collapsed-runs", payload.runs.filter((r) => r.collapsed), (r) => `collapsed at step ${r.collapsed_step}, ended ${r.status}`);
   }
 
   // One trace per line over the staleness settings (a category axis): `fields.value` of the line's
@@ -468,22 +472,11 @@
 
   // Runs that ran contended: flagged, and left out of the throughput and the speed-ups unless counted.
   function drawContended() {
-    const box = document.getElementById("contended-runs");
-    const runs = payload.runs.filter((r) => r.contended);
-    box.hidden = runs.length === 0;
-    box.querySelector("ul").replaceChildren(
-      ...runs.map((r) => {
-        const li = document.createElement("li");
-        li.dataset.run = r.id;
-        const link = document.createElement("a");
-        link.href = `/runs/${r.id}/`;
-        link.textContent = `run ${r.id}`;
-        const cores = r.others_cores === null ? "?" : r.others_cores.toFixed(2);
-        const counted = payload.contended ? "counted (contended runs shown)" : "left out of the throughput and the speed-ups";
-        li.append(link, ` · ${r.line} · ${r.staleness} · seed ${r.seed}: other processes used ${cores} cores meanwhile; ${counted}`);
-        return li;
-      }),
-    );
+    const counted = payload.contended ? "counted (contended runs shown)" : "left out of the throughput and the speed-ups";
+    drawRunList("contended-runs", payload.runs.filter((r) => r.contended), (r) => {
+      const cores = r.others_cores === null ? "?" : r.others_cores.toFixed(2);
+      return `other processes used ${cores} cores meanwhile; ${counted}`;
+    });
   }
 
   function drawScatter() {
