@@ -343,6 +343,7 @@ class StalenessConfig(_Strict):
 
 
 MAX_ROLLOUT_WORKERS = 16
+MAX_EPOCHS = 8
 
 SCHEDULE_MODES = ("simulated", "distributed")
 
@@ -484,6 +485,15 @@ class RolloutConfig(_Strict):
     engine: Literal["hf", "vllm"] = Field(
         "hf", title="Generation engine", description="hf: Hugging Face generate; vllm: needs a GPU"
     )
+    dtype: Literal["same", "bfloat16", "float16"] = Field(
+        "same",
+        title="Rollout precision",
+        description=(
+            "same: the engine generates in model.dtype; bfloat16 / float16: it generates, and reports "
+            "the behaviour log-probs, from the version's weights cast to that precision while the "
+            "trainer stays in model.dtype (a training–inference mismatch, logged as mismatch/*)"
+        ),
+    )
 
 
 class OptimizerConfig(_Strict):
@@ -507,7 +517,24 @@ class OptimizerConfig(_Strict):
         ge=1,
         le=MAX_BATCH_RESPONSES,
         title="Micro-batch size",
-        description="responses per forward/backward; blank: the whole batch at once",
+        description="responses per forward/backward; blank: the whole (mini-)batch at once",
+    )
+    minibatches: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        title="Mini-batches per step",
+        description=(
+            "a step's batch is split into this many mini-batches of whole prompt groups (a permutation "
+            "seeded by seed and step), one optimiser step each; must be <= rollout.prompts_per_step"
+        ),
+    )
+    epochs: int = Field(
+        1,
+        ge=1,
+        le=MAX_EPOCHS,
+        title="Epochs per step",
+        description=f"passes over the step's mini-batches (at most {MAX_EPOCHS}); a policy version still counts trainer steps",
     )
 
 
@@ -564,6 +591,17 @@ class RunConfig(_Strict):
                 'schedules ({"mode": "async", "max_staleness": k}; on the form, "Async bounds")'
             )
         return execution
+
+    @field_validator("optimizer")
+    @classmethod
+    def _minibatches_fit(cls, optimizer: OptimizerConfig, info: ValidationInfo) -> OptimizerConfig:
+        rollout = info.data.get("rollout")
+        if rollout is not None and optimizer.minibatches > rollout.prompts_per_step:
+            raise ValueError(
+                f"optimizer.minibatches ({optimizer.minibatches}) must be <= rollout.prompts_per_step "
+                f"({rollout.prompts_per_step}): each mini-batch holds whole prompt groups"
+            )
+        return optimizer
 
     @field_validator("device")
     @classmethod

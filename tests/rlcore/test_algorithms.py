@@ -38,7 +38,7 @@ def example_batch():
 def run(algo, rewards=REWARDS, generator=None):
     logp, logp_old, mask = example_batch()
     adv = algo.advantages(torch.tensor(rewards, dtype=torch.float64), 4, generator)
-    loss, stats = algo.policy_loss(logp, logp_old, mask, adv)
+    loss, stats = algo.policy_loss(logp, logp_old, mask, adv, logp_prox=logp_old)
     loss.backward()
     return logp.grad.flatten() * 8, float(loss.detach()), stats, adv
 
