@@ -202,7 +202,11 @@ class Algorithm:
                 per_token = torch.where(dual, cap.expand_as(per_token), per_token)
                 clipped = torch.maximum(clipped, dual.to(logp.dtype))
         elif s.surrogate == "m2po":
-            keep = selected if selected is not None else self.selection(logp, logp_old, mask, advantages, logp_prox)
+            keep = (
+                selected
+                if selected is not None
+                else self.selection(logp, logp_old, mask, advantages, logp_prox)
+            )
             removed = keep == 0
             per_token = -keep * live * adv
             clipped, weight = torch.zeros_like(ratio), ratio

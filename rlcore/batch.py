@@ -51,6 +51,12 @@ class Batch:
     # longest response), made with the batch where it fits (`rlcore.produce.INIT_LOGP_FLOATS`);
     # None: the trainer computes it.
     init_logp: torch.Tensor | None = None
+    # [N, T] float32: the responses' log-probs under the generating weights in the trainer's
+    # precision, computed where the batch was made (its μ came from the rollout engine): the
+    # training–inference mismatch; None: not measured.
+    rescored_logp: torch.Tensor | None = None
+    # [N] long (async runs): the newest published version when each row's part was ready.
+    ready_versions: torch.Tensor | None = None
 
     def versions(self) -> torch.Tensor:
         """[N] long: the policy version that generated each row."""
@@ -66,6 +72,10 @@ class Batch:
         tensors["row_versions"] = self.versions().contiguous()
         if self.init_logp is not None:
             tensors["init_logp"] = self.init_logp.contiguous()
+        if self.rescored_logp is not None:
+            tensors["rescored_logp"] = self.rescored_logp.contiguous()
+        if self.ready_versions is not None:
+            tensors["ready_versions"] = self.ready_versions.contiguous()
         meta = {
             "step": self.step,
             "version": self.version,
@@ -95,6 +105,8 @@ class Batch:
             ready_at=meta["ready_at"],
             row_versions=tensors["row_versions"],
             init_logp=tensors.get("init_logp"),
+            rescored_logp=tensors.get("rescored_logp"),
+            ready_versions=tensors.get("ready_versions"),
         )
 
     def save(self, path: Path) -> str:
@@ -149,7 +161,14 @@ class Batch:
             ready_at=max(p.ready_at for p in parts),
             row_versions=torch.cat([p.versions() for p in parts]),
             init_logp=_concat_init_logp(parts),
+            rescored_logp=_concat_optional([p.rescored_logp for p in parts]),
+            ready_versions=_concat_optional([p.ready_versions for p in parts]),
         )
+
+
+def _concat_optional(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The parts' tensors in one, or None unless every part has one."""
+    return None if any(t is None for t in tensors) else torch.cat(tensors)
 
 
 def _concat_init_logp(parts: list[Batch]) -> torch.Tensor | None:

@@ -592,17 +592,6 @@ class RunConfig(_Strict):
             )
         return execution
 
-    @field_validator("optimizer")
-    @classmethod
-    def _minibatches_fit(cls, optimizer: OptimizerConfig, info: ValidationInfo) -> OptimizerConfig:
-        rollout = info.data.get("rollout")
-        if rollout is not None and optimizer.minibatches > rollout.prompts_per_step:
-            raise ValueError(
-                f"optimizer.minibatches ({optimizer.minibatches}) must be <= rollout.prompts_per_step "
-                f"({rollout.prompts_per_step}): each mini-batch holds whole prompt groups"
-            )
-        return optimizer
-
     @field_validator("device")
     @classmethod
     def _vllm_needs_a_gpu(cls, device: str, info: ValidationInfo) -> str:
@@ -618,6 +607,22 @@ class RunConfig(_Strict):
     def _consistent(self) -> RunConfig:
         if self.task.name == "arithmetic" and self.eval_size > self.task.held_out:
             raise ValueError(f"eval_size ({self.eval_size}) must be <= task.held_out ({self.task.held_out})")
+        return self
+
+    @model_validator(mode="after")
+    def _minibatches_fit(self) -> RunConfig:
+        opt, groups = self.optimizer, self.rollout.prompts_per_step
+        if opt.minibatches > groups:
+            message = (
+                f"optimizer.minibatches ({opt.minibatches}) must be <= rollout.prompts_per_step ({groups}): "
+                "each mini-batch holds whole prompt groups"
+            )
+            error = InitErrorDetails(
+                type=PydanticCustomError("minibatches", message),
+                loc=("optimizer", "minibatches"),
+                input=opt.minibatches,
+            )
+            raise ValidationError.from_exception_data("RunConfig", [error])
         return self
 
     @model_validator(mode="after")

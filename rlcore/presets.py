@@ -111,11 +111,17 @@ class AlgorithmSpec:
     ] = 2.0
     is_low: Annotated[
         float,
-        Field(title="MIS lower bound", description="masked IS keeps tokens with is_low ≤ q ≤ is_high (0 < is_low ≤ 1)"),
+        Field(
+            title="MIS lower bound",
+            description="masked IS keeps tokens with is_low ≤ q ≤ is_high (0 < is_low ≤ 1)",
+        ),
     ] = 0.5
     is_high: Annotated[
         float,
-        Field(title="MIS upper bound", description="masked IS keeps tokens with is_low ≤ q ≤ is_high (is_high ≥ 1)"),
+        Field(
+            title="MIS upper bound",
+            description="masked IS keeps tokens with is_low ≤ q ≤ is_high (is_high ≥ 1)",
+        ),
     ] = 5.0
     m2po_tau: Annotated[
         float,
@@ -132,10 +138,12 @@ class AlgorithmSpec:
         ),
     ] = False
     sapo_tau_pos: Annotated[
-        float, Field(title="SAPO τ for A > 0", description="temperature of the soft gate σ(τ(ρ − 1)) where A > 0")
+        float,
+        Field(title="SAPO τ for A > 0", description="temperature of the soft gate σ(τ(ρ − 1)) where A > 0"),
     ] = 1.0
     sapo_tau_neg: Annotated[
-        float, Field(title="SAPO τ for A ≤ 0", description="temperature of the soft gate σ(τ(ρ − 1)) where A ≤ 0")
+        float,
+        Field(title="SAPO τ for A ≤ 0", description="temperature of the soft gate σ(τ(ρ − 1)) where A ≤ 0"),
     ] = 1.05
     dppo_delta: Annotated[
         float,
@@ -271,7 +279,9 @@ PRESETS: dict[str, Preset] = {
     "decoupled-ppo": Preset(
         "Decoupled PPO (AReaL, arXiv 2505.24298): PPO-clip on π/π_prox, weighted by q = π_prox/μ, tokens "
         "with q > 5 masked (AReaL's paper form, not its newer default that drops q)",
-        AlgorithmSpec(surrogate="ppo", correction="decoupled", anchor="proximal", std_normalize=True, is_cap=5.0),
+        AlgorithmSpec(
+            surrogate="ppo", correction="decoupled", anchor="proximal", std_normalize=True, is_cap=5.0
+        ),
         CORRECTIONS,
     ),
     "grpo-tis": Preset(
@@ -307,7 +317,9 @@ PRESETS: dict[str, Preset] = {
     "gmpo": Preset(
         "GMPO (arXiv 2507.20673): the geometric mean of the sequence's token ratios, log-ratios clipped "
         "to ±0.4 (verl's geo_mean)",
-        AlgorithmSpec(surrogate="gmpo", std_normalize=True, eps_low=0.4, eps_high=0.4, loss_agg="seq-mean-token-mean"),
+        AlgorithmSpec(
+            surrogate="gmpo", std_normalize=True, eps_low=0.4, eps_high=0.4, loss_agg="seq-mean-token-mean"
+        ),
         FIELD,
     ),
     "topr": Preset(
@@ -392,7 +404,9 @@ def check_param(name: str, value: Any) -> Any:
     if name == "is_cap":
         v = _number(name, value)
         if not v >= 1:
-            raise ValueError(f"is_cap must be >= 1 (got {value!r}): C caps the behaviour weight q, which is 1 on-policy")
+            raise ValueError(
+                f"is_cap must be >= 1 (got {value!r}): C caps the behaviour weight q, which is 1 on-policy"
+            )
         return v
     if name == "is_low":
         v = _number(name, value)
@@ -416,14 +430,18 @@ def check_param(name: str, value: Any) -> Any:
     if name == "dppo_delta":
         v = _number(name, value)
         if not 0 < v < 1:
-            raise ValueError(f"dppo_delta must satisfy 0 < dppo_delta < 1 (got {value!r}): it bounds a change of probability")
+            raise ValueError(
+                f"dppo_delta must satisfy 0 < dppo_delta < 1 (got {value!r}): it bounds a change of probability"
+            )
         return v
     if name == "opsm_delta":
         if value is None:
             return None
         v = _number(name, value)
         if not 0 < v < 1:
-            raise ValueError(f"opsm_delta must satisfy 0 < opsm_delta < 1, or be null to turn OPSM off (got {value!r})")
+            raise ValueError(
+                f"opsm_delta must satisfy 0 < opsm_delta < 1, or be null to turn OPSM off (got {value!r})"
+            )
         return v
     if name == "dual_clip":
         if value is None:

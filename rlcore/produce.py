@@ -63,6 +63,8 @@ class Producer:
             self.task.score(p, c, bool(f))
             for p, c, f in zip(problems, completions, rollout.finished, strict=True)
         ]
+        # The same responses scored in the trainer's precision: the mismatch the batch carries.
+        rescored = self.engine.rescore(rollout, cfg.temperature, cfg.group_size)
         init_logp = self.init_logp(rollout, spare_time)  # before generate_s is taken: it counts too
         return Batch(
             step=step,
@@ -76,6 +78,7 @@ class Producer:
             generate_s=time.perf_counter() - started,
             ready_at=time.time(),
             init_logp=init_logp,
+            rescored_logp=rescored,
         )
 
     def init_logp(self, rollout, spare_time: Callable[[], bool] | None = None) -> torch.Tensor | None:
@@ -99,9 +102,11 @@ class Producer:
 def make_engine(
     config: RunConfig, lm: models.LoadedModel, cache_dir: Path | None, task: tasks.Task
 ) -> RolloutEngine:
-    """The rollout engine the config names, holding a copy of `lm`'s weights (θ0 at the start)."""
+    """The rollout engine the config names, holding a copy of `lm`'s weights (θ0 at the start),
+    generating in `rollout.dtype` (`same`: the model's)."""
+    precision = config.model.dtype if config.rollout.dtype == "same" else config.rollout.dtype
     if config.rollout.engine == "hf":
-        return HFEngine(lm.model, lm.eos_id, lm.pad_id)
+        return HFEngine(lm.model, lm.eos_id, lm.pad_id, getattr(torch, precision))
     path = (
         config.model.path
         if config.model.source == "local"
@@ -111,10 +116,11 @@ def make_engine(
     tied = bool(getattr(model_config, "tie_word_embeddings", False))
     return VLLMEngine(
         path,
-        config.model.dtype,
+        precision,
         lm.eos_id,
         lm.pad_id,
         config.seed,
         model_config.max_position_embeddings,
         tied,
+        scorer=lm.model,
     )

@@ -108,6 +108,9 @@ class RolloutEngine(Protocol):
     def sync(self, policy: torch.nn.Module) -> None:
         """Load the trainer's current weights as the behaviour weights."""
 
+    def rescore(self, rollout: Rollout, temperature: float, group_size: int = 1) -> Tensor:
+        """[N, T] log-probs of the responses under the behaviour weights in the trainer's precision."""
+
     def snapshot(self) -> dict[str, Tensor]:
         """A copy of the behaviour weights (for a checkpoint, or to publish)."""
 
@@ -116,23 +119,45 @@ class RolloutEngine(Protocol):
 
 
 class HFEngine:
-    """Generates with a private copy of the model: the behaviour weights."""
+    """Generates with a private copy of the model: the behaviour weights. With a `dtype` other
+    than the model's it keeps them twice, as synced (for `rescore`) and cast to `dtype` (what
+    it generates with, and reports the behaviour log-probs from): the training–inference
+    mismatch of docs/algorithms.md §12, on any device torch runs that precision on."""
 
-    def __init__(self, model: torch.nn.Module, eos_id: int, pad_id: int):
+    def __init__(self, model: torch.nn.Module, eos_id: int, pad_id: int, dtype: torch.dtype | None = None):
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
         self.eos_id = eos_id
         self.pad_id = pad_id
+        cast = dtype is not None and dtype != next(self.model.parameters()).dtype
+        self.generator = copy.deepcopy(self.model).to(dtype) if cast else self.model
 
     def sync(self, policy: torch.nn.Module) -> None:
         with torch.no_grad():
             torch._foreach_copy_(list(self.model.parameters()), list(policy.parameters()))
+        self._cast()
 
     def snapshot(self) -> dict[str, Tensor]:
-        """The behaviour weights, for a checkpoint."""
+        """The behaviour weights as synced, for a checkpoint."""
         return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
 
     def load_snapshot(self, weights: dict[str, Tensor]) -> None:
         self.model.load_state_dict(weights)
+        self._cast()
+
+    def _cast(self) -> None:
+        if self.generator is not self.model:
+            with torch.no_grad():
+                torch._foreach_copy_(list(self.generator.parameters()), list(self.model.parameters()))
+
+    def rescore(self, rollout: Rollout, temperature: float, group_size: int = 1) -> Tensor:
+        """[N, T] log-probs of the rollout's responses under the same weights in the trainer's
+        precision, computed as the trainer does (0 on padding)."""
+        with torch.inference_mode():
+            device = next(self.model.parameters()).device
+            part = rollout.to(device)
+            logits = score_responses(self.model, part, group_size)
+            logp, _ = token_logprobs(logits, part.response_ids, temperature)
+            return (logp * part.response_mask).cpu().clone()
 
     def generate(
         self,
@@ -145,7 +170,7 @@ class HFEngine:
     ) -> Rollout:
         with torch.inference_mode():
             rollout = decode(
-                self.model,
+                self.generator,
                 prompts,
                 max_new_tokens,
                 temperature,
@@ -353,6 +378,7 @@ class VLLMEngine:
         seed: int,
         max_model_len: int,
         tied_embeddings: bool = False,
+        scorer: torch.nn.Module | None = None,
     ):
         try:
             from vllm import LLM
@@ -381,6 +407,9 @@ class VLLMEngine:
         self.pad_id = pad_id
         self.tied_embeddings = tied_embeddings
         self._weights: dict[str, Tensor] = {}
+        # The trainer's model class in the trainer's precision, holding the pushed weights too:
+        # `rescore` runs the trainer's computation on what vLLM generated.
+        self.scorer = None if scorer is None else copy.deepcopy(scorer).eval().requires_grad_(False)
 
     def sync(self, policy: torch.nn.Module) -> None:
         self._push(dict(vllm_weight_names(policy.named_parameters(), self.tied_embeddings)))
@@ -399,6 +428,20 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         # A copy, not the trainer's live tensors: those move on with every optimiser step.
         self._weights = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
+        if self.scorer is not None:
+            self.scorer.load_state_dict(weights, strict=False)  # tied: lm_head is the embedding
+
+    def rescore(self, rollout: Rollout, temperature: float, group_size: int = 1) -> Tensor:
+        """[N, T] log-probs of vLLM's responses under the pushed weights, as the trainer computes them."""
+        if self.scorer is None:
+            raise RuntimeError("this vLLM engine was made without a scorer: pass the trainer's model")
+        with torch.inference_mode():
+            device = next(self.scorer.parameters()).device
+            part = rollout.to(device)
+            logp, _ = token_logprobs(
+                score_responses(self.scorer, part, group_size), part.response_ids, temperature
+            )
+            return (logp * part.response_mask).cpu().clone()
 
     def generate(
         self,

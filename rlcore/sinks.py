@@ -166,7 +166,19 @@ STEP_METRICS = (
     "clip_frac",
     "entropy",
     "is_ratio/mean",
+    "is_ratio/min",
+    "is_ratio/p01",
+    "is_ratio/p50",
+    "is_ratio/p99",
     "is_ratio/max",
+    "ess_frac",
+    "correction/masked_frac",
+    "correction/weight_mean",
+    "kl/proximal",
+    "mismatch/k1",
+    "mismatch/k3",
+    "mismatch/abs_max",
+    "optimizer_steps",
     "drop_frac",
     "response_length/mean",
     "grad_norm",
@@ -179,6 +191,9 @@ STEP_METRICS = (
     "time/update_s",
     "time/queue_s",
 )
+# Logged at every step of an async run: its staleness split into the versions published while
+# the batch was generated and those published while it waited to be trained (docs/algorithms.md §12).
+ASYNC_METRICS = ("staleness/in_flight", "staleness/in_queue")
 # Logged at step 0 and every `eval_every` steps, and after the last step.
 EVAL_METRICS = ("eval/accuracy", "eval/reward", "eval/kl_init")
 # The metrics whose latest value a run's summary carries (the trainer's, and the platform's for

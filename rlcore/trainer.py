@@ -241,97 +241,239 @@ def log_evaluations(done: list[tuple[int, dict[str, float]]], sink: Sink, progre
 
 
 def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
-    """Advantages, loss, one optimiser step (gradient accumulated over micro-batches), metrics."""
-    config, algorithm, policy, initial, optimizer = (
-        learner.config,
-        learner.algorithm,
-        learner.policy,
-        learner.initial,
-        learner.optimizer,
-    )
+    """Advantages, loss, `optimizer.epochs` passes over `optimizer.minibatches` mini-batches of
+    whole prompt groups, one optimiser step each (gradients accumulated over micro-batches),
+    metrics. The proximal log-probs (the step-start weights' own, one no-grad forward) are taken
+    first when the loss needs them; entropy and kl/init are read from the first pass over the
+    batch, the loss and the ratio diagnostics too (docs/algorithms.md §7, §12)."""
+    config, algorithm, policy = learner.config, learner.algorithm, learner.policy
     device = next(policy.parameters()).device
     rollout = batch.rollout.to(device).trimmed()
+    width = rollout.response_ids.shape[1]
     init_given = batch.init_logp  # θ0's log-probs, when they came with the batch
     if init_given is not None:
-        init_given = init_given[:, : rollout.response_ids.shape[1]].to(device)
-    temperature = config.rollout.temperature
+        init_given = init_given[:, :width].to(device)
     group_size = config.rollout.group_size
     advantages, keep = algorithm.advantages_and_keep(
-        batch.rewards.to(device), config.rollout.group_size, seeded_rng(config.seed, step, "drop")
+        batch.rewards.to(device), group_size, seeded_rng(config.seed, step, "drop")
     )
     n = rollout.response_ids.shape[0]
-    micro = config.optimizer.micro_batch_size or n
+    opt = config.optimizer
+    micro = opt.micro_batch_size or n
     # Responses of one prompt share its forward pass when a micro-batch holds whole groups.
     shared = group_size if micro % group_size == 0 else 1
     mask = rollout.response_mask
-    total_tokens = float(mask.sum().clamp(min=1))
-    sums = {"entropy": 0.0, "kl/init": 0.0, "kl/init_k1": 0.0, "kl/init_k3": 0.0}
-    logp_parts = []
+    pass_ = _Pass(learner, rollout, init_given, shared)
 
     policy.eval()  # no dropout: the trainer's log-probs must match the rollout's
-    optimizer.zero_grad(set_to_none=True)
-    for lo in range(0, n, micro):
-        rows = slice(lo, min(n, lo + micro))
-        part = rollout.rows(rows)
-        logp, logp_all = token_logprobs(score_responses(policy, part, shared), part.response_ids, temperature)
-        loss, _ = algorithm.policy_loss(
-            logp,
-            part.logp,
-            part.response_mask,
-            advantages[rows],
-            total_tokens=total_tokens,
-            total_seqs=n,
-            max_length=config.rollout.max_new_tokens,
-        )
-        loss.backward()
-        logp_parts.append(logp.detach())
-        with torch.inference_mode():
-            m = part.response_mask
-            logp_all = logp_all.detach()
-            probs = logp_all.exp()
-            if init_given is not None:
-                init_all = init_given[rows]
-            else:
-                init_all = torch.log_softmax(score_responses(initial, part, shared) / temperature, dim=-1)
-            init_logp = init_all.gather(-1, part.response_ids[..., None]).squeeze(-1)
-            delta = logp.detach() - init_logp
-            sums["entropy"] += float((-(probs * logp_all).sum(-1) * m).sum())
-            sums["kl/init"] += float(((probs * (logp_all - init_all)).sum(-1) * m).sum())
-            sums["kl/init_k1"] += float((delta * m).sum())
-            sums["kl/init_k3"] += float(((torch.exp(-delta) - 1 + delta) * m).sum())
+    # p is needed by a proximal anchor, M2PO's selection, and kl/proximal once a step holds
+    # several optimiser steps (with one, π = p wherever the gradient is taken).
+    several = opt.minibatches * opt.epochs > 1
+    prox = pass_.proximal(micro) if algorithm.needs_proximal() or several else None
+    selected = None if prox is None else algorithm.selection(prox, rollout.logp, mask, advantages, prox)
+    order = seeded_rng(config.seed, step, "minibatches")
+    updates = []  # (clip_frac, grad_norm) per optimiser step
+    logp_first = torch.zeros_like(rollout.logp)
+    kl_proximal = 0.0
+    lr = learner.optimizer.param_groups[0]["lr"]
+    for epoch in range(opt.epochs):
+        for rows in minibatch_rows(n // group_size, group_size, opt.minibatches, order, device):
+            part = rollout.rows(rows)
+            clip, logp = pass_.update(
+                part,
+                advantages[rows],
+                None if prox is None else prox[rows],
+                None if selected is None else selected[rows],
+                init_given[rows] if init_given is not None and epoch == 0 else None,
+                micro,
+                first=epoch == 0,
+            )
+            if epoch == 0:
+                logp_first[rows] = logp
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), opt.grad_clip))
+            if not math.isfinite(grad_norm) or not bool(torch.isfinite(logp).all()):
+                learner.optimizer.zero_grad(set_to_none=True)
+                raise Diverged(f"diverged at step {step}: grad_norm={grad_norm}")
+            learner.optimizer.step()
+            updates.append((clip, grad_norm))
+            if prox is not None:
+                m = part.response_mask
+                kl_proximal = float(((prox[rows] - logp) * m).sum() / m.sum().clamp(min=1))
 
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.optimizer.grad_clip))
-    logp = torch.cat(logp_parts)
     loss, stats = algorithm.policy_loss(
-        logp, rollout.logp, mask, advantages, max_length=config.rollout.max_new_tokens
+        logp_first,
+        rollout.logp,
+        mask,
+        advantages,
+        logp_prox=prox,
+        selected=selected,
+        max_length=config.rollout.max_new_tokens,
     )
-    if not (math.isfinite(float(loss)) and math.isfinite(grad_norm)):
-        optimizer.zero_grad(set_to_none=True)
-        raise Diverged(f"diverged at step {step}: loss={float(loss)}, grad_norm={grad_norm}")
-    lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
-
+    if not math.isfinite(float(loss)):
+        raise Diverged(f"diverged at step {step}: loss={float(loss)}")
+    stats["clip_frac"] = sum(c for c, _ in updates) / len(updates)
     rewards = batch.rewards
     lag = (step - 1 - batch.versions()).float()
+    total_tokens = float(mask.sum().clamp(min=1))
     return {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std(correction=0)),
         "accuracy": float(batch.correct.float().mean()),
-        **{name: value / total_tokens for name, value in sums.items()},
+        **{name: value / total_tokens for name, value in pass_.sums.items()},
         **stats,
+        "kl/proximal": kl_proximal,
+        **mismatch(batch, rollout),
         "staleness": float(step - 1 - batch.version),
         # Over the batch's sequences: one value unless async parts came from several versions.
         "staleness/mean": float(lag.mean()),
         "staleness/p50": float(lag.quantile(0.5)),
         "staleness/p95": float(lag.quantile(0.95)),
         "staleness/max": float(lag.max()),
+        **staleness_split(batch, step),
         "policy_version": float(batch.version),
         "drop_frac": float(1 - keep.float().mean()),
         "response_length/mean": float(mask.sum(dim=1).mean()),
-        "grad_norm": grad_norm,
+        "grad_norm": sum(g for _, g in updates) / len(updates),
         "loss": float(loss),
         "lr": lr,
+        "optimizer_steps": float(len(updates)),
     }
+
+
+def minibatch_rows(
+    groups: int, group_size: int, minibatches: int, generator: torch.Generator, device: torch.device
+) -> list[torch.Tensor]:
+    """The rows of each mini-batch: whole prompt groups, in a permutation drawn from `generator`
+    (one mini-batch: the batch in its own order)."""
+    order = torch.randperm(groups, generator=generator) if minibatches > 1 else torch.arange(groups)
+    rows = (order[:, None] * group_size + torch.arange(group_size)[None, :]).flatten()
+    return [
+        chunk.to(device)
+        for chunk in torch.tensor_split(rows, [g * group_size for g in _cuts(groups, minibatches)])
+    ]
+
+
+def _cuts(groups: int, parts: int) -> list[int]:
+    """Group indices where each of `parts` near-equal parts after the first starts."""
+    return [round(i * groups / parts) for i in range(1, parts)]
+
+
+def staleness_split(batch: Batch, step: int) -> dict[str, float]:
+    """An async batch's lag split (mean over rows): versions published while it was generated,
+    and while it waited to be trained (the trainer holds version step − 1)."""
+    if batch.ready_versions is None:
+        return {}
+    ready = batch.ready_versions.float()
+    return {
+        "staleness/in_flight": float((ready - batch.versions().float()).mean()),
+        "staleness/in_queue": float((step - 1 - ready).mean()),
+    }
+
+
+def mismatch(batch: Batch, rollout) -> dict[str, float]:
+    """mismatch/*: the rollout engine's log-probs μ against the same responses re-scored in the
+    trainer's precision t where the batch was made (docs/algorithms.md §12)."""
+    if batch.rescored_logp is None:
+        return {}
+    t = batch.rescored_logp[:, : rollout.logp.shape[1]].to(rollout.logp.device)
+    m = rollout.response_mask
+    gap = (t - rollout.logp) * m
+    count = m.sum().clamp(min=1)
+    return {
+        "mismatch/k1": float((-gap).sum() / count),
+        "mismatch/k3": float(((gap.exp() - 1 - gap) * m).sum() / count),
+        "mismatch/abs_max": float(gap.abs().max()),
+    }
+
+
+@dataclass
+class _Pass:
+    """The forward/backward passes of one trainer step, and the sums its metrics read."""
+
+    learner: Learner
+    rollout: object
+    init_given: torch.Tensor | None
+    shared: int
+    sums: dict[str, float] = field(
+        default_factory=lambda: {"entropy": 0.0, "kl/init": 0.0, "kl/init_k1": 0.0, "kl/init_k3": 0.0}
+    )
+
+    @property
+    def temperature(self) -> float:
+        return self.learner.config.rollout.temperature
+
+    def proximal(self, micro: int) -> torch.Tensor:
+        """[N, T] log-probs under the step-start weights: one no-grad forward, in micro-batches."""
+        policy, rollout, n = self.learner.policy, self.rollout, self.rollout.response_ids.shape[0]
+        parts = []
+        with torch.no_grad():
+            for lo in range(0, n, micro):
+                part = rollout.rows(slice(lo, min(n, lo + micro)))
+                logits = score_responses(policy, part, self.shared)
+                parts.append(token_logprobs(logits, part.response_ids, self.temperature)[0])
+        return torch.cat(parts)
+
+    def update(
+        self,
+        part,
+        advantages: torch.Tensor,
+        prox: torch.Tensor | None,
+        selected: torch.Tensor | None,
+        init_given: torch.Tensor | None,
+        micro: int,
+        first: bool,
+    ) -> tuple[float, torch.Tensor]:
+        """The gradient of one mini-batch `part`, accumulated over micro-batches (the caller
+        steps the optimiser); returns (its clip fraction, its log-probs). On the batch's first
+        pass the entropy and KL-to-θ0 sums are added up too."""
+        config, algorithm, policy = self.learner.config, self.learner.algorithm, self.learner.policy
+        n = part.response_ids.shape[0]
+        mask = part.response_mask
+        tokens = float(mask.sum().clamp(min=1))
+        clipped = 0.0
+        logp_parts = []
+        self.learner.optimizer.zero_grad(set_to_none=True)
+        for lo in range(0, n, micro):
+            rows = slice(lo, min(n, lo + micro))
+            piece = part.rows(rows)
+            logp, logp_all = token_logprobs(
+                score_responses(policy, piece, self.shared), piece.response_ids, self.temperature
+            )
+            loss, stats = algorithm.policy_loss(
+                logp,
+                piece.logp,
+                piece.response_mask,
+                advantages[rows],
+                logp_prox=None if prox is None else prox[rows],
+                selected=None if selected is None else selected[rows],
+                total_tokens=tokens,
+                total_seqs=n,
+                max_length=config.rollout.max_new_tokens,
+            )
+            loss.backward()
+            clipped += stats["clip_frac"] * float(piece.response_mask.sum())
+            logp_parts.append(logp.detach())
+            if first:
+                self._add_sums(
+                    piece, logp.detach(), logp_all.detach(), None if init_given is None else init_given[rows]
+                )
+        return clipped / tokens, torch.cat(logp_parts)
+
+    def _add_sums(
+        self, piece, logp: torch.Tensor, logp_all: torch.Tensor, init_all: torch.Tensor | None
+    ) -> None:
+        with torch.inference_mode():
+            m = piece.response_mask
+            probs = logp_all.exp()
+            if init_all is None:
+                logits = score_responses(self.learner.initial, piece, self.shared)
+                init_all = torch.log_softmax(logits / self.temperature, dim=-1)
+            init_logp = init_all.gather(-1, piece.response_ids[..., None]).squeeze(-1)
+            delta = logp - init_logp
+            self.sums["entropy"] += float((-(probs * logp_all).sum(-1) * m).sum())
+            self.sums["kl/init"] += float(((probs * (logp_all - init_all)).sum(-1) * m).sum())
+            self.sums["kl/init_k1"] += float((delta * m).sum())
+            self.sums["kl/init_k3"] += float(((torch.exp(-delta) - 1 + delta) * m).sum())
 
 
 # ----- checkpoints -----------------------------------------------------------------------------

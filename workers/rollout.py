@@ -89,6 +89,13 @@ def load_evaluator(run: Run, loaded: Loaded, job: RolloutJob) -> torch.nn.Module
 
 
 @retry_db
+def newest_published(run: Run, at_least: int) -> int:
+    """The newest version the trainer has published (the staleness split of an async batch)."""
+    row = newest_version(run)
+    return max(at_least, row.version if row is not None else at_least)
+
+
+@retry_db
 def load_into(
     run: Run,
     job: RolloutJob,
@@ -233,5 +240,8 @@ def _make_here(job: RolloutJob) -> Made:
     auto = producer.config.execution.init_logprobs == "auto"
     spare_time = (lambda: not queued_behind(job)) if auto else None
     batch = producer.batch(job.step, version, range(job.groups_start, job.groups_stop), spare_time)
+    if producer.config.execution.mode == "async":
+        ready = newest_published(run, version)
+        batch.ready_versions = torch.full((len(batch.problems),), ready, dtype=torch.long)
     path = batch_path(run, job.step, job.part, job.attempt)
     return Made(version, str(path), batch.save(path))

@@ -48,7 +48,12 @@ TABLE = {
         "clip_frac",
         0,
     ),
-    ("grpo", (("opsm_delta", 0.1),)): ([-0.9526, 0, 0, 3.0311, 0, 0, -0.2598, -0.5196], 0.119078, "clip_frac", 0.25),
+    ("grpo", (("opsm_delta", 0.1),)): (
+        [-0.9526, 0, 0, 3.0311, 0, 0, -0.2598, -0.5196],
+        0.119078,
+        "clip_frac",
+        0.25,
+    ),
 }
 # Tokens each mask removed in the example: decoupled PPO's cap (q 6 > 5), MIS ([0.5, 5]: q 6 and 0.4),
 # OPSM (y3, whose mean μ − π is 0.255 > 0.1).
@@ -246,7 +251,9 @@ def random_batch(seed, k=4, groups=4, width=6):
     return pi, mu, prox, mask, rewards
 
 
-@pytest.mark.parametrize(("preset", "params"), CASES, ids=[f"{p}-{'-'.join(map(str, kw.values()))}" for p, kw in CASES])
+@pytest.mark.parametrize(
+    ("preset", "params"), CASES, ids=[f"{p}-{'-'.join(map(str, kw.values()))}" for p, kw in CASES]
+)
 @pytest.mark.parametrize("seed", range(3))
 def test_matches_an_independent_implementation(preset, params, seed):
     pi, mu, prox, mask, rewards = random_batch(seed)
@@ -282,7 +289,9 @@ def test_m2po_selects_over_the_whole_batch_also_in_micro_batches():
     assert torch.allclose(whole.grad, parts.grad, atol=1e-12)
     assert 0 < full_stats["correction/masked_frac"] < 1
     # Selecting within each micro-batch instead would not give the same mask.
-    local = torch.cat([algo.selection(t(pi)[r], t(mu)[r], t(mask)[r], adv[r]) for r in (slice(0, 8), slice(8, 24))])
+    local = torch.cat(
+        [algo.selection(t(pi)[r], t(mu)[r], t(mask)[r], adv[r]) for r in (slice(0, 8), slice(8, 24))]
+    )
     assert not torch.equal(local, selected)
 
 
@@ -294,7 +303,9 @@ def test_diagnostics_of_the_ratio():
     assert stats["is_ratio/p50"] == pytest.approx(torch.tensor(ratios).double().quantile(0.5).item())
     assert stats["ess_frac"] == pytest.approx(sum(ratios) ** 2 / (8 * sum(r * r for r in ratios)))
     # TIS: the weight applied is π/π_prox · min(q, 2) on the tokens it keeps (all of them).
-    weights = [r / q * min(q, 2.0) for rr, qq in zip(RATIOS, Q, strict=True) for r, q in zip(rr, qq, strict=True)]
+    weights = [
+        r / q * min(q, 2.0) for rr, qq in zip(RATIOS, Q, strict=True) for r, q in zip(rr, qq, strict=True)
+    ]
     assert stats["correction/weight_mean"] == pytest.approx(sum(weights) / 8)
 
 

@@ -218,7 +218,9 @@ def test_micro_batches_give_the_same_update(small_config, cache_dir):
         curves.append(sink.points)
     for (_, a), (_, b) in zip(*curves, strict=True):
         for name in set(a) - TIMING:
-            assert a[name] == pytest.approx(b[name], rel=1e-4, abs=1e-6), name
+            # The engine-vs-trainer gap at one precision is float error itself (~1e-6).
+            tolerance = 1e-5 if name.startswith("mismatch/") else 1e-6
+            assert a[name] == pytest.approx(b[name], rel=1e-4, abs=tolerance), name
 
 
 def test_an_evaluation_in_chunks_equals_one_in_one_piece(small_config, cache_dir, monkeypatch):

@@ -1,0 +1,108 @@
+"""The other sources of off-policyness (docs/algorithms.md §12) through the real trainer: several
+optimiser steps per batch (mini-batches, epochs) with the proximal anchor, M2PO's whole-batch
+selection under micro-batching, and the training–inference mismatch of a lower rollout precision."""
+
+import pytest
+from pydantic import ValidationError
+
+from rlcore import trainer
+from tests.rlcore.test_trainer import ListSink, without_timing
+
+
+def steps_of(sink, name):
+    return [metrics[name] for step, metrics in sink.points if step > 0 and name in metrics]
+
+
+@pytest.mark.parametrize("preset", ["decoupled-ppo", "grpo-tis"])
+def test_a_proximal_clip_acts_only_with_several_minibatches(small_config, cache_dir, preset):
+    clip = {}
+    for minibatches in (1, 4):
+        sink = ListSink()
+        config = small_config(
+            steps=2, algorithm={"preset": preset}, optimizer={"lr": 1e-2, "minibatches": minibatches}
+        )
+        trainer.train(config, sink, cache_dir=cache_dir)
+        clip[minibatches] = steps_of(sink, "clip_frac")
+        assert steps_of(sink, "optimizer_steps") == [minibatches] * 2
+        if minibatches == 1:  # π = π_prox wherever the gradient is taken: r ≡ 1
+            assert max(abs(k) for k in steps_of(sink, "kl/proximal")) < 1e-5
+        else:
+            assert max(steps_of(sink, "kl/proximal")) > 1e-3
+    assert clip[1] == [0.0, 0.0]
+    assert max(clip[4]) > 0
+
+
+def test_epochs_multiply_the_optimiser_steps(small_config, cache_dir):
+    sink = ListSink()
+    config = small_config(steps=2, algorithm={"preset": "grpo"}, optimizer={"minibatches": 2, "epochs": 3})
+    trainer.train(config, sink, cache_dir=cache_dir)
+    assert steps_of(sink, "optimizer_steps") == [6, 6]
+
+
+def test_resume_with_minibatches_logs_what_an_uninterrupted_run_logs(small_config, cache_dir, tmp_path):
+    config = small_config(
+        staleness={"sync_offset": 2},
+        algorithm={"preset": "decoupled-ppo"},
+        optimizer={"lr": 1e-3, "minibatches": 2, "epochs": 2},
+    )
+    whole = ListSink()
+    trainer.train(config, whole, cache_dir=cache_dir, checkpoint_dir=tmp_path / "whole")
+    interrupted = ListSink(stop_after_step=3)
+    trainer.train(config, interrupted, cache_dir=cache_dir, checkpoint_dir=tmp_path / "split")
+    resumed = ListSink()
+    trainer.train(config, resumed, cache_dir=cache_dir, checkpoint_dir=tmp_path / "split")
+    assert [step for step, _ in resumed.points] == [3, 4, 5, 6]
+    assert without_timing(resumed.points) == without_timing(whole.points)[3:]
+
+
+def test_m2po_masks_the_same_tokens_with_and_without_micro_batches(small_config, cache_dir):
+    masked = []
+    for micro in (None, 3):
+        sink = ListSink()
+        config = small_config(
+            steps=3,
+            staleness={"offline": True},
+            algorithm={"preset": "m2po"},
+            optimizer={"lr": 1e-2, "micro_batch_size": micro},
+        )
+        trainer.train(config, sink, cache_dir=cache_dir)
+        masked.append(steps_of(sink, "correction/masked_frac"))
+    assert masked[0] == masked[1]
+    assert 0 < max(masked[0]) and min(masked[0]) == 0.0  # step 1 is on-policy (θ = θ0)
+
+
+def test_the_rollout_precision_makes_a_mismatch_that_tis_corrects(small_config, cache_dir):
+    seen = {}
+    for dtype in ("same", "bfloat16"):
+        sink = ListSink()
+        config = small_config(steps=2, algorithm={"preset": "grpo-tis"}, rollout={"dtype": dtype})
+        trainer.train(config, sink, cache_dir=cache_dir)
+        seen[dtype] = {
+            name: steps_of(sink, name)
+            for name in ("mismatch/k1", "mismatch/abs_max", "correction/weight_mean")
+        }
+    same, low = seen["same"], seen["bfloat16"]
+    assert max(abs(k) for k in same["mismatch/k1"]) < 1e-6
+    assert max(same["mismatch/abs_max"]) < 1e-4
+    assert max(abs(w - 1) for w in same["correction/weight_mean"]) < 1e-5
+    assert min(low["mismatch/abs_max"]) > 1e-2
+    assert max(abs(k) for k in low["mismatch/k1"]) > 1e-5
+    # On-policy, the TIS weights min(π_prox/μ, C) are not 1: the engine's μ is the bfloat16 model's.
+    assert max(abs(w - 1) for w in low["correction/weight_mean"]) > 1e-4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "rule"),
+    [
+        ({"optimizer": {"minibatches": 5}}, "optimizer.minibatches", "must be <= rollout.prompts_per_step"),
+        ({"optimizer": {"epochs": 9}}, "optimizer.epochs", "less than or equal to 8"),
+        ({"rollout": {"dtype": "float8"}}, "rollout.dtype", "same"),
+    ],
+)
+def test_bad_settings_name_the_field(small_config, overrides, field, rule):
+    from rlcore.config import error_list
+
+    with pytest.raises(ValidationError) as caught:
+        small_config(**overrides)
+    errors = error_list(caught.value)
+    assert any(name == field and rule in message for name, message in errors), errors
