@@ -54,16 +54,20 @@ def setup_django(scratch: Path) -> dict[str, str]:
     return env
 
 
-def start_workers(env: dict[str, str], scratch: Path, queues: tuple[str, ...]) -> list[subprocess.Popen]:
-    """One worker per queue, each in its own process group; returns once all say they are ready."""
+def start_workers(
+    env: dict[str, str], scratch: Path, queues: tuple[str, ...], limit_s: int = 3600
+) -> list[subprocess.Popen]:
+    """One worker per entry of `queues` (a queue named twice gets two), each in its own process
+    group and killed after `limit_s`; returns once all say they are ready."""
     from lab.celery import worker_command
 
     procs = []
-    for queue in queues:
-        log = (scratch / f"worker-{queue}.log").open("w")
+    names = [f"{queue}-{i}" if queues.count(queue) > 1 else queue for i, queue in enumerate(queues)]
+    for queue, name in zip(queues, names, strict=True):
+        log = (scratch / f"worker-{name}.log").open("w")
         procs.append(
             subprocess.Popen(
-                ["timeout", "-s", "KILL", "3600", *worker_command(queue, f"bench-{queue}@%h")],
+                ["timeout", "-s", "KILL", str(limit_s), *worker_command(queue, f"bench-{name}@%h")],
                 cwd=REPO,
                 env=env,
                 stdout=log,
@@ -72,11 +76,11 @@ def start_workers(env: dict[str, str], scratch: Path, queues: tuple[str, ...]) -
             )
         )
     deadline = time.monotonic() + 180
-    for queue in queues:
-        while "ready on" not in (scratch / f"worker-{queue}.log").read_text():
+    for name in names:
+        while "ready on" not in (scratch / f"worker-{name}.log").read_text():
             if time.monotonic() > deadline:
                 stop_workers(procs)
-                raise RuntimeError(f"the {queue} worker did not start; see {scratch}/worker-{queue}.log")
+                raise RuntimeError(f"the {name} worker did not start; see {scratch}/worker-{name}.log")
             time.sleep(0.5)
     return procs
 
@@ -143,9 +147,16 @@ class CpuSampler:
         return [b - a for a, b in zip(at(start), at(end), strict=True)]
 
 
-def sweep_on_workers(config: dict, name: str, staleness: list[dict], seeds: list[int], serial: bool = False):
-    """Submit a sweep of `config`'s preset × `staleness` cells × `seeds` as the form and the API do,
-    wait for every run to succeed, return the experiment."""
+def sweep_on_workers(
+    config: dict,
+    name: str,
+    staleness: list[dict],
+    seeds: list[int],
+    serial: bool = False,
+    presets: list[str] | None = None,
+):
+    """Submit a sweep of `presets` (default: `config`'s preset) × `staleness` cells × `seeds` as the
+    form and the API do, wait for every run to succeed, return the experiment."""
     from django.contrib.auth import get_user_model
 
     from accounts.models import Membership, Team
@@ -155,9 +166,9 @@ def sweep_on_workers(config: dict, name: str, staleness: list[dict], seeds: list
     team, _ = Team.objects.get_or_create(name="bench")
     owner, _ = get_user_model().objects.get_or_create(username="bench")
     Membership.objects.get_or_create(team=team, user=owner, defaults={"is_admin": True})
-    preset = config.get("algorithm", {}).get("preset", "rec-oneside-nois")
-    experiment = create_experiment(team, owner, name, "", expand(config, [preset], staleness, seeds, serial))
-    deadline = time.monotonic() + RUN_LIMIT_S * len(staleness) * len(seeds)
+    presets = presets or [config.get("algorithm", {}).get("preset", "rec-oneside-nois")]
+    experiment = create_experiment(team, owner, name, "", expand(config, presets, staleness, seeds, serial))
+    deadline = time.monotonic() + RUN_LIMIT_S * len(presets) * len(staleness) * len(seeds)
     while experiment.runs.filter(status__in=Run.ACTIVE).exists():
         if time.monotonic() > deadline:
             raise RuntimeError(f"experiment {experiment.pk} did not finish in time")

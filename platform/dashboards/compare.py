@@ -1,6 +1,8 @@
-"""The comparison: one metric of the chosen runs, aggregated per (experiment, preset, staleness)
+"""The comparison: one metric of the chosen runs, aggregated per (experiment, line, staleness)
 group into curves with bands, final values and throughput across seeds, and the staleness answer
-(each line's drop from its own on-policy runs, tolerance, ties, findings). How it is computed:
+(each line's drop from its own on-policy runs, tolerance, ties, findings). A line is a preset and
+its values of the sweep's other axes (`Run.variant`); `variants.contrasts` pairs the cells that
+differ in one varied field only. How it is computed:
 docs/architecture.md, "The comparison dashboard"."""
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 import numpy as np
 from django.db.models import Avg, OuterRef, QuerySet, Subquery
 
-from dashboards import curves, findings, throughput
+from dashboards import curves, findings, throughput, variants
 from dashboards.points import json_numbers, points_by_run
 from dashboards.query import ComparisonQuery
 from experiments.models import Experiment, MetricPoint, Run
@@ -201,9 +203,9 @@ def provenance_warnings(runs: list[Run]) -> list[str]:
     return warnings
 
 
-def line_label(preset: str, experiment: Experiment, several: bool) -> str:
-    """What a line is called: its preset, plus its experiment when runs of several are compared."""
-    return f"{preset} · #{experiment.pk} {experiment.name}" if several else preset
+def line_label(key: str, experiment: Experiment, several: bool) -> str:
+    """What a line is called: its key, plus its experiment when runs of several are compared."""
+    return f"{key} · #{experiment.pk} {experiment.name}" if several else key
 
 
 def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
@@ -237,15 +239,11 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
     presets = sorted({run.preset for run in runs}, key=preset_sort_key)
     lags = mean_lags(runs)
     staleness = sorted(lags, key=lambda label: (lags[label]["mean_lag"], label))
-    lines = [
-        {"line": line_label(preset, experiment, several), "preset": preset, "experiment": experiment.pk}
-        for experiment in experiments
-        for preset in presets
-        if any(run.experiment_id == experiment.pk and run.preset == preset for run in runs)
-    ]
+    fields = variants.varied_fields(runs)
+    lines = variants.lines(runs, experiments, presets, lambda k, e: line_label(k, e, several))
     members: dict[tuple[int, str, str], list[Run]] = defaultdict(list)
     for run in runs:
-        members[(run.experiment_id, run.preset, run.staleness)].append(run)
+        members[(run.experiment_id, run.line, run.staleness)].append(run)
 
     costs = {run.pk: throughput.Cost.of(run) for run in runs}
     groups, summary, rates, run_rows = [], [], [], []
@@ -253,7 +251,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
     finals_by_run: dict[int, float] = {}
     for line in lines:
         for setting in staleness:
-            group_runs = members.get((line["experiment"], line["preset"], setting), [])
+            group_runs = members.get((line["experiment"], line["key"], setting), [])
             if not group_runs:
                 continue
             key = {
@@ -287,7 +285,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             finals = {pk: curves.final_value(s, query.rule, query.k) for pk, s in series.items()}
             finals_by_run |= finals
             result = curves.summarise(list(finals.values()))
-            finals_by_cell[(line["experiment"], line["preset"], setting)] = {
+            finals_by_cell[(line["experiment"], line["key"], setting)] = {
                 run.seed: finals[run.pk] for run in group_runs if run.pk in finals
             }
             summary.append(
@@ -334,10 +332,12 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         "active": any(run.status in Run.ACTIVE for run in runs),
         "experiments": [{"id": e.pk, "name": e.name} for e in experiments],
         "presets": presets,
+        "fields": variants.field_values(fields, runs, presets, staleness),
         "lines": lines,
         "staleness": staleness,
         "lags": lags,
         "colours": preset_colours(presets),
+        "palette": PALETTE,
         "groups": groups,
         "summary": summary,
         "throughput": rates,
@@ -355,17 +355,9 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             {label: lag["mean_lag"] for label, lag in lags.items()},
             query.delta,
             cell_runs,
-            {(run.experiment_id, run.preset): comparable_config(run.config) for run in runs},
+            {(run.experiment_id, run.line): comparable_config(run.config) for run in runs},
         ),
-    }
-
-
-def _difference_row(d: curves.Difference) -> dict[str, Any]:
-    return {
-        "n_seeds": d.n_pairs,
-        "value": curves.scalar(d.mean),
-        **curves.interval_fields(d),
-        "std": curves.scalar(d.std),
+        "contrasts": variants.contrasts(finals_by_cell, lines, staleness, fields, query.delta),
     }
 
 
@@ -404,19 +396,20 @@ def staleness_answer(
     drops, robustness, ties, found = [], [], [], []
     for line in lines:
         cells = {
-            s: finals[(line["experiment"], line["preset"], s)]
+            s: finals[(line["experiment"], line["key"], s)]
             for s in staleness
-            if (line["experiment"], line["preset"], s) in finals
+            if (line["experiment"], line["key"], s) in finals
         }
         on_policy = findings.baseline(cells)
         if on_policy is None:
             continue
-        baseline = {"staleness": on_policy, "experiment": borrowed.get((line["experiment"], line["preset"]))}
+        baseline = {"staleness": on_policy, "experiment": borrowed.get((line["experiment"], line["key"]))}
         baseline["experiment"] = baseline["experiment"] or line["experiment"]
         tested = [on_policy] + [s for s in staleness if s in cells and s != on_policy]
         changes = {s: change(cells[s], cells[on_policy]) for s in tested[1:]}
         drops += [
-            {**line, "staleness": s, "baseline": baseline, **_difference_row(d)} for s, d in changes.items()
+            {**line, "staleness": s, "baseline": baseline, **curves.difference_fields(d)}
+            for s, d in changes.items()
         ]
         means = [d.mean for d in changes.values() if math.isfinite(d.mean)]
         pairs = [d.n_pairs for d in changes.values()]
@@ -439,37 +432,51 @@ def staleness_answer(
         ranked = [r for r in rows if set(r["settings"]) == every and every and r["mean_drop"] is not None]
         for rank, row in enumerate(sorted(ranked, key=lambda r: -r["mean_drop"]), start=1):
             row["rank"] = rank
-        presets = [line["preset"] for line in lines if line["experiment"] == experiment]
-        for setting in staleness:
-            for i, a in enumerate(presets):
-                for b in presets[i + 1 :]:
-                    if (experiment, a, setting) not in own or (experiment, b, setting) not in own:
-                        continue
-                    d = change(own[(experiment, b, setting)], own[(experiment, a, setting)])
-                    if d.n_pairs and d.contains_zero():
-                        ties.append(
-                            {
-                                "experiment": experiment,
-                                "staleness": setting,
-                                "a": a,
-                                "b": b,
-                                **_difference_row(d),
-                                "seeds_needed": curves.seeds_needed(d),
-                            }
-                        )
-        cells = {(p, s): v for (e, p, s), v in finals.items() if e == experiment}
-        runs = {(p, s): counts for (e, p, s), counts in cell_runs.items() if e == experiment}
-        tested = [s for s in staleness if any(key[1] == s for key in cells | runs)]
-        on_policy = findings.baseline({s for _, s in cells}) or findings.ON_POLICY
-        evidence = findings.Evidence(cells, delta, digits, runs, on_policy)
-        found += [{"experiment": experiment, **f} for f in findings.findings(evidence, tested, mean_lags)]
+        # Ties and the paper's claims compare presets within one variant (the other axes held fixed).
+        for variant in dict.fromkeys(
+            line["variant_label"] for line in lines if line["experiment"] == experiment
+        ):
+            group = [
+                line
+                for line in lines
+                if line["experiment"] == experiment and line["variant_label"] == variant
+            ]
+            keys = {line["key"]: line["preset"] for line in group}
+            for setting in staleness:
+                for i, a in enumerate(group):
+                    for b in group[i + 1 :]:
+                        ka, kb = (experiment, a["key"], setting), (experiment, b["key"], setting)
+                        if ka not in own or kb not in own:
+                            continue
+                        d = change(own[kb], own[ka])
+                        if d.n_pairs and d.contains_zero():
+                            ties.append(
+                                {
+                                    "experiment": experiment,
+                                    "variant": variant,
+                                    "staleness": setting,
+                                    "a": a["preset"],
+                                    "b": b["preset"],
+                                    **curves.difference_fields(d),
+                                    "seeds_needed": curves.seeds_needed(d),
+                                }
+                            )
+            cells = {(keys[k], s): v for (e, k, s), v in finals.items() if e == experiment and k in keys}
+            runs = {(keys[k], s): n for (e, k, s), n in cell_runs.items() if e == experiment and k in keys}
+            tested = [s for s in staleness if any(key[1] == s for key in cells | runs)]
+            on_policy = findings.baseline({s for _, s in cells}) or findings.ON_POLICY
+            evidence = findings.Evidence(cells, delta, digits, runs, on_policy)
+            found += [
+                {"experiment": experiment, "variant": variant, **f}
+                for f in findings.findings(evidence, tested, mean_lags)
+            ]
     return {
         "drops": drops,
         "robustness": robustness,
         "ties": ties,
         "findings": found,
         "borrowed": [
-            {"experiment": e, "preset": p, "from_experiment": source} for (e, p), source in borrowed.items()
+            {"experiment": e, "preset": k, "from_experiment": source} for (e, k), source in borrowed.items()
         ],
     }
 
@@ -481,18 +488,18 @@ def _borrow_baselines(
     configs: dict[tuple[int, str], str],
 ) -> dict[tuple[int, str], int]:
     """Lines of several compared experiments that have stale cells but no on-policy runs take those of
-    the same preset from the first other experiment that has them and runs the same config apart from
-    preset, staleness, execution and seed (`configs`: (experiment, preset) → that config, as text), paired by
-    seed like their own: added to `finals` under the line's own experiment; returns (experiment,
-    preset) → the lender."""
+    the same line (preset and variant) from the first other experiment that has them and runs the same
+    config apart from preset, staleness, execution and seed (`configs`: (experiment, line key) → that
+    config, as text), paired by seed like their own: added to `finals` under the line's own
+    experiment; returns (experiment, line key) → the lender."""
     borrowed = {}
     for line in lines:
-        experiment, preset = line["experiment"], line["preset"]
+        experiment, preset = line["experiment"], line["key"]
         own = [s for s in staleness if (experiment, preset, s) in finals]
         if not own or findings.baseline(own) is not None:
             continue
         for other in lines:
-            if other["preset"] != preset or other["experiment"] == experiment:
+            if other["key"] != preset or other["experiment"] == experiment:
                 continue
             if configs.get((other["experiment"], preset)) != configs.get((experiment, preset)):
                 continue  # another task, model, budget or optimiser: no baseline for this line

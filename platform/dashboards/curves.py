@@ -382,3 +382,8 @@ def interval_fields(result: Summary | Difference, prefix: str = "") -> dict[str,
         f"{prefix}ci_lo": scalar(result.lo) if ci else None,
         f"{prefix}ci_hi": scalar(result.hi) if ci else None,
     }
+
+
+def difference_fields(d: Difference) -> dict[str, Any]:
+    """A paired difference as the payload gives it: `n_seeds` (pairs), `value`, its interval, `std`."""
+    return {"n_seeds": d.n_pairs, "value": scalar(d.mean), **interval_fields(d), "std": scalar(d.std)}

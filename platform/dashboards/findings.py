@@ -208,7 +208,12 @@ def wide_clip_faster(
     large = [s for s in settings if s == OFFLINE or mean_lags.get(s, 0) >= LARGE_MEAN_LAG]
     cells = [s for s in large if evidence.has((NOIS, s)) and evidence.has((WIDE, s))]
     if not cells:
-        pending = [(p, s) for s in large for p in (NOIS, WIDE) if evidence.runs.get((p, s))]
+        pending = [
+            (p, s)
+            for s in large
+            for p in (NOIS, WIDE)
+            if not evidence.has((p, s)) and evidence.runs.get((p, s))
+        ]
         if pending:
             return _needs(evidence, claim, pending)
         what = (

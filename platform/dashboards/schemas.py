@@ -4,6 +4,8 @@ here would show)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ninja import Field, Schema
 from pydantic import ConfigDict
 
@@ -11,8 +13,15 @@ Numbers = list[int | float | None]
 
 
 class LineOut(Schema):
-    line: str = Field(description="the preset, plus its experiment when runs of several are compared")
+    line: str = Field(
+        description="the preset with its variant, plus its experiment when runs of several are compared"
+    )
+    key: str = Field(description="the line within its experiment: the preset · its variant label")
     preset: str
+    variant: dict[str, Any] = Field(
+        description="its values of the sweep's axes besides presets, staleness and seeds (config field → value)"
+    )
+    variant_label: str = Field(description='the variant as text, e.g. "minibatches=4" ("" if none)')
     experiment: int
 
 
@@ -152,6 +161,7 @@ class ChangeOut(Schema):
 class SpeedupOut(Schema):
     experiment: int
     preset: str
+    line: str = Field(description="the preset · its variant: cells are paired within one line")
     staleness: str = Field(description="the distributed or async cell")
     reference: str = Field(description="the simulated cell it is measured against")
     against: str = Field(description="why that one: the same bound, on-policy, or its own schedule")
@@ -205,6 +215,7 @@ class RobustnessOut(LineOut):
 
 class TieOut(IntervalOut):
     experiment: int
+    variant: str = Field(description="the variant both presets share (ties compare presets within one)")
     staleness: str
     a: str
     b: str
@@ -216,6 +227,7 @@ class TieOut(IntervalOut):
 
 class FindingOut(Schema):
     experiment: int
+    variant: str = Field(description='the variant the claim was checked within ("" if the sweep has none)')
     claim: str
     verdict: str = Field(description="support, contradict, cannot tell yet or missing cells")
     text: str
@@ -239,10 +251,33 @@ class LagOut(Schema):
 
 class BorrowedOut(Schema):
     experiment: int
-    preset: str
+    preset: str = Field(description="the line (preset · variant) that borrowed")
     from_experiment: int = Field(
         description="the compared experiment whose on-policy runs are this line's baseline"
     )
+
+
+class FieldOut(Schema):
+    name: str = Field(description="preset, staleness, or a varied config field (dotted)")
+    label: str = Field(description="its short name")
+    values: list[Any] = Field(description="the values the compared runs have, in order")
+
+
+class ContrastOut(IntervalOut):
+    field: str = Field(description="the varied config field")
+    label: str
+    field_value: Any = Field(description="the value compared")
+    reference: Any = Field(description="the field's first value, the change is taken from")
+    experiment: int
+    preset: str
+    others: str = Field(description="the other varied fields' values, held fixed")
+    staleness: str
+    state: str = Field(description="higher, lower (interval excludes 0), within δ, or cannot tell")
+    n_seeds: int = Field(description="seed pairs")
+    value: float | None = Field(
+        description="the final value at field_value minus at reference, paired by seed, rounded to `digits` decimals"
+    )
+    std: float | None
 
 
 class ExperimentRefOut(Schema):
@@ -265,12 +300,14 @@ class ComparisonOut(Schema):
     active: bool
     experiments: list[ExperimentRefOut]
     presets: list[str]
+    fields: list[FieldOut] = Field(description="what the page can facet, colour and pair by")
     lines: list[LineOut]
     staleness: list[str] = Field(
         description="staleness cell labels, from on-policy to the stalest (by mean lag)"
     )
     lags: dict[str, LagOut] = Field(description="per staleness cell, the lag its runs trained at")
     colours: dict[str, str] = Field(description="each preset's colour")
+    palette: list[str] = Field(description="colours for the values of any other field, in its values' order")
     groups: list[GroupOut]
     summary: list[FinalValueOut]
     throughput: list[ThroughputOut]
@@ -286,3 +323,6 @@ class ComparisonOut(Schema):
     ties: list[TieOut]
     findings: list[FindingOut]
     borrowed: list[BorrowedOut] = Field(description="lines whose on-policy baseline is another experiment's")
+    contrasts: list[ContrastOut] = Field(
+        description="each varied field's values against its first, in cells differing in that field only, paired by seed"
+    )

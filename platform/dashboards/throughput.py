@@ -193,10 +193,10 @@ def speedups(
     for run in runs:
         mode = run.config.get("execution", {}).get("mode", "simulated")
         if mode == "simulated":
-            key = (run.experiment_id, run.preset, _schedule_key(run.config.get("staleness", {})))
+            key = (run.experiment_id, run.line, _schedule_key(run.config.get("staleness", {})))
             simulated.setdefault(key, {})[run.seed] = run
         else:
-            cells.setdefault((run.experiment_id, run.preset, run.staleness), []).append(run)
+            cells.setdefault((run.experiment_id, run.line, run.staleness), []).append(run)
 
     def usable(run: Run) -> bool:
         cost = costs[run.pk]
@@ -228,7 +228,8 @@ def speedups(
             rows.append(
                 {
                     "experiment": experiment,
-                    "preset": preset,
+                    "preset": members[0].preset,
+                    "line": preset,
                     "staleness": label,
                     "reference": ref_label,
                     "against": what,

@@ -76,7 +76,10 @@ def _run_detail_out(run: Run) -> dict[str, Any]:
 def _field_errors(errors: list[tuple[str, str]]) -> list[dict[str, Any]]:
     out = []
     for field, message in errors:
-        if field not in ("config", "presets", "seeds", "team") and not field.startswith("staleness"):
+        if field not in ("config", "presets", "seeds", "team") and field.split(".")[0] not in (
+            "staleness",
+            "axes",
+        ):
             field = f"config.{field}"
         out.append({"loc": ["body", "sweep", *field.split(".")], "field": field, "msg": message})
     return out
@@ -88,13 +91,15 @@ def _visible_run(request: HttpRequest, run_id: int) -> Run:
 
 @router.post("/sweeps", response=responses({201: SweepOut}, 422))
 def submit_sweep(request: HttpRequest, sweep: SweepIn):
-    """Create an experiment with one run per preset × staleness setting × seed, and queue them
+    """Create an experiment with one run per preset × staleness setting × axes' values × seed, and queue them
     (also while the message broker is down: `message` says so). 422 when the team would have more
     queued runs than LAB_TEAM_MAX_QUEUED."""
     team = Team.objects.filter(name=sweep.team, members=request.user).first()
     errors = [] if team else [("team", f"you are not a member of a team called {sweep.team!r}")]
     try:
-        grid = sweeps.expand(sweep.config, sweep.presets, sweep.staleness, sweep.seeds, sweep.serial)
+        grid = sweeps.expand(
+            sweep.config, sweep.presets, sweep.staleness, sweep.seeds, sweep.serial, sweep.axes
+        )
     except sweeps.SweepError as exc:
         errors += exc.errors
     if errors:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,6 +188,45 @@ def run_parameter_fields() -> tuple[tuple[ParamField, forms.Field], ...]:
     return tuple((param, field) for param, field in pairs if field is not None)
 
 
+def parse_axes(text: str) -> dict[str, list[Any]]:
+    """The "Other axes" box: `field: v1, v2` per line. A value reads as JSON where it is one
+    (4, 0.5, true, null), else as text (bfloat16)."""
+    axes: dict[str, list[Any]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        name, colon, values = line.partition(":")
+        name = name.strip()
+        if not colon or not name or not values.strip():
+            raise forms.ValidationError(
+                f"line {number}: write a config field, a colon and its values, e.g. optimizer.minibatches: 1, 4 "
+                f"(got {line.strip()!r})",
+                code="invalid",
+            )
+        if name in axes:
+            raise forms.ValidationError(
+                f"line {number}: {name} is listed twice; give it one line", code="invalid"
+            )
+        axes[name] = [_axis_value(part.strip()) for part in values.split(",") if part.strip()]
+    return axes
+
+
+def _axis_value(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if not isinstance(value, dict | list) else text
+
+
+def axes_text(axes: dict[str, list[Any]]) -> str:
+    """`parse_axes`'s inverse, for a cloned sweep."""
+    return "\n".join(
+        f"{name}: {', '.join(json.dumps(v) if not isinstance(v, str) else v for v in values)}"
+        for name, values in axes.items()
+    )
+
+
 def _int_list(text: str, what: str) -> list[int]:
     values = []
     for part in text.replace(",", " ").split():
@@ -212,6 +252,28 @@ TEMPLATES = {
         "offline": True,
         "seeds": "0, 1",
         "optimizer.lr": 3e-5,
+        "rollout.prompts_per_step": 16,
+        "rollout.group_size": 8,
+        "steps": 150,
+    },
+    "field-losses": {
+        "name": "The field's losses under staleness",
+        "presets": [
+            "grpo",
+            "rec-oneside-nois",
+            "decoupled-ppo",
+            "grpo-tis",
+            "m2po",
+            "cispo",
+            "sapo",
+            "dppo-tv",
+        ],
+        "on_policy": True,
+        "sync_offsets": "8",
+        "offline": True,
+        "seeds": "0, 1, 2",
+        "optimizer.lr": 3e-5,
+        "optimizer.minibatches": 4,
         "rollout.prompts_per_step": 16,
         "rollout.group_size": 8,
         "steps": 150,
@@ -271,6 +333,7 @@ def initial_from_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     initial["async_bounds"] = ", ".join(map(str, bounds))
     initial["seeds"] = ", ".join(map(str, spec.get("seeds", [])))
     initial["serial"] = bool(spec.get("serial", False))
+    initial["axes"] = axes_text(spec.get("axes", {}))
     known = {param.path for param, _ in run_parameter_fields()}
 
     def walk(node: dict[str, Any], prefix: str) -> None:
@@ -331,6 +394,16 @@ class SweepForm(forms.Form):
         ),
     )
     seeds = forms.CharField(initial="0", label="Seeds", help_text="e.g. 0, 1, 2: one run per value")
+    axes = forms.CharField(
+        required=False,
+        label="Other axes",
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "optimizer.minibatches: 1, 4"}),
+        help_text=(
+            "one config field per line with the values to try, e.g. optimizer.minibatches: 1, 4 or "
+            "rollout.dtype: same, bfloat16 or algorithm.params.anchor: behaviour, proximal; every "
+            "combination is a cell, crossed with the presets, staleness settings and seeds"
+        ),
+    )
     serial = forms.BooleanField(
         required=False,
         label="Measure one at a time",
@@ -365,9 +438,13 @@ class SweepForm(forms.Form):
             )
         ]
 
-    def preset_options(self) -> list[tuple[Any, str]]:
-        """Each preset's checkbox with the one line saying what the preset is."""
-        return [(option, PRESETS[option.data["value"]].description) for option in self["presets"]]
+    def preset_families(self) -> list[tuple[str, list[tuple[Any, str]]]]:
+        """The presets' checkboxes grouped by family, each with the line saying what it is."""
+        grouped: dict[str, list[tuple[Any, str]]] = {}
+        for option in self["presets"]:
+            preset = PRESETS[option.data["value"]]
+            grouped.setdefault(preset.family, []).append((option, preset.description))
+        return list(grouped.items())
 
     def task_kind(self) -> str:
         return str(self["task.name"].value())
@@ -415,6 +492,9 @@ class SweepForm(forms.Form):
     def clean_seeds(self) -> list[int]:
         return _int_list(self.cleaned_data["seeds"], "seeds")
 
+    def clean_axes(self) -> dict[str, list[Any]]:
+        return parse_axes(self.cleaned_data["axes"])
+
     def base_config(self) -> dict[str, Any]:
         """The submitted run parameters as a nested config; blanks fall back to RunConfig's defaults."""
         data = self.cleaned_data
@@ -459,6 +539,7 @@ class SweepForm(forms.Form):
                 self.staleness_settings(),
                 data["seeds"],
                 bool(data.get("serial")),
+                data.get("axes") or {},
             )
             # Not an error: runs wait in their queue until a worker starts.
             self.queue_warnings = Worker.missing_for(self.sweep.configs)
@@ -471,7 +552,7 @@ class SweepForm(forms.Form):
     def add_sweep_errors(self, exc: sweeps.SweepError) -> None:
         """Show each of the sweep's problems next to the field it concerns."""
         for field, message in exc.errors:
-            field = AXIS_ERROR_FIELDS.get(field, field)
+            field = "axes" if field.split(".")[0] == "axes" else AXIS_ERROR_FIELDS.get(field, field)
             if field in self.fields:
                 self.add_error(field, message)
             else:

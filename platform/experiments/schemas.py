@@ -29,6 +29,12 @@ class SweepIn(Schema):
         'async cell {"mode": "async", "max_staleness": k}',
     )
     seeds: list[int] = Field([0], description="seeds, one run each")
+    axes: dict[str, list[Any]] = Field(
+        {},
+        description="other config fields to vary, dotted, each with its values: every combination is a cell "
+        '(e.g. {"optimizer.minibatches": [1, 4], "rollout.dtype": ["same", "bfloat16"], '
+        '"algorithm.params.anchor": ["behaviour", "proximal"]}); a run\'s values are its variant',
+    )
     serial: bool = Field(
         False,
         description="measure the runs one at a time: each starts only when no other run is running, and no "
@@ -102,6 +108,9 @@ class RunOut(Schema):
         description="the run's staleness cell as a label: on-policy, sync_interval=8, sync_offset=4, offline, "
         "marked (distributed) when rollout workers ran the schedule, or async ≤ k "
         "(the numbers are in the run's config)"
+    )
+    variant: dict[str, Any] = Field(
+        description="its values of the sweep's axes besides presets, staleness and seeds (config field → value)"
     )
     seed: int
     status: str

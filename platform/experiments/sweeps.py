@@ -1,6 +1,7 @@
-"""A sweep: one base run config crossed with presets × staleness cells × seeds. A staleness cell
-is a schedule run simulated or distributed, or an async cell with its bound (`StalenessCell`), so
-execution is an axis of the grid beside staleness. `expand` validates every cell through
+"""A sweep: one base run config crossed with presets × staleness cells × seeds × any other config
+fields' value lists (`axes`, e.g. `{"optimizer.minibatches": [1, 4]}`: each combination is a cell,
+its values the run's `variant`). A staleness cell is a schedule run simulated or distributed, or
+an async cell with its bound (`StalenessCell`), so execution is an axis of the grid beside staleness. `expand` validates every cell through
 `RunConfig` and names each problem once by the field the submitter wrote (`presets`,
 `staleness.sync_offset`, `staleness.async`, `rollout.group_size`); `create_experiment` refuses a
 sweep over `LAB_TEAM_MAX_QUEUED` and sends the runs' messages after the transaction commits."""
@@ -29,6 +30,16 @@ MAX_DEPTH = 32
 
 # Where a grid axis lands in RunConfig, and the name the submitter used for it.
 _AXIS_FIELDS = {"algorithm.preset": "presets", "seed": "seeds"}
+MAX_AXES = 4  # config fields varied besides presets, staleness and seeds
+MAX_AXIS_VALUES = 16
+# Fields with an axis of their own: varied there, not through `axes`.
+_OWN_AXES = {
+    "algorithm.preset": "presets",
+    "seed": "seeds",
+    "staleness": "staleness",
+    "execution.mode": "staleness (a cell's mode)",
+    "execution.max_staleness": "staleness (an async cell's bound)",
+}
 
 
 class SweepError(ValueError):
@@ -47,10 +58,17 @@ class Sweep:
     # Measured one at a time: each run starts only when no other run is running, and no other
     # starts while it runs (`Run.claim_next`), so that its throughput means something.
     serial: bool = False
+    axes: dict[str, list[Any]] = field(default_factory=dict)
+    variants: list[dict[str, Any]] = field(default_factory=list)  # per config: its axes' values
 
     @property
     def size(self) -> int:
-        return len(self.presets) * len(self.staleness) * len(self.seeds)
+        return (
+            len(self.presets)
+            * len(self.staleness)
+            * len(self.seeds)
+            * math.prod(map(len, self.axes.values()))
+        )
 
     def as_spec(self) -> dict[str, Any]:
         return {
@@ -58,8 +76,78 @@ class Sweep:
             "presets": self.presets,
             "staleness": self.staleness,
             "seeds": self.seeds,
+            **({"axes": self.axes} if self.axes else {}),
             **({"serial": True} if self.serial else {}),
         }
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `data[a][b][c] = value` for "a.b.c", making (or replacing non-mapping) sections on the way."""
+    *sections, leaf = dotted.split(".")
+    node = data
+    for key in sections:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+    node[leaf] = value
+
+
+def _axis_errors(axes: Any, presets: list[str]) -> list[tuple[str, str]]:
+    """What is wrong with `axes` itself: its shape, a field with an axis of its own, a value list
+    that is empty, too long, repeats itself or holds no scalars, a knob a chosen preset ignores."""
+    if not isinstance(axes, dict):
+        return [
+            ("axes", 'axes must map config fields to lists of values, e.g. {"optimizer.minibatches": [1, 4]}')
+        ]
+    errors = []
+    if len(axes) > MAX_AXES:
+        errors.append(
+            ("axes", f"at most {MAX_AXES} config fields can be varied besides presets, staleness and seeds")
+        )
+    for name, values in axes.items():
+        where = f"axes.{name}"
+        own = next((axis for f, axis in _OWN_AXES.items() if name == f or name.startswith(f + ".")), None)
+        if not isinstance(name, str) or not name or any(not part for part in name.split(".")):
+            errors.append(
+                ("axes", f"{name!r} is not a config field: write it dotted, e.g. optimizer.minibatches")
+            )
+        elif own is not None:
+            errors.append((where, f"{name} has an axis of its own: vary it through {own}"))
+        elif not isinstance(values, list) or not values:
+            errors.append((where, f"{name} needs a list of at least one value (got {values!r})"))
+        elif len(values) > MAX_AXIS_VALUES:
+            errors.append((where, f"{name} lists {len(values)} values; at most {MAX_AXIS_VALUES}"))
+        elif any(isinstance(v, dict | list) for v in values):
+            errors.append((where, f"{name}'s values must be numbers, text, true/false or null, one per cell"))
+        elif repeated := _duplicates(values):
+            errors.append((where, f"{', '.join(map(repr, repeated))} listed twice; list each value once"))
+        elif name.startswith("algorithm.params."):
+            knob = name.removeprefix("algorithm.params.")
+            known = [p for p in dict.fromkeys(presets) if p in rl_presets.PRESETS]
+            if knob not in rl_presets.TUNABLE:
+                errors.append(
+                    (where, f"unknown algorithm parameter {knob!r}; known: {', '.join(rl_presets.TUNABLE)}")
+                )
+            elif without := [p for p in known if knob not in rl_presets.PRESETS[p].spec.knobs()]:
+                errors.append(
+                    (
+                        where,
+                        f"{knob} is not a knob of {', '.join(without)}: its runs would not differ; choose only presets that have it",
+                    )
+                )
+            else:
+                for value in values:
+                    try:
+                        rl_presets.check_param(knob, value)
+                    except ValueError as exc:
+                        errors.append((where, f"{name} = {value!r}: {exc}"))
+    return errors
+
+
+def _variants(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the axes' values, in order (the last axis varies fastest)."""
+    names = list(axes)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(axes[n] for n in names))]
 
 
 def _submitted_name(dotted: str) -> str:
@@ -233,13 +321,18 @@ def expand(
     staleness: list[dict[str, Any]],
     seeds: list[int],
     serial: bool = False,
+    axes: dict[str, list[Any]] | None = None,
 ) -> Sweep:
     """Validate the whole grid; return it with one resolved RunConfig per cell."""
+    axes = {} if axes is None else axes
     errors: list[tuple[str, str]] = []
     for name, axis in (("presets", presets), ("staleness", staleness), ("seeds", seeds)):
         if not axis:
             errors.append((name, f"choose at least one value for {name}: the grid would be empty"))
-    size = len(presets) * len(staleness) * len(seeds)
+    axis_errors = _axis_errors(axes, presets)
+    if axis_errors:
+        raise SweepError(errors + axis_errors)
+    size = len(presets) * len(staleness) * len(seeds) * math.prod(len(v) for v in axes.values())
     if size > settings.LAB_MAX_SWEEP_RUNS:
         errors.append(
             (
@@ -268,14 +361,16 @@ def expand(
     errors += _staleness_errors(staleness, cells, base, steps)
     errors += _knob_errors(base, presets)
     knobs_reported = any(name.startswith("algorithm.params.") for name, _ in errors)
-    configs = []
+    configs, variants = [], []
     context = validation_context()
-    for preset, (setting, cell), seed in itertools.product(
-        presets, zip(staleness, cells, strict=True), seeds
+    for preset, (setting, cell), variant, seed in itertools.product(
+        presets, zip(staleness, cells, strict=True), _variants(axes), seeds
     ):
         if cell is None:
             continue
         data = copy.deepcopy(base)
+        for dotted, value in variant.items():
+            _set_path(data, dotted, value)
         algorithm = data.get("algorithm", {})
         data["algorithm"] = {**algorithm, "preset": preset} if isinstance(algorithm, dict) else algorithm
         data["staleness"] = {k: v for k, v in setting.items() if k not in ("mode", "max_staleness")}
@@ -285,16 +380,21 @@ def expand(
         data["seed"] = seed
         try:
             configs.append(RunConfig.model_validate(data, context=context))
+            variants.append(variant)
         except ValidationError as exc:
             for dotted, message in error_list(exc):
                 # What the cell set is reported on the cell's own field.
                 from_cell = cell.mode is not None and dotted in ("execution.mode", "execution.max_staleness")
-                error = (_staleness_field(setting) if from_cell else _submitted_name(dotted), message)
+                varied = next((n for n in variant if dotted == n or dotted.startswith(n + ".")), None)
+                if varied is not None:
+                    error = (f"axes.{varied}", f"{varied} = {variant[varied]!r}: {message}")
+                else:
+                    error = (_staleness_field(setting) if from_cell else _submitted_name(dotted), message)
                 if error not in errors and not (knobs_reported and dotted == "algorithm.params"):
                     errors.append(error)
     if errors:
         raise SweepError(errors)
-    return Sweep(base, presets, staleness, seeds, configs, serial)
+    return Sweep(base, presets, staleness, seeds, configs, serial, axes, variants)
 
 
 def create_experiment(team: Team, owner, name: str, description: str, sweep: Sweep) -> Experiment:
@@ -313,6 +413,6 @@ def create_experiment(team: Team, owner, name: str, description: str, sweep: Swe
         experiment = Experiment.objects.create(
             team=team, owner=owner, name=name, description=description, spec=sweep.as_spec()
         )
-        for config in sweep.configs:
-            Run.create_for(experiment, config, serial=sweep.serial).enqueue()
+        for config, variant in zip(sweep.configs, sweep.variants or [{}] * len(sweep.configs), strict=True):
+            Run.create_for(experiment, config, serial=sweep.serial, variant=variant).enqueue()
     return experiment

@@ -148,6 +148,18 @@ def alice(team):
 
 
 @pytest.fixture
+def token(alice) -> str:
+    """An API token of alice's, as `manage.py create_token alice` prints it."""
+    import io
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("create_token", "alice", stdout=out)
+    return out.getvalue().strip()
+
+
+@pytest.fixture
 def alice_client(client, alice):
     client.force_login(alice)
     return client

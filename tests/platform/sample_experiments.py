@@ -7,7 +7,8 @@ training, just runs and metric points whose values follow a formula the tests ca
 `response_length/mean = 10 + seed`, one step per second of wall time; from step 1 on, as
 the trainer does, `time/step_s` (`step_time`) and `tokens_per_s` (`tokens_per_s`); and every
 `eval_every` steps and after the last, `eval/accuracy` (`accuracy`, or the `final_accuracy`
-given: a function of (preset, staleness label, seed) that the accuracy climbs to linearly from 0.25).
+given: a function of (preset, staleness label, seed) that the accuracy climbs to linearly from 0.25;
+with `axes`, of (preset, staleness label, seed, variant)).
 """
 
 from __future__ import annotations
@@ -51,15 +52,18 @@ def make_finished_experiment(
     seeds: tuple[int, ...] = (0, 1),
     steps: int = 20,
     eval_every: int = 5,
-    final_accuracy: Callable[[str, str, int], float] | None = None,
+    final_accuracy: Callable[..., float] | None = None,
+    axes: dict | None = None,
 ) -> Experiment:
-    sweep = expand(TINY_CONFIG, list(presets), list(staleness), list(seeds))
+    sweep = expand(TINY_CONFIG, list(presets), list(staleness), list(seeds), axes=axes)
     experiment = Experiment.objects.create(team=team, owner=owner, name=name, spec=sweep.as_spec())
     points = []
-    for index, config in enumerate(sweep.configs):  # in the grid's order: presets × staleness × seeds
+    cells = len(sweep.configs) // (len(presets) * len(staleness))  # variants × seeds per preset and setting
+    # In the grid's order: presets × staleness × variants × seeds.
+    for index, (config, variant) in enumerate(zip(sweep.configs, sweep.variants, strict=True)):
         p = presets.index(config.algorithm.preset)
-        s = index // len(seeds) % len(staleness)
-        run = Run.create_for(experiment, config, status=Run.SUCCEEDED, progress=steps)
+        s = index // cells % len(staleness)
+        run = Run.create_for(experiment, config, status=Run.SUCCEEDED, progress=steps, variant=variant)
         for step in range(steps + 1):
             wall_time = START + timedelta(seconds=step)
             values = {
@@ -71,7 +75,8 @@ def make_finished_experiment(
                 if final_accuracy is None:
                     values["eval/accuracy"] = accuracy(step, steps, p, s, config.seed)
                 else:
-                    end = final_accuracy(config.algorithm.preset, config.staleness_label, config.seed)
+                    args = (config.algorithm.preset, config.staleness_label, config.seed)
+                    end = final_accuracy(*args, variant) if axes else final_accuracy(*args)
                     values["eval/accuracy"] = 0.25 + step / steps * (end - 0.25)
             if step > 0:
                 values["time/step_s"] = step_time(step, p, s, config.seed)

@@ -68,7 +68,7 @@ def test_m2po_masks_the_same_tokens_with_and_without_micro_batches(small_config,
         trainer.train(config, sink, cache_dir=cache_dir)
         masked.append(steps_of(sink, "correction/masked_frac"))
     assert masked[0] == masked[1]
-    assert 0 < max(masked[0]) and min(masked[0]) == 0.0  # step 1 is on-policy (θ = θ0)
+    assert max(masked[0]) > 0 and min(masked[0]) == 0.0  # step 1 is on-policy (θ = θ0)
 
 
 def test_the_rollout_precision_makes_a_mismatch_that_tis_corrects(small_config, cache_dir):

@@ -23,7 +23,7 @@ from experiments.collapse import Collapse, find_collapse
 from experiments.models.jobs import RolloutJob
 from experiments.models.results import Completion, MetricPoint
 from experiments.models.turns import TakingTurns
-from experiments.text import public_error
+from experiments.text import public_error, variant_label
 from rlcore.config import RunConfig, error_list
 from rlcore.sinks import SUMMARY_LATEST
 
@@ -171,6 +171,11 @@ class Run(TakingTurns, Leased):
     config = models.JSONField(help_text="the fully resolved RunConfig")
     preset = models.CharField(max_length=100)
     staleness = models.CharField(max_length=100)
+    variant_pairs = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="its values of the sweep's other axes, [[config field, value], …] in the sweep's order",
+    )
     seed = models.IntegerField()
     serial = models.BooleanField(
         default=False,
@@ -212,7 +217,9 @@ class Run(TakingTurns, Leased):
 
     @classmethod
     def create_for(cls, experiment: Experiment, config, **fields) -> Run:
-        """A run of `experiment` for a validated `rlcore.config.RunConfig`, labelled from it."""
+        """A run of `experiment` for a validated `rlcore.config.RunConfig`, labelled from it
+        (`variant`: its values of the sweep's other axes)."""
+        fields["variant_pairs"] = [[name, value] for name, value in fields.pop("variant", {}).items()]
         return cls.objects.create(
             experiment=experiment,
             config=config.model_dump(mode="json"),
@@ -222,6 +229,21 @@ class Run(TakingTurns, Leased):
             queue=config.queue,
             **fields,
         )
+
+    @property
+    def variant(self) -> dict:
+        """Its values of the sweep's other axes (config field → value), in the sweep's order."""
+        return dict(self.variant_pairs)
+
+    @property
+    def variant_label(self) -> str:
+        """Its values of the sweep's other axes, e.g. "minibatches=4, dtype=bfloat16" ("" if none)."""
+        return variant_label(self.variant)
+
+    @property
+    def line(self) -> str:
+        """Its line within its experiment: the preset, with its values of the sweep's other axes."""
+        return f"{self.preset} · {self.variant_label}" if self.variant else self.preset
 
     def record_provenance(self, worker: str, record: dict) -> None:
         """Store this attempt's provenance, pinning the experiment's θ0 on its first run.

@@ -543,3 +543,22 @@ def test_verdicts_on_cells_still_running_say_so_and_cells_without_values_are_wai
     waiting = data(alice_client, demo, metric="eval/accuracy")["findings"][1]
     assert waiting["verdict"] != "missing cells" and waiting["provisional"], waiting
     assert "reinforce × sync_offset=2" not in " ".join(waiting["missing"])
+
+
+def test_findings_of_a_grid_with_the_narrow_clip_but_not_the_wide_one_say_what_is_missing(
+    alice_client, team, alice
+):
+    """An offline rec-oneside-nois without its wide twin: the wide-clip claim needs the twin (it
+    once fell through to no finding at all and the page failed)."""
+    experiment = make_finished_experiment(
+        team,
+        alice,
+        name="field",
+        presets=("grpo", "rec-oneside-nois", "cispo"),
+        staleness=({}, {"offline": True}),
+        seeds=(0, 1),
+        final_accuracy=lambda preset, staleness, seed: 0.6 + 0.01 * seed,
+    )
+    found = data(alice_client, experiment, metric="eval/accuracy")["findings"]
+    assert found[2]["verdict"] == "missing cells"
+    assert "rec-oneside-nois-wide" in found[2]["text"]

@@ -17,13 +17,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def token(alice) -> str:
-    out = io.StringIO()
-    call_command("create_token", "alice", stdout=out)
-    return out.getvalue().strip()
-
-
-@pytest.fixture
 def run(make_run):
     run = make_run("read me", seed=3)
     now = datetime.now(UTC)

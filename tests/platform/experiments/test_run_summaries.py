@@ -16,7 +16,6 @@ import shutil
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.core.management import call_command
 from django.db import transaction
 from django.urls import reverse
 from support import TINY_CONFIG, queue_sweep, wait_for
@@ -61,13 +60,6 @@ def test_the_collapse_rule_on_measured_and_edge_sequences():
     # Missing values (logged NaN) are left out.
     assert find_collapse([(0, 0.5), (2, None), (4, 0.0), (6, 0.0)]).step == 4
     assert find_collapse([(0, 0.5), (2, 0.0)]) is None
-
-
-@pytest.fixture
-def token(alice) -> str:
-    out = io.StringIO()
-    call_command("create_token", "alice", stdout=out)
-    return out.getvalue().strip()
 
 
 def _ended(run: Run) -> Run:

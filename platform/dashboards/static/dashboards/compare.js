@@ -1,6 +1,9 @@
 // The comparison page: draws what the JSON endpoint aggregated, and keeps every control in the URL.
-// A line is one preset of one experiment (`line` in the payload; just the preset for one experiment);
-// its colour is its preset's, and with runs of several experiments the dash tells experiments apart.
+// A line is one preset of one experiment with its values of the sweep's other axes (`line` in the
+// payload; just the preset for one experiment of presets × staleness × seeds). The panels split by
+// one field ("panels by": staleness unless chosen) and the colours by another (its preset's colour
+// unless chosen), any varied field among them; with runs of several experiments the dash tells
+// experiments apart. "Changing one varied field" pairs cells that differ in that field only.
 // Changing metric, x axis, band or final-value rule fetches again; view and smoothing only redraw.
 // Runs whose policy collapsed are counted in the final-value table and listed below it.
 // Below the curves, the trade-off: the final value and the steady-state throughput (steps per hour,
@@ -15,7 +18,7 @@
 
 (() => {
   const POLL_MS = 3000;
-  const DEFAULTS = { metric: "eval/accuracy", x: "step", band: "std", view: "grid", smooth: "0", rule: "last", k: "10", delta: "0.02", contended: "0" };
+  const DEFAULTS = { metric: "eval/accuracy", x: "step", band: "std", view: "grid", facet: "staleness", colour: "preset", smooth: "0", rule: "last", k: "10", delta: "0.02", contended: "0" };
   const FETCHED = ["metric", "x", "band", "rule", "k", "delta", "contended"];
   const SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "cross", "star", "triangle-down"];
   const DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"];
@@ -81,9 +84,46 @@
     });
   }
 
+  // A group's value of a field the page can split by: preset, staleness or a varied config field.
+  function valueOf(group, field) {
+    if (field === "preset" || field === "staleness") return String(group[field]);
+    return field in group.variant ? String(group.variant[field]) : "–";
+  }
+
+  function fieldOf(name) {
+    return payload.fields.find((f) => f.name === name) || payload.fields[0];
+  }
+
+  function colourOf(group) {
+    const field = fieldOf(control("colour").value);
+    if (field.name === "preset") return payload.colours[group.preset];
+    const index = field.values.map(String).indexOf(valueOf(group, field.name));
+    return payload.palette[Math.max(0, index) % payload.palette.length];
+  }
+
+  // A group's name in a legend: what tells it apart within its panel (all but the panels' field).
+  function nameOf(group, facet) {
+    const parts = [];
+    if (facet !== "preset") parts.push(group.preset);
+    for (const f of payload.fields.slice(2)) if (f.name !== facet && f.name in group.variant) parts.push(`${f.label}=${group.variant[f.name]}`);
+    if (facet !== "staleness") parts.push(group.staleness);
+    if (payload.experiments.length > 1) parts.push(`#${group.experiment}`);
+    return parts.join(" · ");
+  }
+
+  // The "panels by" and "colour by" choices: preset, staleness and each field the runs vary.
+  function fillFieldControls() {
+    for (const name of ["facet", "colour"]) {
+      const el = control(name);
+      const chosen = el.value;
+      el.replaceChildren(...payload.fields.map((f) => new Option(f.label, f.name)));
+      el.value = payload.fields.some((f) => f.name === chosen) ? chosen : DEFAULTS[name];
+    }
+  }
+
   function groupTraces(group, options) {
-    const colour = payload.colours[group.preset];
-    const name = escapeText(options.overlay ? `${group.line} · ${group.staleness}` : group.line);
+    const colour = colourOf(group);
+    const name = escapeText(options.name);
     const traces = [];
     if (group.lo !== null) {
       const common = { x: group.x, type: "scatter", mode: "lines", hoverinfo: "skip", showlegend: false, line: { width: 0 } };
@@ -144,33 +184,49 @@
   }
 
   function drawGrid() {
+    const facet = fieldOf(control("facet").value);
+    const values = facet.values.map(String);
     // Every panel is in the grid before the first is drawn, so Plotly sizes each to its own column.
-    const panels = payload.staleness.map((setting) => {
+    const panels = values.map((value) => {
       const panel = document.createElement("div");
       panel.className = "panel";
-      panel.dataset.staleness = setting;
+      panel.dataset[facet.name === "staleness" ? "staleness" : "facet"] = value;
       return panel;
     });
     plots.replaceChildren(...panels);
     const range = sharedYRange();
     const inLegend = new Set();
-    payload.staleness.forEach((setting, column) => {
+    values.forEach((value, column) => {
       const panel = panels[column];
-      const traces = payload.groups
-        .filter((g) => g.staleness === setting)
-        .flatMap((g) => {
-          const first = !inLegend.has(g.line);
-          inLegend.add(g.line);
-          return groupTraces(g, { overlay: false, showlegend: first, dash: experimentDash(g) });
-        });
-      const layout = axisLayout(`staleness: ${setting}`);
+      const members = payload.groups.filter((g) => valueOf(g, facet.name) === value);
+      const traces = members.flatMap((g) => {
+        const name = nameOf(g, facet.name);
+        const first = !inLegend.has(name);
+        inLegend.add(name);
+        return groupTraces(g, { name, showlegend: first, dash: groupDash(g) });
+      });
+      const layout = axisLayout(`${facet.label}: ${value}`, new Set(members.map((g) => nameOf(g, facet.name))).size);
       layout.yaxis.range = range;
-      Plotly.newPlot(panel, traces, layout, plotConfig(`staleness-${setting}`));
+      Plotly.newPlot(panel, traces, layout, plotConfig(`${facet.label}-${value}`));
     });
   }
 
   function experimentDash(group) {
     return DASHES[payload.experiments.findIndex((e) => e.id === group.experiment) % DASHES.length];
+  }
+
+  // A line's dash where colours are presets': its experiment's with runs of several, else its variant's.
+  function lineDash(line) {
+    if (payload.experiments.length > 1) return experimentDash(line);
+    const variants = [...new Set(payload.lines.map((l) => l.variant_label))];
+    return DASHES[variants.indexOf(line.variant_label) % DASHES.length];
+  }
+
+  // A curve's dash: its line's while colours are presets', else its preset's (the colours tell the
+  // chosen field apart, the dashes the presets).
+  function groupDash(group) {
+    if (control("colour").value === "preset") return lineDash(group);
+    return DASHES[payload.presets.indexOf(group.preset) % DASHES.length];
   }
 
   function drawOverlay() {
@@ -179,7 +235,7 @@
     panel.className = "panel overlay";
     plots.append(panel);
     const traces = payload.groups.flatMap((g) =>
-      groupTraces(g, { overlay: true, showlegend: true, dash: DASHES[payload.staleness.indexOf(g.staleness) % DASHES.length] }),
+      groupTraces(g, { name: nameOf(g, ""), showlegend: true, dash: DASHES[payload.staleness.indexOf(g.staleness) % DASHES.length] }),
     );
     const overlay = axisLayout("all presets × staleness", payload.groups.length);
     Plotly.newPlot(panel, traces, { ...overlay, height: overlay.height + 160 }, plotConfig("overlay"));
@@ -249,7 +305,8 @@
       ...payload.ties.map((t) => {
         const li = document.createElement("li");
         const need = t.seeds_needed === null ? "cannot tell with these data" : `about ${t.seeds_needed} seeds per preset would (α 0.05, power 0.8)`;
-        li.textContent = `${t.b} − ${t.a} at ${t.staleness}: ${bracket(t, payload.digits)}: cannot be told apart; ${need}`;
+        const variant = t.variant ? ` (${t.variant})` : "";
+        li.textContent = `${t.b} − ${t.a} at ${t.staleness}${variant}: ${bracket(t, payload.digits)}: cannot be told apart; ${need}`;
         return li;
       }),
     );
@@ -261,7 +318,7 @@
         li.dataset.provisional = f.provisional;
         const verdict = document.createElement("strong");
         verdict.textContent = f.provisional ? `${f.verdict} (provisional: ${f.runs_active} of ${f.runs} runs still going)` : f.verdict;
-        const several = payload.experiments.length > 1 ? ` (#${f.experiment})` : "";
+        const several = (payload.experiments.length > 1 ? ` (#${f.experiment})` : "") + (f.variant ? ` (${f.variant})` : "");
         const reasons = document.createElement("ul");
         reasons.className = "reasons";
         reasons.replaceChildren(
@@ -344,7 +401,8 @@
   }
 
   function drawVersusStaleness(element, rows, fields, options) {
-    const traces = payload.lines.map(({ line, preset, experiment }) => {
+    const traces = payload.lines.map((l) => {
+      const { line, preset } = l;
       const points = payload.staleness.map((s) => rows.find((r) => r.line === line && r.staleness === s));
       const value = (r) => (r ? r[fields.value] : null);
       const name = escapeText(line);
@@ -365,7 +423,7 @@
         type: "scatter",
         mode: "lines+markers",
         name,
-        line: { color: payload.colours[preset], dash: experimentDash({ experiment }) },
+        line: { color: payload.colours[preset], dash: lineDash(l) },
         hovertemplate: `%{y:.4g} at %{customdata}<extra>${name}</extra>`,
         meta: { kind: options.kind, preset, line },
       };
@@ -433,7 +491,7 @@
       const seconds = r.wall_per_step_s === null ? "–" : `${r.wall_per_step_s.toPrecision(3)} / ${r.reference_wall_per_step_s.toPrecision(3)}`;
       const change = { ...r.accuracy_change, n_seeds: r.accuracy_change.n_pairs };
       const tr = cellRow(table, [
-        r.preset + (several ? ` · #${r.experiment}` : ""),
+        r.line + (several ? ` · #${r.experiment}` : ""),
         r.staleness,
         `${r.reference} (${r.against})`,
         bracket(change, payload.digits),
@@ -446,9 +504,10 @@
       tr.dataset.staleness = r.staleness;
       tr.dataset.reference = r.reference;
     }
-    const presets = [...new Set(rows.map((r) => r.preset))];
-    const traces = presets.map((preset) => {
-      const mine = rows.filter((r) => r.preset === preset && r.speedup.value !== null && r.accuracy_change.value !== null);
+    const presets = [...new Set(rows.map((r) => r.line))];
+    const traces = presets.map((line) => {
+      const preset = rows.find((r) => r.line === line).preset;
+      const mine = rows.filter((r) => r.line === line && r.speedup.value !== null && r.accuracy_change.value !== null);
       const bars = (r, side, key) => (r[key][side] === null ? null : Math.abs(r[key][side] - r[key].value));
       return {
         x: mine.map((r) => r.speedup.value),
@@ -456,10 +515,10 @@
         error_x: { type: "data", symmetric: false, array: mine.map((r) => bars(r, "hi", "speedup")), arrayminus: mine.map((r) => bars(r, "lo", "speedup")) },
         error_y: { type: "data", symmetric: false, array: mine.map((r) => bars(r, "hi", "accuracy_change")), arrayminus: mine.map((r) => bars(r, "lo", "accuracy_change")) },
         text: mine.map((r) => escapeText(`${r.staleness} vs ${r.reference}`)),
-        hovertemplate: `%{text}: %{x:.2f}× faster, change %{y:+.3f}<extra>${escapeText(preset)}</extra>`,
+        hovertemplate: `%{text}: %{x:.2f}× faster, change %{y:+.3f}<extra>${escapeText(line)}</extra>`,
         type: "scatter",
         mode: "markers",
-        name: escapeText(preset),
+        name: escapeText(line),
         marker: { color: payload.colours[preset], size: 10, symbol: mine.map((r) => (r.against === "on-policy" ? "square" : "circle")) },
         meta: { kind: "speedup", preset },
       };
@@ -516,7 +575,22 @@
     );
   }
 
+  // Cells that differ in one varied field only, paired by seed: that field's effect.
+  function drawContrasts() {
+    const box = document.getElementById("contrasts-box");
+    box.hidden = payload.contrasts.length === 0;
+    const table = document.getElementById("contrasts");
+    table.replaceChildren();
+    if (!payload.contrasts.length) return;
+    cellRow(table, ["field", "change", "preset", "other fields", "staleness", `change of ${payload.metric} (paired by seed)`, `reading (δ = ${payload.delta})`], true);
+    for (const r of payload.contrasts) {
+      const tr = cellRow(table, [r.label, `${r.field_value} vs ${r.reference}`, r.preset, r.others || "–", r.staleness, bracket(r, payload.digits), r.state]);
+      tr.dataset.field = r.field;
+    }
+  }
+
   function draw() {
+    fillFieldControls();
     drawWarnings();
     if (control("view").value === "overlay") drawOverlay();
     else drawGrid();
@@ -527,6 +601,7 @@
     drawSpeedups();
     drawContended();
     drawScatter();
+    drawContrasts();
     document.getElementById("smooth-value").textContent = control("smooth").value;
     const runs = payload.runs.length;
     status.textContent = `${runs} run${runs === 1 ? "" : "s"} in ${payload.groups.length} groups${payload.active ? " · some still running, refreshing" : ""}`;
