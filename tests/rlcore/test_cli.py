@@ -88,6 +88,23 @@ def test_bad_config_file_exits_2_naming_the_field(tmp_path):
     assert "rollout.group_size" in out.stderr and str(path) in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("algorithm:\n  preset: grpo-tis\n  params:\n    is_cap: 0.5\n", "algorithm.params: is_cap must be >= 1"),
+        ("algorithm:\n  preset: sapo\n  params:\n    sapo_tau_neg: 0\n", "sapo_tau_neg must be > 0"),
+        ("optimizer:\n  minibatches: 99\n", "optimizer.minibatches: optimizer.minibatches (99) must be <="),
+        ("optimizer:\n  epochs: 9\n", "optimizer.epochs"),
+        ("rollout:\n  dtype: float8\n", "rollout.dtype"),
+    ],
+)
+def test_the_field_losses_knobs_out_of_range_exit_2_naming_the_field(tmp_path, text, shown):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    out = rlcore("run", path)
+    assert out.returncode == 2 and shown in out.stderr, out.stderr
+
+
 def test_missing_dataset_exits_1_naming_the_file(tmp_path):
     path = tmp_path / "run.yaml"
     missing = tmp_path / "nope.jsonl"

@@ -94,6 +94,44 @@ def test_distributed_runs_log_the_simulated_curves_exactly(start_worker, team, a
     }
 
 
+def test_mini_batches_and_a_bfloat16_rollout_run_distributed_as_simulated(start_worker, team, alice):
+    """The other sources of off-policyness through real workers: 2 mini-batches per step (the
+    proximal forward, a permutation per step) and a bfloat16 rollout engine (μ from the rollout
+    worker's bfloat16 copy, re-scored there in float32): every metric equals the simulated run's."""
+    config = {
+        **TINY_CONFIG,
+        "optimizer": {"minibatches": 2, "lr": 1e-3},
+        "rollout": {**TINY_CONFIG["rollout"], "dtype": "bfloat16"},
+    }
+    presets = ["decoupled-ppo", "grpo-tis"]
+    simulated = queue_sweep(
+        team, alice, "simulated", config=config, presets=presets, staleness=[{"sync_offset": 2}]
+    )
+    distributed = queue_sweep(
+        team,
+        alice,
+        "distributed",
+        config={**config, "execution": {"mode": "distributed", "rollout_workers": 2}},
+        presets=presets,
+        staleness=[{"sync_offset": 2}],
+    )
+    start_worker()
+    start_worker(queue="rollout")
+    start_worker(queue="rollout")
+    wait_until_over(list(Run.objects.filter(experiment__in=[simulated, distributed])), 300)
+    for run in distributed.runs.all():
+        twin = simulated.runs.get(preset=run.preset, seed=run.seed)
+        assert run.status == twin.status == Run.SUCCEEDED, (run.error, twin.error)
+        mine, reference = curves(run), curves(twin)
+        assert set(mine) == set(reference)
+        for key, value in reference.items():
+            assert mine[key] == pytest.approx(value, abs=1e-5, rel=0), (run.preset, key)
+        assert min(v for (name, _), v in mine.items() if name == "mismatch/abs_max") > 1e-3, (
+            "bfloat16 differs"
+        )
+        assert all(v == 2 for (name, _), v in mine.items() if name == "optimizer_steps")
+
+
 def kill_mid_job(workers, timeout_s: float = 120):
     """SIGKILL whichever of `workers` is first seen generating a rollout job (the broker decides
     who gets jobs); return (that job, the killed worker, the others)."""
