@@ -175,11 +175,32 @@ def generate_batch(job_id: int, attempt: int) -> str:
     return rollout.generate(job_id, attempt, worker_identity())
 
 
+def device_precisions() -> list[str]:
+    """The lower rollout precisions this worker's device runs (`rollout.dtype`): each one a small
+    matrix product there succeeds in (bfloat16 on a GPU only where CUDA says it supports it)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = []
+    for name in ("bfloat16", "float16"):
+        dtype = getattr(torch, name)
+        if device == "cuda" and name == "bfloat16" and not torch.cuda.is_bf16_supported():
+            continue
+        try:
+            ones = torch.ones(4, 4, dtype=dtype, device=device)
+            float((ones @ ones).sum())
+        except (RuntimeError, TypeError):
+            continue
+        out.append(name)
+    return out
+
+
 def reap_forever(interval_s: float, queues: list[str]) -> None:
     identity = worker_identity()
+    precisions = device_precisions()
     while True:
         try:
-            Worker.seen(identity, queues)
+            Worker.seen(identity, queues, precisions)
         except Exception as exc:
             log.exception("recording this worker's heartbeat failed; trying again in %.0f s", interval_s)
             if isinstance(exc, UNREACHABLE):

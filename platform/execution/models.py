@@ -1,5 +1,6 @@
 """The worker registry: each worker process's own heartbeat, which tells a queue nobody listens on
-from one whose workers are busy."""
+from one whose workers are busy, and the rollout precisions its device runs (a `rollout.dtype`
+no live worker of its queue can run is refused at submission)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ class Worker(models.Model):
 
     identity = models.CharField(max_length=200, unique=True, help_text="host:pid")
     queues = models.JSONField(default=list)
+    precisions = models.JSONField(
+        default=list, blank=True, help_text="the lower rollout precisions its device runs (bfloat16, float16)"
+    )
     last_seen = models.DateTimeField()
 
     class Meta:
@@ -33,10 +37,12 @@ class Worker(models.Model):
         return f"worker {self.identity} on {', '.join(self.queues)}"
 
     @classmethod
-    def seen(cls, identity: str, queues: list[str]) -> None:
-        """Record that worker `identity`, listening on `queues`, is alive; forget long-gone workers."""
+    def seen(cls, identity: str, queues: list[str], precisions: list[str] | None = None) -> None:
+        """Record that worker `identity`, listening on `queues` (its device running `precisions`),
+        is alive; forget long-gone workers."""
         now = timezone.now()
-        cls.objects.update_or_create(identity=identity, defaults={"queues": queues, "last_seen": now})
+        defaults = {"queues": queues, "last_seen": now, "precisions": precisions or []}
+        cls.objects.update_or_create(identity=identity, defaults=defaults)
         cls.objects.filter(last_seen__lt=now - timedelta(days=1)).delete()
 
     @classmethod
@@ -48,6 +54,28 @@ class Worker(models.Model):
             for queues in cls.objects.filter(last_seen__gte=since).values_list("queues", flat=True)
             for q in queues
         }
+
+    @classmethod
+    def precision_problems(cls, configs: list[RunConfig]) -> list[tuple[str, str]]:
+        """`rollout.dtype` settings that no live worker of the queue generating their batches can run
+        (while none listens there, nothing is known: the runs wait, as `missing_for` warns)."""
+        since = timezone.now() - timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S)
+        live = list(cls.objects.filter(last_seen__gte=since).values_list("queues", "precisions"))
+        problems = []
+        for queue, dtype in dict.fromkeys(
+            (c.rollout_queue or c.queue, c.rollout.dtype) for c in configs if c.rollout.dtype != "same"
+        ):
+            there = [precisions for queues, precisions in live if queue in queues]
+            if there and not any(dtype in precisions for precisions in there):
+                runs = sorted({p for precisions in there for p in precisions}) or ["none below the model's"]
+                problems.append(
+                    (
+                        "rollout.dtype",
+                        f"no live worker on queue {queue} can generate in {dtype}: their devices run "
+                        f"{', '.join(runs)}; choose one of those or same",
+                    )
+                )
+        return problems
 
     @classmethod
     def missing_for(cls, configs: list[RunConfig]) -> list[str]:

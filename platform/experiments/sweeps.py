@@ -19,6 +19,7 @@ from django.db import transaction
 from pydantic import TypeAdapter, ValidationError
 
 from accounts.models import Membership, Team
+from execution.models import Worker
 from experiments.models import Experiment, Run, queued_cap_refusal, validation_context
 from rlcore import presets as rl_presets
 from rlcore.config import RunConfig, StalenessCell, cell_label, error_list
@@ -410,6 +411,8 @@ def create_experiment(team: Team, owner, name: str, description: str, sweep: Swe
             raise SweepError([("team", f"you are not a member of team {team} (any more)")])
         if refusal := queued_cap_refusal(team, len(sweep.configs)):
             raise SweepError([("team", refusal)])
+        if problems := Worker.precision_problems(sweep.configs):
+            raise SweepError(problems)
         experiment = Experiment.objects.create(
             team=team, owner=owner, name=name, description=description, spec=sweep.as_spec()
         )

@@ -91,7 +91,10 @@ def test_bad_config_file_exits_2_naming_the_field(tmp_path):
 @pytest.mark.parametrize(
     ("text", "shown"),
     [
-        ("algorithm:\n  preset: grpo-tis\n  params:\n    is_cap: 0.5\n", "algorithm.params: is_cap must be >= 1"),
+        (
+            "algorithm:\n  preset: grpo-tis\n  params:\n    is_cap: 0.5\n",
+            "algorithm.params: is_cap must be >= 1",
+        ),
         ("algorithm:\n  preset: sapo\n  params:\n    sapo_tau_neg: 0\n", "sapo_tau_neg must be > 0"),
         ("optimizer:\n  minibatches: 99\n", "optimizer.minibatches: optimizer.minibatches (99) must be <="),
         ("optimizer:\n  epochs: 9\n", "optimizer.epochs"),
