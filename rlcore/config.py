@@ -495,6 +495,13 @@ class RolloutConfig(_Strict):
         ),
     )
 
+    @property
+    def rescored(self) -> bool:
+        """Whether the engine can disagree with the trainer holding the same weights (a lower
+        precision, or vLLM's kernels): then every batch is re-scored in the trainer's precision where
+        it is made (`mismatch/*`). Otherwise the trainer measures the gap on its on-policy rows."""
+        return self.dtype != "same" or self.engine == "vllm"
+
 
 class OptimizerConfig(_Strict):
     lr: float = Field(3e-5, gt=0, le=1, title="Learning rate", description="AdamW step size")

@@ -64,7 +64,7 @@ class Producer:
             for p, c, f in zip(problems, completions, rollout.finished, strict=True)
         ]
         # The same responses scored in the trainer's precision: the mismatch the batch carries.
-        rescored = self.engine.rescore(rollout, cfg.temperature, cfg.group_size)
+        rescored = self.engine.rescore(rollout, cfg.temperature, cfg.group_size) if cfg.rescored else None
         init_logp = self.init_logp(rollout, spare_time)  # before generate_s is taken: it counts too
         return Batch(
             step=step,

@@ -175,9 +175,6 @@ STEP_METRICS = (
     "correction/masked_frac",
     "correction/weight_mean",
     "kl/proximal",
-    "mismatch/k1",
-    "mismatch/k3",
-    "mismatch/abs_max",
     "optimizer_steps",
     "drop_frac",
     "response_length/mean",
@@ -194,6 +191,9 @@ STEP_METRICS = (
 # Logged at every step of an async run: its staleness split into the versions published while
 # the batch was generated and those published while it waited to be trained (docs/algorithms.md §12).
 ASYNC_METRICS = ("staleness/in_flight", "staleness/in_queue")
+# The training–inference mismatch (docs/algorithms.md §12): at every step of a run whose engine can
+# disagree with the trainer (`RolloutConfig.rescored`), else at the steps with on-policy rows.
+MISMATCH_METRICS = ("mismatch/k1", "mismatch/k3", "mismatch/abs_max")
 # Logged at step 0 and every `eval_every` steps, and after the last step.
 EVAL_METRICS = ("eval/accuracy", "eval/reward", "eval/kl_init")
 # The metrics whose latest value a run's summary carries (the trainer's, and the platform's for

@@ -21,10 +21,10 @@ from dashboards.points import json_numbers, points_by_run
 from dashboards.query import ComparisonQuery
 from experiments.models import Experiment, MetricPoint, Run
 from rlcore.presets import preset_names, preset_sort_key
-from rlcore.sinks import ASYNC_METRICS, EVAL_METRICS, STEP_METRICS
+from rlcore.sinks import ASYNC_METRICS, EVAL_METRICS, MISMATCH_METRICS, STEP_METRICS
 from rlcore.staleness import staleness as staleness_lag
 
-METRICS = (*STEP_METRICS, *ASYNC_METRICS, *EVAL_METRICS)
+METRICS = (*STEP_METRICS, *MISMATCH_METRICS, *ASYNC_METRICS, *EVAL_METRICS)
 
 
 LENGTH_METRIC = "response_length/mean"

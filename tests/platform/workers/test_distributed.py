@@ -7,12 +7,14 @@ import pytest
 from support import TINY_CONFIG, queue_sweep, wait_for
 
 from experiments.models import MetricPoint, PolicyVersion, RolloutJob, Run
-from rlcore.sinks import EVAL_METRICS, STEP_METRICS
+from rlcore.sinks import EVAL_METRICS, MISMATCH_METRICS, STEP_METRICS
 from rlcore.staleness import behavior_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-COMPARED = [name for name in (*STEP_METRICS, *EVAL_METRICS) if not name.startswith("time/")]
+COMPARED = [
+    name for name in (*STEP_METRICS, *MISMATCH_METRICS, *EVAL_METRICS) if not name.startswith("time/")
+]
 COMPARED.remove("tokens_per_s")
 STALENESS = [{"sync_offset": 2}, {"sync_interval": 3}]
 
