@@ -1,4 +1,4 @@
-"""The loss family (docs/algorithms.md §2–5, §11) as pure tensor functions: `build(name, **params)` gives
+"""The loss family (docs/algorithms.md §2–5, §13) as pure tensor functions: `build(name, **params)` gives
 an `Algorithm` whose `advantages` are group-relative (with RED-Drop) and whose `policy_loss` has the
 spec's gradient with respect to `logp`. Shapes: N responses, T response positions."""
 
@@ -255,7 +255,7 @@ class Algorithm:
     def statistics(
         logp: Tensor, logp_old: Tensor, m: Tensor, clipped: Tensor, removed: Tensor, weight: Tensor
     ) -> dict[str, float]:
-        """Per-step diagnostics (§7, §12) over the valid tokens: the behaviour ratio ρ = e^{π−μ}'s
+        """Per-step diagnostics (§7, §14) over the valid tokens: the behaviour ratio ρ = e^{π−μ}'s
         quantiles and effective sample size, the share a clip acted on, the share a mask removed,
         and the mean importance weight the loss applied to the tokens it kept."""
         valid = m > 0

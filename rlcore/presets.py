@@ -48,7 +48,7 @@ TUNABLE = (
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """One member of the loss family (docs/algorithms.md §3 and §11), fully resolved: the
+    """One member of the loss family (docs/algorithms.md §3 and §13), fully resolved: the
     structure fields (surrogate, clip, weight, reg, correction, red_drop) say which member it is,
     the rest are its knobs."""
 

@@ -122,7 +122,7 @@ class HFEngine:
     """Generates with a private copy of the model: the behaviour weights. With a `dtype` other
     than the model's it keeps them twice, as synced (for `rescore`) and cast to `dtype` (what
     it generates with, and reports the behaviour log-probs from): the training–inference
-    mismatch of docs/algorithms.md §12, on any device torch runs that precision on."""
+    mismatch of docs/algorithms.md §14, on any device torch runs that precision on."""
 
     def __init__(self, model: torch.nn.Module, eos_id: int, pad_id: int, dtype: torch.dtype | None = None):
         self.model = copy.deepcopy(model).eval().requires_grad_(False)

@@ -1,4 +1,4 @@
-"""The field's staleness-robust losses (docs/algorithms.md §11): every new preset against the
+"""The field's staleness-robust losses (docs/algorithms.md §13): every new preset against the
 worked example, and against an independent implementation written here from the formulas (plain
 Python floats, gradients by hand) on random batches with varied lengths, A = 0 ties and both
 anchors."""

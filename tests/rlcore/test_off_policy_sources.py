@@ -1,4 +1,4 @@
-"""The other sources of off-policyness (docs/algorithms.md §12) through the real trainer: several
+"""The other sources of off-policyness (docs/algorithms.md §14) through the real trainer: several
 optimiser steps per batch (mini-batches, epochs) with the proximal anchor, M2PO's whole-batch
 selection under micro-batching, and the training–inference mismatch of a lower rollout precision."""
 
