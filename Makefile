@@ -56,6 +56,7 @@ test: install lint chromium
 
 bench: install
 	$(BIN)/python bench/rl_step.py
+	$(BIN)/python bench/update_cost.py
 	$(BIN)/python bench/dashboard.py
 	$(BIN)/python bench/worker_threads.py
 	$(BIN)/python bench/async_speedup.py

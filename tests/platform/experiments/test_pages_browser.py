@@ -27,6 +27,10 @@ def test_the_form_counts_the_runs_of_the_grid_while_typing(page, live_server):
     )
     page.fill("input[name=steps]", "60")
     assert page.text_content("#grid-size") == "This sweep makes 18 runs × 60 steps, lr 3e-05 (default)."
+    page.fill("textarea[name=axes]", "optimizer.minibatches: 1, 4\nrollout.dtype: same, bfloat16, float16")
+    assert page.text_content("#grid-size") == "This sweep makes 108 runs × 60 steps, lr 3e-05 (default)."
+    page.screenshot(path=TEST_VAR / "screenshots" / "sweep-axes.png", full_page=True)
+    page.fill("textarea[name=axes]", "")
     assert page.get_attribute("input[name='optimizer.lr']", "placeholder") == "default 3e-05"
 
 

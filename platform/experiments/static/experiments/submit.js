@@ -45,7 +45,12 @@
     const stale = count(form.sync_intervals.value) + count(form.sync_offsets.value) + (form.offline.checked ? 1 : 0);
     const schedules = (form.on_policy.checked ? 1 : 0) + stale;
     const settings = schedules * (form.both_modes.checked ? 2 : 1) + count(form.async_bounds.value);
-    const runs = presets * settings * count(form.seeds.value);
+    // Other axes: "field: v1, v2" per line multiply the grid by their number of values.
+    const axes = form.axes.value
+      .split("\n")
+      .filter((l) => l.includes(":"))
+      .reduce((product, l) => product * Math.max(1, count(l.slice(l.indexOf(":") + 1))), 1);
+    const runs = presets * settings * axes * count(form.seeds.value);
     const found = typingProblems();
     problems.replaceChildren(
       ...found.map((text) => {
