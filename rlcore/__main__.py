@@ -106,10 +106,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(_: argparse.Namespace) -> int:
-    for name, preset in presets.PRESETS.items():
-        spec = preset.spec
-        params = ", ".join(f"{k}={v}" for k, v in spec.params().items())
-        print(f"{name:24} {spec.surrogate:5} clip={spec.clip:12} weight={spec.weight:10} {params}")
+    """The presets by family: each one's line, and the knobs its loss reads with their values."""
+    for family, names in presets.families().items():
+        print(family)
+        for name in names:
+            preset = presets.PRESETS[name]
+            spec = preset.spec
+            knobs = ", ".join(f"{k}={getattr(spec, k)}" for k in spec.knobs())
+            print(f"  {name:22} {preset.description}")
+            print(f"  {'':22} {knobs}")
     return 0
 
 

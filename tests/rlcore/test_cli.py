@@ -34,8 +34,13 @@ def read_metrics(path):
 def test_presets_and_schema_commands():
     out = rlcore("presets")
     assert out.returncode == 0
-    listed = [line.split()[0] for line in out.stdout.splitlines()]
-    assert listed == list(presets.PRESETS)
+    # By family: a family's line, then per preset its name and line, and the knobs its loss reads.
+    lines = out.stdout.splitlines()
+    listed = [line.split()[0] for line in lines if line.startswith("  ") and not line.startswith("   ")]
+    assert sorted(listed) == sorted(presets.PRESETS)
+    assert [line for line in lines if not line.startswith(" ")] == list(presets.families())
+    knobs = next(lines[i + 1] for i, line in enumerate(lines) if line.split()[:1] == ["m2po"])
+    assert "m2po_tau=0.04" in knobs and "eps_low" not in knobs
     schema = json.loads(rlcore("schema").stdout)
     assert "staleness" in schema["properties"]
 
