@@ -89,11 +89,12 @@ class Algorithm:
     def needs_proximal(self) -> bool:
         """Whether the loss needs the trainer's own step-start log-probs (p): a proximal anchor,
         or M2PO's whole-batch selection."""
-        return self.spec.anchor == "proximal" or self.spec.surrogate == "m2po"
+        return (self.spec.anchor == "proximal" and self.spec.reads_ratio) or self.spec.surrogate == "m2po"
 
     def anchor_logp(self, logp_old: Tensor, logp_prox: Tensor | None) -> Tensor:
-        """The log-probs the ratio is taken against: μ (behaviour) or p (proximal)."""
-        if self.spec.anchor == "behaviour":
+        """The log-probs the ratio is taken against: μ (behaviour) or p (proximal); μ for a loss
+        that reads no ratio."""
+        if self.spec.anchor == "behaviour" or not self.spec.reads_ratio:
             return logp_old
         if logp_prox is None:
             raise ValueError(f"{self.name} is anchored on the proximal log-probs: pass logp_prox")
@@ -108,14 +109,16 @@ class Algorithm:
         logp_prox: Tensor | None = None,
     ) -> Tensor | None:
         """M2PO's token mask [N, T] (1 kept), chosen once over the whole batch from the step-start
-        log-probs; None for every other surrogate. Largest (log ρ)² first, until the mean over the
-        valid tokens left is ≤ τ (with `m2po_quadrants`: only tokens whose ratio moved with their
-        advantage may go, and selection also stops when none is left). Ties go in row order."""
+        log-probs against the behaviour's, (p − μ)² as AReaL masks, whatever the anchor the loss's
+        ratio takes (`logp_prox` is not read); None for every other surrogate. Largest first, until
+        the mean over the valid tokens left is ≤ τ (with `m2po_quadrants`: only tokens whose ratio
+        moved with their advantage may go, and selection also stops when none is left). Ties go in
+        row order."""
         s = self.spec
         if s.surrogate != "m2po":
             return None
         valid = mask.flatten() > 0
-        log_ratio = (logp_start.detach() - self.anchor_logp(logp_old, logp_prox)).flatten()
+        log_ratio = (logp_start.detach() - logp_old).flatten()
         m2 = log_ratio.to(torch.float64) ** 2
         eligible = valid.clone()
         if s.m2po_quadrants:
@@ -188,6 +191,7 @@ class Algorithm:
             weight = self._weight(ratio, seq_ratio, adv)
             per_token = -adv * weight * logp * keep
             clipped = 1 - keep
+            weight = weight * keep  # a clipped token gets no gradient: no weight applied
         elif s.surrogate in ("ppo", "gspo"):
             if s.surrogate == "gspo":  # value sg(s_i), gradient s_i · ∇logp
                 live = seq_ratio * (logp - logp.detach()).exp()
@@ -195,7 +199,7 @@ class Algorithm:
             clipped_branch = -adv * live.clamp(1 - s.eps_low, 1 + s.eps_high)
             per_token = torch.maximum(unclipped, clipped_branch)
             clipped = (clipped_branch > unclipped).to(logp.dtype)
-            weight = live.detach()
+            weight = live.detach() * (1 - clipped)
             if s.dual_clip is not None:
                 cap = -adv * s.dual_clip
                 dual = (adv < 0) & (per_token > cap)

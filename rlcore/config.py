@@ -495,13 +495,6 @@ class RolloutConfig(_Strict):
         ),
     )
 
-    @property
-    def rescored(self) -> bool:
-        """Whether the engine can disagree with the trainer holding the same weights (a lower
-        precision, or vLLM's kernels): then every batch is re-scored in the trainer's precision where
-        it is made (`mismatch/*`). Otherwise the trainer measures the gap on its on-policy rows."""
-        return self.dtype != "same" or self.engine == "vllm"
-
 
 class OptimizerConfig(_Strict):
     lr: float = Field(3e-5, gt=0, le=1, title="Learning rate", description="AdamW step size")
@@ -706,6 +699,19 @@ class RunConfig(_Strict):
     def batch_size(self) -> int:
         """Responses per trainer step."""
         return self.rollout.prompts_per_step * self.rollout.group_size
+
+    @property
+    def rollout_precision(self) -> str:
+        """The precision the rollout engine generates in: `rollout.dtype`, or `model.dtype` for same."""
+        return self.model.dtype if self.rollout.dtype == "same" else self.rollout.dtype
+
+    @property
+    def rescored(self) -> bool:
+        """Whether the engine can disagree with the trainer holding the same weights (another
+        precision than the trainer's, or vLLM's kernels): then every batch is re-scored in the
+        trainer's precision where it is made (`mismatch/*`); otherwise the trainer measures the gap
+        on its on-policy rows (docs/algorithms.md §14)."""
+        return self.rollout_precision != self.model.dtype or self.rollout.engine == "vllm"
 
     @property
     def queue(self) -> str:

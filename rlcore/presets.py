@@ -162,7 +162,9 @@ class AlgorithmSpec:
 
     def knobs(self) -> tuple[str, ...]:
         """The tunable parameters this member's loss reads; overriding any other one changes nothing."""
-        used = {"std_normalize", "loss_agg", "anchor", "opsm_delta"}
+        used = {"std_normalize", "loss_agg", "opsm_delta"}
+        if self.reads_ratio:
+            used.add("anchor")
         if self.clip != "none" or self.surrogate in ("ppo", "gspo", "cispo", "gmpo"):
             used |= {"eps_low", "eps_high"}
         if self.correction in ("decoupled", "tis"):
@@ -186,6 +188,14 @@ class AlgorithmSpec:
         if self.surrogate in ("ppo", "gspo"):
             used.add("dual_clip")
         return tuple(name for name in TUNABLE if name in used)
+
+    @property
+    def reads_ratio(self) -> bool:
+        """Whether the loss reads a ratio π/anchor (so its anchor matters): every surrogate but plain
+        REC without a clip, an importance weight or the k2 term (REINFORCE, RED, AsymRE)."""
+        if self.surrogate != "rec":
+            return True
+        return self.clip != "none" or self.weight in ("is", "seq-is", "truncated-is") or self.reg == "k2"
 
     def params(self) -> dict[str, Any]:
         """The tunable parameters with their resolved values (what a run stores)."""

@@ -64,7 +64,9 @@ class Producer:
             for p, c, f in zip(problems, completions, rollout.finished, strict=True)
         ]
         # The same responses scored in the trainer's precision: the mismatch the batch carries.
-        rescored = self.engine.rescore(rollout, cfg.temperature, cfg.group_size) if cfg.rescored else None
+        rescored = (
+            self.engine.rescore(rollout, cfg.temperature, cfg.group_size) if self.config.rescored else None
+        )
         init_logp = self.init_logp(rollout, spare_time)  # before generate_s is taken: it counts too
         return Batch(
             step=step,
@@ -104,7 +106,7 @@ def make_engine(
 ) -> RolloutEngine:
     """The rollout engine the config names, holding a copy of `lm`'s weights (θ0 at the start),
     generating in `rollout.dtype` (`same`: the model's)."""
-    precision = config.model.dtype if config.rollout.dtype == "same" else config.rollout.dtype
+    precision = config.rollout_precision
     if config.rollout.engine == "hf":
         return HFEngine(lm.model, lm.eos_id, lm.pad_id, getattr(torch, precision))
     path = (

@@ -429,7 +429,13 @@ class VLLMEngine:
         # A copy, not the trainer's live tensors: those move on with every optimiser step.
         self._weights = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
         if self.scorer is not None:
-            self.scorer.load_state_dict(weights, strict=False)  # tied: lm_head is the embedding
+            missing, unexpected = self.scorer.load_state_dict(weights, strict=False)
+            missing = [name for name in missing if not (self.tied_embeddings and name == "lm_head.weight")]
+            if missing or unexpected:  # the scorer would score with other weights than vLLM's
+                raise RuntimeError(
+                    f"the trainer-precision scorer does not take vLLM's weights: missing {missing[:3]}, "
+                    f"unexpected {unexpected[:3]}"
+                )
 
     def rescore(self, rollout: Rollout, temperature: float, group_size: int = 1) -> Tensor:
         """[N, T] log-probs of vLLM's responses under the pushed weights, as the trainer computes them."""

@@ -192,7 +192,7 @@ STEP_METRICS = (
 # the batch was generated and those published while it waited to be trained (docs/algorithms.md §14).
 ASYNC_METRICS = ("staleness/in_flight", "staleness/in_queue")
 # The training–inference mismatch (docs/algorithms.md §14): at every step of a run whose engine can
-# disagree with the trainer (`RolloutConfig.rescored`), else at the steps with on-policy rows.
+# disagree with the trainer (`RunConfig.rescored`), else at the steps with on-policy rows.
 MISMATCH_METRICS = ("mismatch/k1", "mismatch/k3", "mismatch/abs_max")
 # Logged at step 0 and every `eval_every` steps, and after the last step.
 EVAL_METRICS = ("eval/accuracy", "eval/reward", "eval/kl_init")

@@ -80,22 +80,22 @@ def contrasts(
     fields: list[str],
     delta: float,
 ) -> list[dict[str, Any]]:
-    """Per varied field, per value besides its first (`reference`), per cell that differs from a
-    reference cell in that field only: the final value's change, paired by seed and rounded as the
+    """Per varied field, per value besides its first in the experiment (`reference`), per cell that
+    differs from a reference cell in that field only: the final value's change, paired by seed and rounded as the
     drops are (`curves.decision_digits`), with its interval and `state`: higher or lower (the
     interval excludes 0), within δ (the interval lies within ±δ), or cannot tell."""
     digits = curves.decision_digits(delta)
     names = field_names(fields)
     rows = []
     for name in fields:
-        values = list(
-            dict.fromkeys(_key(line["variant"][name]) for line in all_lines if name in line["variant"])
-        )
-        if len(values) < 2:
-            continue
-        reference = values[0]
+        # Each experiment's first value of the field is its reference (its sweep lists it first).
+        references: dict[int, tuple[str, Any]] = {}
         for line in all_lines:
-            if _key(line["variant"].get(name)) != reference or name not in line["variant"]:
+            if name in line["variant"]:
+                references.setdefault(line["experiment"], _key(line["variant"][name]))
+        for line in all_lines:
+            reference = references.get(line["experiment"])
+            if name not in line["variant"] or _key(line["variant"][name]) != reference:
                 continue
             rest = {k: v for k, v in line["variant"].items() if k != name}
             for other in all_lines:

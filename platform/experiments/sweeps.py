@@ -93,9 +93,10 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _axis_errors(axes: Any, presets: list[str]) -> list[tuple[str, str]]:
+def _axis_errors(axes: Any, presets: list[str], base: dict[str, Any]) -> list[tuple[str, str]]:
     """What is wrong with `axes` itself: its shape, a field with an axis of its own, a value list
-    that is empty, too long, repeats itself or holds no scalars, a knob a chosen preset ignores."""
+    that is empty, too long, repeats itself, holds no scalars or what jsonb cannot store, a knob a
+    chosen preset (with the base config's own overrides) ignores, a knob value out of range."""
     if not isinstance(axes, dict):
         return [
             ("axes", 'axes must map config fields to lists of values, e.g. {"optimizer.minibatches": [1, 4]}')
@@ -120,6 +121,8 @@ def _axis_errors(axes: Any, presets: list[str]) -> list[tuple[str, str]]:
             errors.append((where, f"{name} lists {len(values)} values; at most {MAX_AXIS_VALUES}"))
         elif any(isinstance(v, dict | list) for v in values):
             errors.append((where, f"{name}'s values must be numbers, text, true/false or null, one per cell"))
+        elif problem := _unstorable(values):
+            errors.append((where, problem))
         elif repeated := _duplicates(values):
             errors.append((where, f"{', '.join(map(repr, repeated))} listed twice; list each value once"))
         elif name.startswith("algorithm.params."):
@@ -129,7 +132,9 @@ def _axis_errors(axes: Any, presets: list[str]) -> list[tuple[str, str]]:
                 errors.append(
                     (where, f"unknown algorithm parameter {knob!r}; known: {', '.join(rl_presets.TUNABLE)}")
                 )
-            elif without := [p for p in known if knob not in rl_presets.PRESETS[p].spec.knobs()]:
+            elif without := [
+                p for p in known if knob not in rl_presets.resolve(p, _valid_knobs(base)).knobs()
+            ]:
                 errors.append(
                     (
                         where,
@@ -142,6 +147,42 @@ def _axis_errors(axes: Any, presets: list[str]) -> list[tuple[str, str]]:
                         rl_presets.check_param(knob, value)
                     except ValueError as exc:
                         errors.append((where, f"{name} = {value!r}: {exc}"))
+    return errors
+
+
+def _valid_knobs(base: dict[str, Any]) -> dict[str, Any]:
+    """The base config's algorithm overrides that keep their own rules (the others are reported
+    by `_knob_errors`)."""
+    algorithm = base.get("algorithm")
+    overrides = algorithm.get("params") if isinstance(algorithm, dict) else None
+    if not isinstance(overrides, dict):
+        return {}
+    valid = {}
+    for knob, value in overrides.items():
+        try:
+            valid[knob] = rl_presets.check_param(knob, value)
+        except ValueError:
+            continue
+    return valid
+
+
+def _same_cells(configs: list[RunConfig], variants: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Axis values that resolve to the same run (`2` and `"2"`, or a default written out): two cells
+    of one grid that would train the same config."""
+    seen: dict[str, dict[str, Any]] = {}
+    errors = []
+    for config, variant in zip(configs, variants, strict=True):
+        key = config.model_dump_json()
+        if key in seen and seen[key] != variant:
+            names = [n for n in variant if variant[n] != seen[key].get(n)] or list(variant)
+            for name in names:
+                error = (
+                    f"axes.{name}",
+                    f"{name} = {seen[key][name]!r} and {name} = {variant[name]!r} make the same run; list each value once",
+                )
+                if error not in errors:
+                    errors.append(error)
+        seen.setdefault(key, variant)
     return errors
 
 
@@ -330,9 +371,9 @@ def expand(
     for name, axis in (("presets", presets), ("staleness", staleness), ("seeds", seeds)):
         if not axis:
             errors.append((name, f"choose at least one value for {name}: the grid would be empty"))
-    axis_errors = _axis_errors(axes, presets)
-    if axis_errors:
-        raise SweepError(errors + axis_errors)
+    axis_errors = _axis_errors(axes, presets, base if isinstance(base, dict) else {})
+    if axis_errors:  # reported with every other problem; the grid is checked without the axes
+        axes = {}
     size = len(presets) * len(staleness) * len(seeds) * math.prod(len(v) for v in axes.values())
     if size > settings.LAB_MAX_SWEEP_RUNS:
         errors.append(
@@ -348,7 +389,7 @@ def expand(
     if any(_too_deep(setting) for setting in staleness):
         errors.append(("staleness", _depth_error("a staleness setting")))
     if errors:
-        raise SweepError(errors)
+        raise SweepError(errors + axis_errors)
     # Reported with the grid's own errors, so that one submission shows every problem.
     for name, axis in (("presets", presets), ("seeds", seeds)):
         if repeated := _duplicates(axis):
@@ -359,7 +400,8 @@ def expand(
     steps = base.get("steps", RunConfig.model_fields["steps"].default)
     cells, cell_errors = _cells(staleness)
     errors += cell_errors
-    errors += _staleness_errors(staleness, cells, base, steps)
+    for each_steps in axes.get("steps", [steps]):  # an axis over steps checks the schedules at each
+        errors += [e for e in _staleness_errors(staleness, cells, base, each_steps) if e not in errors]
     errors += _knob_errors(base, presets)
     knobs_reported = any(name.startswith("algorithm.params.") for name, _ in errors)
     configs, variants = [], []
@@ -393,6 +435,7 @@ def expand(
                     error = (_staleness_field(setting) if from_cell else _submitted_name(dotted), message)
                 if error not in errors and not (knobs_reported and dotted == "algorithm.params"):
                     errors.append(error)
+    errors += axis_errors + _same_cells(configs, variants)
     if errors:
         raise SweepError(errors)
     return Sweep(base, presets, staleness, seeds, configs, serial, axes, variants)
@@ -412,7 +455,8 @@ def create_experiment(team: Team, owner, name: str, description: str, sweep: Swe
         if refusal := queued_cap_refusal(team, len(sweep.configs)):
             raise SweepError([("team", refusal)])
         if problems := Worker.precision_problems(sweep.configs):
-            raise SweepError(problems)
+            field = "axes.rollout.dtype" if "rollout.dtype" in sweep.axes else "rollout.dtype"
+            raise SweepError([(field, message) for _, message in problems])
         experiment = Experiment.objects.create(
             team=team, owner=owner, name=name, description=description, spec=sweep.as_spec()
         )

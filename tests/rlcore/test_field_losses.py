@@ -120,12 +120,13 @@ def reference(preset, params, pi, mu, prox, mask, adv_in):
     keep_m2 = {}
     if spec.surrogate == "m2po":
         tokens = [(i, t) for i in range(n) for t in valid[i]]
-        sq = {(i, t): (pi[i][t] - anchor[i][t]) ** 2 for i, t in tokens}
+        # Selected by the data's age, (π − μ)², whatever the anchor (AReaL's form).
+        sq = {(i, t): (pi[i][t] - mu[i][t]) ** 2 for i, t in tokens}
 
         def may_go(i, t):
             if not spec.m2po_quadrants:
                 return True
-            x = pi[i][t] - anchor[i][t]
+            x = pi[i][t] - mu[i][t]
             return (adv[i] > 0 and x > 0) or (adv[i] < 0 and x < 0)
 
         order = sorted([k for k in tokens if may_go(*k)], key=lambda k: -sq[k])  # stable: row order on ties
@@ -302,10 +303,10 @@ def test_diagnostics_of_the_ratio():
     assert stats["is_ratio/max"] == pytest.approx(3.5)
     assert stats["is_ratio/p50"] == pytest.approx(torch.tensor(ratios).double().quantile(0.5).item())
     assert stats["ess_frac"] == pytest.approx(sum(ratios) ** 2 / (8 * sum(r * r for r in ratios)))
-    # TIS: the weight applied is π/π_prox · min(q, 2) on the tokens it keeps (all of them).
-    weights = [
-        r / q * min(q, 2.0) for rr, qq in zip(RATIOS, Q, strict=True) for r, q in zip(rr, qq, strict=True)
-    ]
+    # TIS: the weight applied is π/π_prox · min(q, 2), and 0 where the clip takes the gradient
+    # away (y1t2, y2t1, y2t2, y3t2), over every token (none is masked).
+    flat = [(r, q) for rr, qq in zip(RATIOS, Q, strict=True) for r, q in zip(rr, qq, strict=True)]
+    weights = [0.0 if i in (1, 2, 3, 5) else r / q * min(q, 2.0) for i, (r, q) in enumerate(flat)]
     assert stats["correction/weight_mean"] == pytest.approx(sum(weights) / 8)
 
 
@@ -340,7 +341,11 @@ def test_every_preset_reads_its_own_knobs_and_names_its_source():
         "opsm_delta",
     )
     assert "is_cap" in PRESETS["decoupled-ppo"].spec.knobs()
-    assert "anchor" in PRESETS["reinforce"].spec.knobs()
+    # The anchor is a knob wherever the loss reads a ratio; REINFORCE, RED and AsymRE read none.
+    assert "anchor" in PRESETS["rec-oneside-nois"].spec.knobs() and "anchor" in PRESETS["opmd"].spec.knobs()
+    assert not {"anchor"} & {
+        k for p in ("reinforce", "red-drop", "red-weight", "asymre") for k in PRESETS[p].spec.knobs()
+    }
     grouped = [name for names in families().values() for name in names]
     assert sorted(grouped) == sorted(PRESETS)
     for name in ("decoupled-ppo", "grpo-tis", "grpo-mis", "m2po", "cispo", "sapo", "gmpo", "topr", "dppo-tv"):

@@ -55,14 +55,16 @@ def test_resume_with_minibatches_logs_what_an_uninterrupted_run_logs(small_confi
     assert without_timing(resumed.points) == without_timing(whole.points)[3:]
 
 
-def test_m2po_masks_the_same_tokens_with_and_without_micro_batches(small_config, cache_dir):
+@pytest.mark.parametrize("anchor", ["behaviour", "proximal"])
+def test_m2po_masks_the_same_tokens_with_and_without_micro_batches(small_config, cache_dir, anchor):
+    """Whatever the anchor, the mask goes by the data's age, (p − μ)², over the whole batch."""
     masked = []
     for micro in (None, 3):
         sink = ListSink()
         config = small_config(
             steps=3,
             staleness={"offline": True},
-            algorithm={"preset": "m2po"},
+            algorithm={"preset": "m2po", "params": {"anchor": anchor}},
             optimizer={"lr": 1e-2, "micro_batch_size": micro},
         )
         trainer.train(config, sink, cache_dir=cache_dir)

@@ -181,3 +181,24 @@ def test_expand_reports_every_bad_axis_at_once():
     with pytest.raises(SweepError) as caught:
         expand(TINY_CONFIG, ["grpo"], [{}], [0], axes={"seed": [1], "optimizer.minibatches": [1, 1]})
     assert {name for name, _ in caught.value.errors} == {"axes.seed", "axes.optimizer.minibatches"}
+
+
+def test_axis_values_that_make_the_same_run_are_refused():
+    with pytest.raises(SweepError) as caught:
+        expand(TINY_CONFIG, ["grpo"], [{}], [0], axes={"optimizer.minibatches": [2, "2"]})
+    assert (
+        "axes.optimizer.minibatches",
+        "optimizer.minibatches = 2 and optimizer.minibatches = '2' make the same run; list each value once",
+    ) in caught.value.errors
+
+
+def test_a_knob_axis_is_checked_against_the_presets_with_the_base_configs_overrides():
+    base = {**TINY_CONFIG, "algorithm": {"params": {"std_normalize": True}}}
+    sweep = expand(base, ["reinforce"], [{}], [0], axes={"algorithm.params.std": ["sample", "population"]})
+    assert [c.algorithm.params["std"] for c in sweep.configs] == ["sample", "population"]
+
+
+def test_axis_errors_come_with_the_rest_of_the_grids(client, token):
+    response = submit(client, token, seeds=[0, 0], axes={"seed": [1]})
+    fields = {d["field"] for d in response.json()["detail"]}
+    assert {"seeds", "axes.seed"} <= fields
