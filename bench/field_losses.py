@@ -4,108 +4,156 @@ mini-batches per step, 3 seeds, `PRESETS` × {on-policy, sync_offset 8, offline}
 pair with bfloat16 rollouts (grpo against grpo-tis). Two training workers (1 torch thread each) run
 the sweeps; the numbers are read back through the comparison page's own payload
 (`dashboards.compare.compare`): final held-out greedy accuracy per cell (mean over seeds, 95%
-bootstrap CI) and the paired drop from the same preset's on-policy runs. The bfloat16 pair is
-compared, paired by seed, with `curves.paired_difference`, the page's statistics. Writes its
-section into BENCHMARKS.md and prints it.
+bootstrap CI from 5 seeds, their min–max below) and the paired drop from the same preset's on-policy
+runs, each also with its 95% t-interval over the seeds (the page shows min–max below 5 seeds). Writes
+its section into BENCHMARKS.md and prints it; `--report-only` reports the experiments an earlier
+run left in its folder again.
 
-    .venv/bin/python bench/field_losses.py [--seeds 3] [--steps 150]
+    .venv/bin/python bench/field_losses.py [--seeds 3] [--steps 150] [--report-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lab_workers import REPO, setup_django, start_workers, stop_workers, sweep_on_workers  # noqa: E402
+from lab_workers import (  # noqa: E402
+    REPO,
+    setup_django,
+    setup_existing,
+    start_workers,
+    stop_workers,
+    sweep_on_workers,
+)
 from report import write_section  # noqa: E402
 
 SCRATCH = REPO / "var" / "bench-field-losses"
 PRESETS = ["grpo", "rec-oneside-nois", "decoupled-ppo", "grpo-tis", "m2po", "cispo", "sapo", "dppo-tv"]
 STALENESS = [{}, {"sync_offset": 8}, {"offline": True}]
 LABELS = ["on-policy", "sync_offset=8", "offline"]
+GRID_NAME = "the field's losses under staleness"
+PAIR_NAME = "bfloat16 rollouts: plain vs TIS"
 
 
-def cell(summary: dict, drops: dict, preset: str, label: str) -> str:
-    row = summary[(preset, label)]
-    text = f"{row['value']:.3f}"
-    if label == "on-policy":
-        return text + (f" [{row['ci_lo']:.3f}, {row['ci_hi']:.3f}]" if row["ci_lo"] is not None else "")
-    d = drops.get((preset, label))
-    if d is None or d["value"] is None:
-        return text
-    interval = f" [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d["lo"] is not None else ""
-    return f"{text} ({d['value']:+.3f}{interval})"
+# t_{0.975, df}: a paired mean's 95% CI over few seeds (the page shows their min–max below 5 seeds).
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, lo, hi): the mean of `values` with its 95% t-interval (n ≥ 2)."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def finals(experiment) -> dict[tuple[str, str], dict[int, float]]:
+    """Each run's final held-out accuracy (its last eval/accuracy), by (preset, staleness) and seed."""
+    out: dict[tuple[str, str], dict[int, float]] = {}
+    for run in experiment.runs.all():
+        points = dict(run.points.filter(name="eval/accuracy").values_list("step", "value"))
+        out.setdefault((run.preset, run.staleness), {})[run.seed] = points[max(points)]
+    return out
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> str:
+    """a − b paired by seed: its mean, the 95% t-interval, and the seeds' min–max (the page's)."""
+    d = [a[s] - b[s] for s in sorted(a.keys() & b.keys())]
+    mean, lo, hi = t_interval(d)
+    return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] (min–max {min(d):+.3f}…{max(d):+.3f})"
+
+
+def report(grid, pair, minutes: float | None, seeds: int, steps: int) -> str:
+    from dashboards.compare import compare
+    from dashboards.query import ComparisonQuery
+    from experiments.models import MetricPoint
+
+    # The page's own numbers: every mean and drop below is what the comparison shows.
+    payload = compare(grid.runs.all(), ComparisonQuery())
+    summary = {(r["preset"], r["staleness"]): r for r in payload["summary"]}
+    drops = {(r["preset"], r["staleness"]): r for r in payload["drops"]}
+    values = finals(grid)
+    took = f" in {minutes:.0f} min" if minutes is not None else ""
+    lines = [
+        "## The field's losses under staleness (bench/field_losses.py)",
+        "",
+        f"Experiment #{grid.pk}: {len(PRESETS)} presets × {len(STALENESS)} settings × {seeds} seeds, {steps} steps, "
+        f"16 × 8, lr 3e-5, 4 mini-batches per step, run through the platform on two training workers (1 thread "
+        f"each){took}. Final held-out greedy accuracy (200 prompts, step {steps}), mean over seeds (on-policy: ± the "
+        "95% t-interval of the mean); the stale settings with the drop from on-policy paired by seed, its 95% "
+        "t-interval over the seed pairs and their min–max (the comparison page shows the min–max below 5 seeds, "
+        "and the same means and drops).",
+        "",
+        "| preset | on-policy | sync_offset=8: final (drop [95% CI] (min–max)) | offline: final (drop [95% CI] (min–max)) |",
+        "|---|---|---|---|",
+    ]
+    for p in PRESETS:
+        on = values[(p, "on-policy")]
+        mean, lo, hi = t_interval(list(on.values()))
+        assert abs(mean - summary[(p, "on-policy")]["value"]) < 1e-9, "the page's mean"
+        cells = [f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"]
+        for label in LABELS[1:]:
+            assert (
+                abs(
+                    drops[(p, label)]["value"]
+                    - round(sum(values[(p, label)][s] - on[s] for s in on) / len(on), 3)
+                )
+                < 1e-9
+            )
+            cells.append(f"{summary[(p, label)]['value']:.3f} ({paired(values[(p, label)], on)})")
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    low = finals(pair)
+    k3 = list(
+        MetricPoint.objects.filter(run__experiment=pair, name="mismatch/k3").values_list("value", flat=True)
+    )
+    same = {name: values[(name, "on-policy")] for name in ("grpo", "grpo-tis")}
+    mean_of = lambda d: sum(d.values()) / len(d)  # noqa: E731
+    lines += [
+        "",
+        f"bfloat16 rollouts, on-policy (experiment #{pair.pk}; mean `mismatch/k3` {sum(k3) / len(k3):.1e}): grpo "
+        f"{mean_of(low[('grpo', 'on-policy')]):.3f}, grpo-tis {mean_of(low[('grpo-tis', 'on-policy')]):.3f}. "
+        f"grpo-tis − grpo paired by seed: {paired(low[('grpo-tis', 'on-policy')], low[('grpo', 'on-policy')])}. "
+        f"bfloat16 − the same preset at the trainer's precision (experiment #{grid.pk}), paired by seed: grpo "
+        f"{paired(low[('grpo', 'on-policy')], same['grpo'])}, grpo-tis {paired(low[('grpo-tis', 'on-policy')], same['grpo-tis'])}.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument(
+        "--report-only", action="store_true", help="report the experiments a previous run left in its folder"
+    )
     args = parser.parse_args()
-    env = setup_django(SCRATCH)
-    from dashboards import curves
-    from dashboards.compare import compare
-    from dashboards.query import ComparisonQuery
+    if args.report_only:
+        setup_existing(SCRATCH)
+        from experiments.models import Experiment
 
-    base = {"steps": args.steps, "optimizer": {"minibatches": 4}, "device": "cpu", "samples_per_step": 0}
-    seeds = list(range(args.seeds))
-    started = time.monotonic()
-    procs = start_workers(env, SCRATCH, ("cpu", "cpu"), limit_s=6 * 3600)
-    try:
-        grid = sweep_on_workers(base, "the field's losses under staleness", STALENESS, seeds, presets=PRESETS)
-        low = {**base, "rollout": {"dtype": "bfloat16"}}
-        pair = sweep_on_workers(
-            low, "bfloat16 rollouts: plain vs TIS", [{}], seeds, presets=["grpo", "grpo-tis"]
-        )
-    finally:
-        stop_workers(procs)
-    minutes = (time.monotonic() - started) / 60
-
-    payload = compare(grid.runs.all(), ComparisonQuery())
-    summary = {(r["preset"], r["staleness"]): r for r in payload["summary"]}
-    drops = {(r["preset"], r["staleness"]): r for r in payload["drops"]}
-    lines = [
-        "## The field's losses under staleness (bench/field_losses.py)",
-        "",
-        f"Experiment #{grid.pk}: {len(PRESETS)} presets × {len(STALENESS)} settings × {args.seeds} seeds, "
-        f"{args.steps} steps, 16 × 8, lr 3e-5, 4 mini-batches per step, run through the platform on two "
-        f"training workers (1 thread each) in {minutes:.0f} min. Final held-out greedy accuracy (200 prompts), "
-        "mean over seeds; on-policy with its 95% bootstrap CI over seeds, the stale settings with the "
-        "paired drop from on-policy and its 95% CI, as the comparison page shows them.",
-        "",
-        "| preset | " + " | ".join(LABELS) + " |",
-        "|---|" + "---|" * len(LABELS),
-    ]
-    lines += [f"| {p} | " + " | ".join(cell(summary, drops, p, s) for s in LABELS) + " |" for p in PRESETS]
-    finals = {}
-    for run in pair.runs.all():
-        points = dict(run.points.filter(name="eval/accuracy").values_list("step", "value"))
-        finals.setdefault(run.preset, {})[run.seed] = points[max(points)]
-        finals[(run.preset, "mismatch")] = finals.get((run.preset, "mismatch"), []) + list(
-            run.points.filter(name="mismatch/k3").values_list("value", flat=True)
-        )
-    d = curves.paired_difference(finals["grpo-tis"], finals["grpo"])
-    same = {p: summary[(p, "on-policy")] for p in ("grpo", "grpo-tis")}
-    k3 = finals[("grpo", "mismatch")] + finals[("grpo-tis", "mismatch")]
-    lines += [
-        "",
-        f"bfloat16 rollouts, on-policy (experiment #{pair.pk}, mean mismatch/k3 {sum(k3) / len(k3):.2e}): "
-        f"grpo {sum(finals['grpo'].values()) / len(finals['grpo']):.3f}, grpo-tis "
-        f"{sum(finals['grpo-tis'].values()) / len(finals['grpo-tis']):.3f} "
-        f"(same precision: {same['grpo']['value']:.3f}, {same['grpo-tis']['value']:.3f}); "
-        f"grpo-tis − grpo paired by seed {d.mean:+.3f} "
-        + (
-            f"[{d.lo:+.3f}, {d.hi:+.3f}] ({d.interval}, {d.n_pairs} pairs)."
-            if d.has_interval
-            else "(one pair: no interval)."
-        ),
-        "",
-    ]
-    section = "\n".join(lines)
+        grid = Experiment.objects.get(name=GRID_NAME)
+        pair = Experiment.objects.get(name=PAIR_NAME)
+        section = report(grid, pair, None, args.seeds, args.steps)
+    else:
+        env = setup_django(SCRATCH)
+        base = {"steps": args.steps, "optimizer": {"minibatches": 4}, "device": "cpu", "samples_per_step": 0}
+        seeds = list(range(args.seeds))
+        started = time.monotonic()
+        procs = start_workers(env, SCRATCH, ("cpu", "cpu"), limit_s=6 * 3600)
+        try:
+            grid = sweep_on_workers(base, GRID_NAME, STALENESS, seeds, presets=PRESETS)
+            low = {**base, "rollout": {"dtype": "bfloat16"}}
+            pair = sweep_on_workers(low, PAIR_NAME, [{}], seeds, presets=["grpo", "grpo-tis"])
+        finally:
+            stop_workers(procs)
+        section = report(grid, pair, (time.monotonic() - started) / 60, args.seeds, args.steps)
     write_section(section)
     print(section)
 

@@ -38,6 +38,12 @@ def setup_django(scratch: Path) -> dict[str, str]:
     """A fresh scratch folder, this process pointed at it, the database migrated; the worker env."""
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
+    return setup_existing(scratch)
+
+
+def setup_existing(scratch: Path) -> dict[str, str]:
+    """This process pointed at a scratch folder as it is (an earlier run's), its database migrated;
+    the worker env."""
     env = scratch_env(scratch)
     for key in ("DATABASE_URL", "REDIS_URL"):
         os.environ.pop(key, None)
