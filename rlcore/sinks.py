@@ -186,6 +186,7 @@ STEP_METRICS = (
     "time/rollout_s",
     "time/wait_s",
     "time/update_s",
+    "time/proximal_s",
     "time/queue_s",
 )
 # Logged at every step of an async run: its staleness split into the versions published while

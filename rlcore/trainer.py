@@ -266,10 +266,13 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
     pass_ = _Pass(learner, rollout, init_given, shared)
 
     policy.eval()  # no dropout: the trainer's log-probs must match the rollout's
-    # p is needed by a proximal anchor, M2PO's selection, and kl/proximal once a step holds
-    # several optimiser steps (with one, π = p wherever the gradient is taken).
+    # The step-start log-probs p take a forward of their own for M2PO's whole-batch selection and
+    # once a step holds several optimiser steps; with one, p is π itself wherever the gradient is
+    # taken (the same weights), detached, and costs nothing.
     several = opt.minibatches * opt.epochs > 1
-    prox = pass_.proximal(micro) if algorithm.needs_proximal() or several else None
+    started = time.perf_counter()
+    prox = pass_.proximal(micro) if algorithm.spec.surrogate == "m2po" or several else None
+    proximal_s = time.perf_counter() - started if prox is not None else 0.0
     selected = None if prox is None else algorithm.selection(prox, rollout.logp, mask, advantages, prox)
     order = seeded_rng(config.seed, step, "minibatches")
     updates = []  # (clip_frac, grad_norm) per optimiser step
@@ -300,12 +303,13 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
                 m = part.response_mask
                 kl_proximal = float(((prox[rows] - logp) * m).sum() / m.sum().clamp(min=1))
 
+    step_start = prox if prox is not None else logp_first  # one optimiser step: π at the step's start
     loss, stats = algorithm.policy_loss(
         logp_first,
         rollout.logp,
         mask,
         advantages,
-        logp_prox=prox,
+        logp_prox=step_start,
         selected=selected,
         max_length=config.rollout.max_new_tokens,
     )
@@ -339,6 +343,7 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
         "loss": float(loss),
         "lr": lr,
         "optimizer_steps": float(len(updates)),
+        "time/proximal_s": proximal_s,
     }
 
 
@@ -454,7 +459,8 @@ class _Pass:
                 piece.logp,
                 piece.response_mask,
                 advantages[rows],
-                logp_prox=None if prox is None else prox[rows],
+                # Without a proximal pass (one optimiser step) p is this forward's own π.
+                logp_prox=logp.detach() if prox is None else prox[rows],
                 selected=None if selected is None else selected[rows],
                 total_tokens=tokens,
                 total_seqs=n,

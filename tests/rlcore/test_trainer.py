@@ -8,7 +8,15 @@ import torch
 from rlcore import checkpoints, evaluate, models, tasks, trainer
 from rlcore.sinks import EVAL_METRICS, STEP_METRICS, ListSink
 
-TIMING = {"time/step_s", "time/rollout_s", "time/wait_s", "time/update_s", "time/queue_s", "tokens_per_s"}
+TIMING = {
+    "time/step_s",
+    "time/rollout_s",
+    "time/wait_s",
+    "time/update_s",
+    "time/proximal_s",
+    "time/queue_s",
+    "tokens_per_s",
+}
 
 
 def without_timing(points):
