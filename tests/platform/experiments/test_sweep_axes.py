@@ -202,3 +202,32 @@ def test_axis_errors_come_with_the_rest_of_the_grids(client, token):
     response = submit(client, token, seeds=[0, 0], axes={"seed": [1]})
     fields = {d["field"] for d in response.json()["detail"]}
     assert {"seeds", "axes.seed"} <= fields
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "rule"),
+    [
+        ("algorithm.params.is_cap", "0.5", "is_cap must be &gt;= 1"),
+        ("algorithm.params.m2po_tau", "0", "m2po_tau must be &gt; 0"),
+        ("algorithm.params.dppo_delta", "1.5", "0 &lt; dppo_delta &lt; 1"),
+        ("optimizer.epochs", "9", "less than or equal to 8"),
+        ("optimizer.minibatches", "3", "must be &lt;= rollout.prompts_per_step (2)"),
+    ],
+)
+def test_the_form_names_knobs_and_optimiser_settings_out_of_range(alice_client, team, field, value, rule):
+    form = {
+        "name": "out of range",
+        "team": team.pk,
+        "presets": ["grpo-tis"],
+        "on_policy": "on",
+        "seeds": "0",
+        "steps": "3",
+        "rollout.prompts_per_step": "2",
+        "rollout.group_size": "2",
+        "eval_size": "4",
+        field: value,
+    }
+    response = alice_client.post(reverse("submit-sweep"), form)
+    assert response.status_code == 422
+    assert rule in response.content.decode()
+    assert not Experiment.objects.filter(name="out of range").exists()

@@ -231,3 +231,34 @@ def test_async_runs_stay_within_max_staleness_and_survive_a_killed_rollout_worke
     killed_job.refresh_from_db()
     assert killed_job.status == RolloutJob.DONE
     assert killed_job.worker in (doomed.identity, survivor.identity)
+
+
+def test_an_async_run_splits_its_staleness_and_measures_its_bfloat16_mismatch(start_worker, team, alice):
+    """Async with a bfloat16 rollout engine: every step logs the mismatch its rollout worker
+    measured, and the lag split into versions published while the batch was generated and while it
+    waited; the two add up to the lag, and the split matches the jobs' own versions."""
+    config = {
+        **TINY_CONFIG,
+        "steps": 8,
+        "rollout": {**TINY_CONFIG["rollout"], "dtype": "bfloat16"},
+        "execution": {"mode": "async", "max_staleness": 2},
+    }
+    start_worker(queue="rollout")
+    start_worker()
+    experiment = queue_sweep(team, alice, "async split", config=config, presets=["grpo-tis"])
+    run = experiment.runs.get()
+    wait_until_over([run], 300)
+    run.refresh_from_db()
+    assert run.status == Run.SUCCEEDED, run.error
+
+    def series(name):
+        return dict(MetricPoint.objects.filter(run=run, name=name).values_list("step", "value"))
+
+    flight, queue, lag = series("staleness/in_flight"), series("staleness/in_queue"), series("staleness/mean")
+    assert sorted(flight) == sorted(queue) == list(range(1, 9))
+    for step in range(1, 9):
+        assert flight[step] >= 0 and queue[step] >= 0
+        assert flight[step] + queue[step] == pytest.approx(lag[step]), step
+    assert flight[1] == queue[1] == 0, "step 1 trains on θ0's batch, made before anything was published"
+    assert sorted(series("mismatch/abs_max")) == list(range(1, 9))
+    assert min(series("mismatch/abs_max").values()) > 1e-3
