@@ -124,8 +124,9 @@ def bench_config(steps: int) -> RunConfig:
     return config.RunConfig.model_validate(data)
 
 
-def run_rlcore(warmup: int, steps: int, cache_dir: Path | None) -> tuple[list[int], list[float], float]:
-    """rlcore's `train`: tokens and seconds per step from what it logs, and the contention."""
+def train_windowed(run: RunConfig, warmup: int, cache_dir: Path | None = None) -> tuple[Any, float]:
+    """rlcore's `train` of `run` on THREADS threads, waiting for an idle machine after `warmup`
+    steps: (its `ListSink`, the cores other processes used during the steps after the warm-up)."""
     import torch
 
     torch.set_num_threads(THREADS)
@@ -144,12 +145,18 @@ def run_rlcore(warmup: int, steps: int, cache_dir: Path | None) -> tuple[list[in
             elif step > warmup:
                 window[1:] = [snapshot()]
 
-    run = bench_config(warmup + steps)
     sink = WindowSink()
     train(run, sink, cache_dir=cache_dir)
+    return sink, others_cores(*window)
+
+
+def run_rlcore(warmup: int, steps: int, cache_dir: Path | None) -> tuple[list[int], list[float], float]:
+    """rlcore's `train`: tokens and seconds per step from what it logs, and the contention."""
+    run = bench_config(warmup + steps)
+    sink, others = train_windowed(run, warmup, cache_dir)
     lengths = [value for _, value in sink.series("response_length/mean")]
     seconds = [value for _, value in sink.series("time/step_s")]
-    return [round(length * run.batch_size) for length in lengths], seconds, others_cores(*window)
+    return [round(length * run.batch_size) for length in lengths], seconds, others
 
 
 def run_trl(warmup: int, steps: int, cache_dir: Path | None) -> tuple[list[int], list[float], float]:

@@ -36,9 +36,7 @@ from rl_step import (
     THREADS,
     bench_config,
     machine,
-    others_cores,
-    snapshot,
-    wait_until_idle,
+    train_windowed,
 )  # noqa: E402
 
 SECTION = "## The cost of a proximal forward and of mini-batches (`bench/update_cost.py`)"
@@ -55,35 +53,19 @@ VARIANTS = {
 
 def run_variant(name: str, warmup: int, steps: int) -> dict:
     """One round in this process: the variant's per-step update and step seconds, and the contention."""
-    import torch
-
-    torch.set_num_threads(THREADS)
     from rlcore.config import RunConfig
-    from rlcore.sinks import ListSink
-    from rlcore.trainer import train
-
-    window = []
-
-    class WindowSink(ListSink):
-        def log(self, step: int, metrics: dict[str, float]) -> None:
-            super().log(step, metrics)
-            if step == warmup:
-                window[:] = [wait_until_idle()]
-            elif step > warmup:
-                window[1:] = [snapshot()]
 
     data = bench_config(warmup + steps).model_dump()
     data["algorithm"] = {"preset": "grpo"}
     for section, values in VARIANTS[name].items():
         data[section] = {**data[section], **values}
-    sink = WindowSink()
-    train(RunConfig.model_validate(data), sink)
+    sink, others = train_windowed(RunConfig.model_validate(data), warmup)
     timed = lambda metric: [v for s, v in sink.series(metric) if s > warmup]  # noqa: E731
     return {
         "update": timed("time/update_s"),
         "proximal": timed("time/proximal_s"),
         "step": timed("time/step_s"),
-        "others": others_cores(*window),
+        "others": others,
     }
 
 

@@ -357,7 +357,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             cell_runs,
             {(run.experiment_id, run.line): comparable_config(run.config) for run in runs},
         ),
-        "contrasts": variants.contrasts(finals_by_cell, lines, staleness, fields, query.delta),
+        "contrasts": variants.contrasts(finals_by_cell, lines, staleness, fields, query.delta, cell_runs),
     }
 
 

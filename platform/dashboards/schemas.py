@@ -272,7 +272,9 @@ class ContrastOut(IntervalOut):
     preset: str
     others: str = Field(description="the other varied fields' values, held fixed")
     staleness: str
-    state: str = Field(description="higher, lower (interval excludes 0), within δ, or cannot tell")
+    state: str = Field(
+        description="higher, lower (interval excludes 0), within δ, or cannot tell; provisional while runs go"
+    )
     n_seeds: int = Field(description="seed pairs")
     value: float | None = Field(
         description="the final value at field_value minus at reference, paired by seed, rounded to `digits` decimals"

@@ -79,11 +79,14 @@ def contrasts(
     staleness: list[str],
     fields: list[str],
     delta: float,
+    cell_runs: dict[tuple[int, str, str], tuple[int, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Per varied field, per value besides its first in the experiment (`reference`), per cell that
     differs from a reference cell in that field only: the final value's change, paired by seed and rounded as the
     drops are (`curves.decision_digits`), with its interval and `state`: higher or lower (the
-    interval excludes 0), within δ (the interval lies within ±δ), or cannot tell."""
+    interval excludes 0), within δ (the interval lies within ±δ), or cannot tell; marked provisional
+    while runs of either cell are still queued or running (`cell_runs`: (active, all) per cell)."""
+    cell_runs = cell_runs or {}
     digits = curves.decision_digits(delta)
     names = field_names(fields)
     rows = []
@@ -128,7 +131,13 @@ def contrasts(
                             "preset": line["preset"],
                             "others": variant_label(rest),
                             "staleness": setting,
-                            "state": _state(d, delta),
+                            "state": _state(d, delta)
+                            + (
+                                " (provisional: runs still going)"
+                                if cell_runs.get((line["experiment"], other["key"], setting), (0, 0))[0]
+                                or cell_runs.get((line["experiment"], line["key"], setting), (0, 0))[0]
+                                else ""
+                            ),
                             **curves.difference_fields(d),
                         }
                     )

@@ -12,7 +12,6 @@ from django.shortcuts import get_object_or_404
 from ninja import Query, Router, Status
 from ninja.errors import HttpError
 
-from accounts.models import Team
 from dashboards.export import metrics_csv
 from execution.messages import NOT_SENT
 from experiments import progress, sweeps
@@ -94,19 +93,9 @@ def submit_sweep(request: HttpRequest, sweep: SweepIn):
     """Create an experiment with one run per preset × staleness setting × axes' values × seed, and queue them
     (also while the message broker is down: `message` says so). 422 when the team would have more
     queued runs than LAB_TEAM_MAX_QUEUED."""
-    team = Team.objects.filter(name=sweep.team, members=request.user).first()
-    errors = [] if team else [("team", f"you are not a member of a team called {sweep.team!r}")]
     try:
-        grid = sweeps.expand(
-            sweep.config, sweep.presets, sweep.staleness, sweep.seeds, sweep.serial, sweep.axes
-        )
+        experiment = sweeps.submit(request.user, sweep)
     except sweeps.SweepError as exc:
-        errors += exc.errors
-    if errors:
-        return Status(422, {"detail": _field_errors(errors)})
-    try:
-        experiment = sweeps.create_experiment(team, request.user, sweep.name, sweep.description, grid)
-    except sweeps.SweepError as exc:  # the team's queued cap
         return Status(422, {"detail": _field_errors(exc.errors)})
     runs = list(experiment.runs.values_list("pk", flat=True))
     message = f"{len(runs)} run{'s' if len(runs) != 1 else ''} queued"

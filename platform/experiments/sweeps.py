@@ -463,3 +463,18 @@ def create_experiment(team: Team, owner, name: str, description: str, sweep: Swe
         for config, variant in zip(sweep.configs, sweep.variants or [{}] * len(sweep.configs), strict=True):
             Run.create_for(experiment, config, serial=sweep.serial, variant=variant).enqueue()
     return experiment
+
+
+def submit(owner, sweep: Any) -> Experiment:
+    """The API's and the command line's submission: `sweep` has `SweepIn`'s fields (name, team by
+    name, description, config, presets, staleness, seeds, serial, axes). Raises `SweepError` with
+    every problem (the team, the grid, the queued cap, a precision no worker runs); queues nothing then."""
+    team = Team.objects.filter(name=sweep.team, members=owner).first()
+    errors = [] if team else [("team", f"{owner.username} is not a member of a team called {sweep.team!r}")]
+    try:
+        grid = expand(sweep.config, sweep.presets, sweep.staleness, sweep.seeds, sweep.serial, sweep.axes)
+    except SweepError as exc:
+        errors += exc.errors
+    if errors:
+        raise SweepError(errors)
+    return create_experiment(team, owner, sweep.name, sweep.description, grid)

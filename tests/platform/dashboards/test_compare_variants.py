@@ -129,3 +129,18 @@ def test_the_page_splits_panels_and_colours_by_a_varied_field(page, live_server,
     assert page.evaluate(
         "() => [...document.querySelectorAll('#plots .panel')].map(p => p.dataset.facet)"
     ) == ["1", "2"]
+
+
+@pytest.mark.django_db
+def test_a_contrast_whose_runs_are_still_going_says_it_is_provisional(alice_client, experiment):
+    from experiments.models import Run
+
+    run = experiment.runs.get(
+        preset="grpo", staleness="on-policy", seed=2, variant_pairs=[["optimizer.minibatches", 2]]
+    )
+    Run.objects.filter(pk=run.pk).update(status=Run.RUNNING)
+    contrasts = {
+        (c["preset"], c["staleness"]): c["state"] for c in payload(alice_client, experiment)["contrasts"]
+    }
+    assert contrasts[("grpo", "on-policy")].endswith("(provisional: runs still going)")
+    assert contrasts[("reinforce", "on-policy")] == "within δ"

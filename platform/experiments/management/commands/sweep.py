@@ -13,7 +13,6 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from pydantic import ValidationError
 
-from accounts.models import Team
 from experiments import sweeps
 from experiments.schemas import SweepIn
 from rlcore.config import error_list
@@ -43,19 +42,9 @@ class Command(BaseCommand):
             sweep = SweepIn.model_validate(data)
         except ValidationError as exc:
             self._refuse(file, error_list(exc))
-        team = Team.objects.filter(name=sweep.team, members=owner).first()
-        errors = [] if team else [("team", f"{user} is not a member of a team called {sweep.team!r}")]
         try:
-            grid = sweeps.expand(
-                sweep.config, sweep.presets, sweep.staleness, sweep.seeds, sweep.serial, sweep.axes
-            )
+            experiment = sweeps.submit(owner, sweep)
         except sweeps.SweepError as exc:
-            errors += exc.errors
-        if errors:
-            self._refuse(file, errors)
-        try:
-            experiment = sweeps.create_experiment(team, owner, sweep.name, sweep.description, grid)
-        except sweeps.SweepError as exc:  # the team's queued cap
             self._refuse(file, exc.errors)
         runs = experiment.runs.count()
         self.stdout.write(
