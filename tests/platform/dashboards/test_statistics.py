@@ -1,0 +1,79 @@
+"""`dashboards.statistics` against rliable 1.2 (tests/platform/dashboards/rliable/fixture.json, made by
+make_fixture.py there): the same IQM, CIs, probability of improvement and performance profiles,
+the bootstrap drawn in rliable's order from the same seed."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dashboards import statistics
+
+FIXTURE = json.loads((Path(__file__).parent / "rliable" / "fixture.json").read_text())
+INPUTS = {name: np.array(v) for name, v in FIXTURE["inputs"].items()}
+SEED, REPS = FIXTURE["seed"], FIXTURE["reps"]
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_iqm_and_its_ci_are_rliables(name):
+    expected = FIXTURE["iqm"][name]
+    got = statistics.interval_iqm(INPUTS[name], reps=REPS, seed=SEED)
+    assert got.value == pytest.approx(expected["value"], abs=1e-12)
+    assert (got.lo, got.hi) == pytest.approx((expected["lo"], expected["hi"]), abs=1e-12)
+    assert statistics.iqm(INPUTS[name]) == pytest.approx(expected["value"], abs=1e-12)
+
+
+@pytest.mark.parametrize("pair", FIXTURE["poi"], ids=lambda p: f"{p['x']}>{p['y']}")
+def test_probability_of_improvement_and_its_ci_are_rliables(pair):
+    x, y = INPUTS[pair["x"]], INPUTS[pair["y"]]
+    got = statistics.interval_poi(x, y, reps=REPS, seed=SEED)
+    assert got.value == pytest.approx(pair["value"], abs=1e-12)
+    assert (got.lo, got.hi) == pytest.approx((pair["lo"], pair["hi"]), abs=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_performance_profiles_and_their_cis_are_rliables(name):
+    expected = FIXTURE["profile"][name]
+    values, lo, hi = statistics.interval_profile(INPUTS[name], FIXTURE["taus"], reps=REPS, seed=SEED)
+    np.testing.assert_allclose(values, expected["value"], atol=1e-12)
+    np.testing.assert_allclose(lo, expected["lo"], atol=1e-12)
+    np.testing.assert_allclose(hi, expected["hi"], atol=1e-12)
+
+
+def test_the_draws_do_not_depend_on_how_they_are_chunked(monkeypatch):
+    scores = INPUTS["six_seeds_three_tasks"]
+    whole = statistics.interval_iqm(scores, reps=500, seed=3)
+    monkeypatch.setattr(statistics, "_CHUNK", 37)
+    assert statistics.interval_iqm(scores, reps=500, seed=3) == whole
+
+
+def test_iqm_trims_a_quarter_from_each_end_and_names_its_method():
+    # 8 scores: drop the 2 lowest and 2 highest, average 3, 4, 5, 6.
+    assert statistics.iqm([1, 2, 3, 4, 5, 6, 7, 100]) == 4.5
+    record = statistics.interval_iqm([0.5, 0.6, 0.7], reps=100, seed=0).record()
+    assert record["method"] == "stratified percentile bootstrap"
+    assert (record["reps"], record["seed"], record["n"], record["confidence"]) == (100, 0, 3, 0.95)
+
+
+def test_paired_probability_of_improvement_counts_seeds_won_and_ties_half():
+    x = [0.7, 0.6, 0.5, 0.5]
+    y = [0.6, 0.6, 0.6, 0.4]
+    got = statistics.interval_paired_poi(x, y, reps=1000, seed=0)
+    assert got.value == pytest.approx((1 + 0.5 + 0 + 1) / 4)
+    assert 0 <= got.lo <= got.value <= got.hi <= 1
+    same = statistics.interval_paired_poi(x, x, reps=100, seed=0)
+    assert (same.value, same.lo, same.hi) == (0.5, 0.5, 0.5)
+
+
+def test_a_profile_counts_scores_strictly_above_tau():
+    assert statistics.profile([0.2, 0.5, 0.5, 0.9], [0.0, 0.5, 0.9]).tolist() == [1.0, 0.25, 0.0]
+
+
+def test_bad_scores_are_refused_with_the_rule():
+    with pytest.raises(ValueError, match="finite"):
+        statistics.iqm([0.5, float("nan")])
+    with pytest.raises(ValueError, match="at least one run"):
+        statistics.iqm([])
+    with pytest.raises(ValueError, match="same tasks"):
+        statistics.probability_of_improvement(np.zeros((3, 2)), np.zeros((3, 1)))
