@@ -1,5 +1,6 @@
-"""The comparison as API operations: exactly what the dashboard draws (`dashboards.compare`). Their
-operation ids stay those they were published with (`experiments_api_…`)."""
+"""The comparison as API operations: exactly what the dashboard draws (`dashboards.compare`; their
+operation ids stay those they were published with, `experiments_api_…`), and the claims a team
+states and tests (`dashboards.stated`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from ninja import Query, Router, Status
 
-from dashboards import compare, query
+from dashboards import compare, findings, query, stated
+from dashboards.models import Claim
 from dashboards.query import ComparisonParams
-from dashboards.schemas import ComparisonOut
+from dashboards.schemas import ClaimIn, ClaimOut, ClaimsOut, ClaimTemplatesOut, ComparisonOut, WithdrawnOut
 from experiments.models import Experiment, Run
 from lab.schemas import responses
 
@@ -57,3 +59,93 @@ def compare_runs(request: HttpRequest, runs: str, params: Query[ComparisonParams
     except query.QueryError as exc:
         return _query_error(exc)
     return _comparison(request, picked)
+
+
+def _claim_error(exc: stated.ClaimError) -> Status:
+    loc = ["body", *exc.field.split(".")]
+    return Status(422, {"detail": [{"loc": loc, "field": exc.field, "msg": exc.message}]})
+
+
+def _target(request: HttpRequest, body: ClaimIn):
+    """(team, experiment or None, run ids, runs) the claim is stated on; 404 for an experiment the
+    caller cannot see, a ClaimError for a bad selection."""
+    if (body.experiment is None) == (body.runs is None):
+        raise stated.ClaimError("experiment", "name an experiment or a selection of runs (one of them)")
+    if body.experiment is not None:
+        experiment = get_object_or_404(Experiment.visible_to(request.user), pk=body.experiment)
+        return experiment.team, experiment, [], list(experiment.runs.select_related("experiment"))
+    try:
+        ids = list(dict.fromkeys(body.runs))
+        if not 1 <= len(ids) <= query.MAX_SELECTED_RUNS:
+            raise query.QueryError(
+                "runs", f"runs must name 1 to {query.MAX_SELECTED_RUNS} runs (got {len(ids)})"
+            )
+        runs = list(query.selected_runs(Run.visible_to(request.user), ids).select_related("experiment"))
+    except query.QueryError as exc:
+        raise stated.ClaimError("runs", exc.message) from exc
+    teams = {run.experiment.team_id for run in runs}
+    if len(teams) > 1:
+        raise stated.ClaimError("runs", "a claim's runs must all belong to one team")
+    return runs[0].experiment.team, None, sorted(ids), runs
+
+
+@router.post(
+    "/claims", response=responses({201: ClaimOut}, 404, 422), operation_id="dashboards_api_state_claim"
+)
+def state_claim(request: HttpRequest, body: ClaimIn):
+    """State a claim on an experiment or a selection of runs (or make one from a template) and get
+    its verdict now. Pre-registered when no run of its cells has finished yet."""
+    try:
+        team, experiment, ids, runs = _target(request, body)
+        payload = body.dict(exclude_none=True)
+        if body.template:
+            payload |= stated.from_template(runs, body.template, body.variant, body.delta)
+        fields = stated.validate(runs, payload)
+    except stated.ClaimError as exc:
+        return _claim_error(exc)
+    claim = stated.state(request.user, team, experiment, ids, fields, body.template)
+    return Status(201, stated.as_dict(claim, stated.result(claim, runs)))
+
+
+@router.get("/claims", response=responses({200: ClaimsOut}, 422), operation_id="dashboards_api_list_claims")
+def list_claims(request: HttpRequest, experiment: int | None = None):
+    """Your teams' claims with their verdicts now, newest first; `experiment` keeps one experiment's."""
+    found = Claim.visible_to(request.user).select_related("author")
+    if experiment is not None:
+        found = found.filter(experiment_id=experiment)
+    return {"claims": [stated.as_dict(claim, stated.result(claim)) for claim in found[: stated.MAX_LISTED]]}
+
+
+@router.get(
+    "/claims/{claim_id}", response=responses({200: ClaimOut}, 404), operation_id="dashboards_api_get_claim"
+)
+def get_claim(request: HttpRequest, claim_id: int):
+    """One claim and its verdict now, every test behind it."""
+    claim = get_object_or_404(Claim.visible_to(request.user).select_related("author"), pk=claim_id)
+    return stated.as_dict(claim, stated.result(claim))
+
+
+@router.delete(
+    "/claims/{claim_id}",
+    response=responses({200: WithdrawnOut}, 403, 404),
+    operation_id="dashboards_api_delete_claim",
+)
+def delete_claim(request: HttpRequest, claim_id: int):
+    """Withdraw a claim: its author or an admin of its team."""
+    claim = get_object_or_404(Claim.visible_to(request.user), pk=claim_id)
+    if not stated.may_withdraw(request.user, claim):
+        return Status(403, {"detail": "only its author or an admin of its team can withdraw a claim"})
+    withdrawn = claim.pk
+    claim.delete()
+    return {"claim": withdrawn}
+
+
+@router.get(
+    "/claim-templates",
+    response=responses({200: ClaimTemplatesOut}),
+    operation_id="dashboards_api_claim_templates",
+)
+def claim_templates(request: HttpRequest):
+    """The claim templates (the paper's three claims): state one with `POST /claims {template}`."""
+    keys = ("name", "title", "quantifier", "settings", "parts", "delta")
+    return {"templates": [{k: t.get(k) for k in keys} for t in findings.PAPER_TEMPLATES]}

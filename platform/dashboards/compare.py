@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from django.db.models import Avg, OuterRef, QuerySet, Subquery
 
-from dashboards import curves, findings, throughput, variants
+from dashboards import claims, curves, findings, throughput, variants
 from dashboards.points import json_numbers, points_by_run
 from dashboards.query import ComparisonQuery
 from experiments.models import Experiment, MetricPoint, Run
@@ -465,10 +465,10 @@ def staleness_answer(
             runs = {(keys[k], s): n for (e, k, s), n in cell_runs.items() if e == experiment and k in keys}
             tested = [s for s in staleness if any(key[1] == s for key in cells | runs)]
             on_policy = findings.baseline({s for _, s in cells}) or findings.ON_POLICY
-            evidence = findings.Evidence(cells, delta, digits, runs, on_policy)
+            evidence = claims.Data(cells, runs, on_policy, digits)
             found += [
                 {"experiment": experiment, "variant": variant, **f}
-                for f in findings.findings(evidence, tested, mean_lags)
+                for f in findings.findings(evidence, tested, mean_lags, delta)
             ]
     return {
         "drops": drops,

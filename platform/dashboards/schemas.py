@@ -225,8 +225,40 @@ class TieOut(IntervalOut):
     seeds_needed: int | None = Field(description="seeds per preset that would tell them apart")
 
 
+class ClaimTestOut(Schema):
+    kind: str = Field(description="holds, degrades, beats or equivalent")
+    a: str = Field(description="the cell tested: line × staleness")
+    b: str = Field(description="the cell it is compared with: y at the same setting, or x on-policy")
+    label: str
+    verdict: str = Field(description="support, contradict, cannot tell yet or missing cells")
+    reason: str = Field(description="what decided it, naming the rule")
+    estimate: float | None = Field(
+        None, description="D = a − b: mean over seed pairs (or of each side, unpaired)"
+    )
+    lo: float | None = Field(None, description="lower end of the (1 − 2α) t-interval of D")
+    hi: float | None = None
+    n: int | None = Field(None, description="seed pairs (paired) or the smaller side's seeds")
+    paired: bool | None = None
+    test: str | None = Field(None, description="paired t, or Welch t when fewer than 2 seeds are shared")
+    p_support: float | None = Field(None, description="one-sided p-value for the claim")
+    p_contradict: float | None = Field(None, description="one-sided p-value against it")
+    p_support_holm: float | None = Field(None, description="p_support, Holm-adjusted over the claim's tests")
+    p_contradict_holm: float | None = None
+    seeds_needed: int | None = Field(
+        None, description="seeds per cell that would settle an undecided test (power 0.8); null: cannot say"
+    )
+
+
+class ClaimSettingOut(Schema):
+    setting: str
+    verdict: str
+    parts: list[ClaimTestOut]
+
+
 class FindingOut(Schema):
     experiment: int
+    template: str = Field(description="the claim template it was checked as")
+    by_setting: list[ClaimSettingOut] = Field(description="every test behind the verdict, per setting")
     variant: str = Field(description='the variant the claim was checked within ("" if the sweep has none)')
     claim: str
     verdict: str = Field(description="support, contradict, cannot tell yet or missing cells")
@@ -328,3 +360,84 @@ class ComparisonOut(Schema):
     contrasts: list[ContrastOut] = Field(
         description="each varied field's values against its first, in cells differing in that field only, paired by seed"
     )
+
+
+class ClaimPartIn(Schema):
+    kind: str = Field(description="holds, degrades, beats or equivalent")
+    x: str = Field(
+        description="a line of the runs (preset, with its variant; with its experiment if several)"
+    )
+    y: str = Field(
+        "", description="another line; needed by beats and equivalent, else x on-policy is the reference"
+    )
+
+
+class ClaimIn(Schema):
+    experiment: int | None = Field(None, description="the experiment whose runs it is tested on")
+    runs: list[int] | None = Field(
+        None, description="or a selection of runs of one team (instead of experiment)"
+    )
+    template: str = Field("", description="a claim template's name (then leave parts and settings out)")
+    variant: str = Field("", description="with a template: the variant whose lines it names")
+    title: str = ""
+    parts: list[ClaimPartIn] | None = Field(None, description="statements that must all hold at a setting")
+    settings: list[str] | None = Field(None, description="staleness settings it is tested at")
+    quantifier: str = Field("every", description="every: at each setting; some: at one at least")
+    metric: str = "eval/accuracy"
+    rule: str = Field("last", description="final value: last, mean_last_k, best or auc")
+    k: int = 10
+    delta: float = Field(0.02, description="δ, in the metric's units")
+    alpha: float = Field(0.05, description="α of each one-sided test (the interval shown is 1 − 2α)")
+
+
+class ClaimOut(Schema):
+    id: int
+    experiment: int | None
+    runs: list[int]
+    title: str
+    template: str
+    parts: list[ClaimPartIn]
+    settings: list[str]
+    quantifier: str
+    metric: str
+    rule: str
+    k: int
+    delta: float
+    alpha: float
+    author: str
+    stated: str = Field(description="when it was stated (ISO 8601)")
+    pre_registered: bool = Field(description="stated before any run of its cells had finished")
+    statement: str = Field(description="the claim in words")
+    verdict: str = Field(description="support, contradict, cannot tell yet or missing cells")
+    by_setting: list[ClaimSettingOut]
+    missing: list[str] = Field(description="cells with no runs at all")
+    waiting: list[str] = Field(description="cells whose runs have not logged a value yet")
+    tests: int
+    holm: bool = Field(description="whether p-values were Holm-adjusted (more than one test)")
+    confidence: float = Field(description="of the intervals shown: 1 − 2α")
+    provisional: bool
+    runs_active: int
+    runs_total: int = Field(description="runs of the claim's cells")
+    on_policy: str
+    digits: int
+
+
+class ClaimTemplateOut(Schema):
+    name: str
+    title: str
+    quantifier: str
+    settings: dict[str, Any] = Field(description="the rule that picks its settings")
+    parts: list[dict[str, Any]]
+    delta: float | None = Field(None, description="its own δ, else the one asked for")
+
+
+class ClaimsOut(Schema):
+    claims: list[ClaimOut] = Field(description="newest first, at most 200")
+
+
+class ClaimTemplatesOut(Schema):
+    templates: list[ClaimTemplateOut]
+
+
+class WithdrawnOut(Schema):
+    claim: int = Field(description="the claim withdrawn")

@@ -365,7 +365,7 @@ def test_the_staleness_answer_drop_table_findings_and_the_template_link(page, li
     assert row.endswith("on-policy (3 seeds, min–max, no CI)4 (3 seeds, min–max, no CI)"), "what they rest on"
     verdicts = page.eval_on_selector_all("#findings > li", "items => items.map(li => li.dataset.verdict)")
     reasons = page.text_content("#findings > li[data-verdict] .reasons")
-    assert "rec-oneside-nois − reinforce: within ±δ = 0.02" in reasons
+    assert "rec-oneside-nois − reinforce: supports: within ±δ (both one-sided tests)" in reasons
     assert verdicts == ["support", "support", "support"]
     assert "would (α 0.05, power 0.8)" in page.text_content("#ties")
     symbols = page.evaluate("() => document.getElementById('scatter').data[0].marker.symbol")

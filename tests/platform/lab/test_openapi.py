@@ -27,6 +27,11 @@ OPERATIONS = {
     ("get", "/api/runs/{run_id}/metrics"): {200, 401, 404, 422},
     ("get", "/api/experiments/{experiment_id}/compare"): {200, 401, 404, 422},
     ("get", "/api/compare"): {200, 401, 422},
+    ("post", "/api/claims"): {201, 401, 404, 422},
+    ("get", "/api/claims"): {200, 401, 422},
+    ("get", "/api/claims/{claim_id}"): {200, 401, 404},
+    ("delete", "/api/claims/{claim_id}"): {200, 401, 403, 404},
+    ("get", "/api/claim-templates"): {200, 401},
     ("post", "/api/runs/{run_id}/cancel"): {200, 401, 404, 409, 422},
     ("post", "/api/runs/{run_id}/retry"): {200, 401, 404, 409, 422},
 }

@@ -28,6 +28,11 @@ OPERATION_IDS = {
     ("get", "/api/runs/{run_id}/metrics"): "experiments_api_get_metrics",
     ("get", "/api/experiments/{experiment_id}/compare"): "experiments_api_compare_experiment",
     ("get", "/api/compare"): "experiments_api_compare_runs",
+    ("post", "/api/claims"): "dashboards_api_state_claim",
+    ("get", "/api/claims"): "dashboards_api_list_claims",
+    ("get", "/api/claims/{claim_id}"): "dashboards_api_get_claim",
+    ("delete", "/api/claims/{claim_id}"): "dashboards_api_delete_claim",
+    ("get", "/api/claim-templates"): "dashboards_api_claim_templates",
     ("post", "/api/runs/{run_id}/cancel"): "experiments_api_cancel_run",
     ("post", "/api/runs/{run_id}/retry"): "experiments_api_retry_run",
 }

@@ -51,12 +51,18 @@ out = {
 for name, scores in INPUTS.items():
     np.random.seed(SEED)
     point, interval = library.get_interval_estimates({name: scores}, iqm_func, reps=REPS)
-    out["iqm"][name] = {"value": float(point[name][0]), "lo": float(interval[name][0, 0]),
-                        "hi": float(interval[name][1, 0])}
+    out["iqm"][name] = {
+        "value": float(point[name][0]),
+        "lo": float(interval[name][0, 0]),
+        "hi": float(interval[name][1, 0]),
+    }
     np.random.seed(SEED)
     profiles, cis = library.create_performance_profile({name: scores}, TAUS, reps=REPS)
-    out["profile"][name] = {"value": profiles[name].tolist(), "lo": cis[name][0].tolist(),
-                            "hi": cis[name][1].tolist()}
+    out["profile"][name] = {
+        "value": profiles[name].tolist(),
+        "lo": cis[name][0].tolist(),
+        "hi": cis[name][1].tolist(),
+    }
 for x, y in POI_PAIRS:
     np.random.seed(SEED)
     point, interval = library.get_interval_estimates(
@@ -64,6 +70,13 @@ for x, y in POI_PAIRS:
         lambda a, b: np.array([metrics.probability_of_improvement(a, b)]),
         reps=REPS,
     )
-    out["poi"].append({"x": x, "y": y, "value": float(point["x,y"][0]),
-                       "lo": float(interval["x,y"][0, 0]), "hi": float(interval["x,y"][1, 0])})
+    out["poi"].append(
+        {
+            "x": x,
+            "y": y,
+            "value": float(point["x,y"][0]),
+            "lo": float(interval["x,y"][0, 0]),
+            "hi": float(interval["x,y"][1, 0]),
+        }
+    )
 (Path(__file__).parent / "fixture.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -1,0 +1,250 @@
+"""Claims a team states (`dashboards.models.Claim`), read against their runs: the final values per
+cell for a claim's metric and rule, the validation of a new claim (every error names its field),
+templates made claims, and each claim's verdict (`dashboards.claims.evaluate`)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+
+from dashboards import claims, compare, curves, findings, query
+from dashboards.models import Claim
+from dashboards.points import points_by_run
+from experiments.models import Run
+
+MAX_PARTS = 20
+MAX_SETTINGS = 20
+MAX_ALPHA = 0.25
+MAX_LISTED = 200
+
+
+class ClaimError(ValueError):
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+def line_names(runs: list[Run]) -> dict[int, str]:
+    """Each run's line as the comparison names it: its preset and variant, and its experiment when
+    the runs come from several."""
+    several = len({run.experiment_id for run in runs}) > 1
+    return {run.pk: compare.line_label(run.line, run.experiment, several) for run in runs}
+
+
+def cell_data(runs: list[Run], metric: str, rule: str, k: int, delta: float) -> claims.Data:
+    """The runs' final values of `metric` by `rule` (on the step axis) per (line, staleness) cell,
+    with each cell's runs (queued or running, all) and its on-policy label."""
+    names = line_names(runs)
+    points = points_by_run([run.pk for run in runs], metric)
+    finals: dict[claims.Cell, dict[int, float]] = defaultdict(dict)
+    counts: dict[claims.Cell, list[int]] = defaultdict(lambda: [0, 0])
+    for run in runs:
+        cell = (names[run.pk], run.staleness)
+        counts[cell][0] += run.is_active
+        counts[cell][1] += 1
+        if run.pk in points:
+            steps, values, _ = points[run.pk]
+            value = curves.final_value(curves.Series.of(steps, values), rule, k)
+            if math.isfinite(value):
+                finals[cell][run.seed] = value
+    on_policy = findings.baseline({run.staleness for run in runs}) or findings.ON_POLICY
+    return claims.Data(
+        dict(finals), {c: (a, n) for c, (a, n) in counts.items()}, on_policy, curves.decision_digits(delta)
+    )
+
+
+def _number(payload: dict, name: str, default: float, lo: float, hi: float, rule: str) -> float:
+    value = payload.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise ClaimError(name, f"{name} must be a number {rule} (got {value!r})")
+    return float(value)
+
+
+def validate(runs: list[Run], payload: dict[str, Any]) -> dict[str, Any]:
+    """The claim's fields from `payload`, checked against the lines and settings of `runs`."""
+    lines = list(dict.fromkeys(line_names(runs).values()))
+    labels = list(dict.fromkeys(run.staleness for run in runs))
+    on_policy = findings.baseline(labels)
+    parts = payload.get("parts")
+    if not isinstance(parts, list) or not 1 <= len(parts) <= MAX_PARTS:
+        raise ClaimError("parts", f"parts must be a list of 1 to {MAX_PARTS} statements {{kind, x, y}}")
+    clean = []
+    for i, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise ClaimError(f"parts.{i}", "each part must be an object {kind, x, y}")
+        kind, x, y = part.get("kind"), part.get("x"), part.get("y") or ""
+        if kind not in claims.KINDS:
+            raise ClaimError(
+                f"parts.{i}.kind", f"kind must be one of {', '.join(claims.KINDS)} (got {kind!r})"
+            )
+        for name, line in (("x", x), ("y", y)):
+            if (name == "x" or line) and line not in lines:
+                raise ClaimError(
+                    f"parts.{i}.{name}",
+                    f"{name} must be one of these runs' lines: {', '.join(lines)} (got {line!r})",
+                )
+        if kind in claims.NEEDS_Y and not y:
+            raise ClaimError(f"parts.{i}.y", f"a {kind} claim compares x with another line y")
+        if y == x:
+            raise ClaimError(f"parts.{i}.y", "y must be another line than x")
+        if not y and on_policy is None:
+            raise ClaimError(
+                f"parts.{i}.y", "these runs have no on-policy cell to take the change from: name a line y"
+            )
+        clean.append({"kind": kind, "x": x, "y": y})
+    settings = payload.get("settings")
+    if (
+        not isinstance(settings, list)
+        or not 1 <= len(settings) <= MAX_SETTINGS
+        or len(set(map(str, settings))) != len(settings)
+    ):
+        raise ClaimError("settings", f"settings must be 1 to {MAX_SETTINGS} distinct staleness settings")
+    for i, setting in enumerate(settings):
+        if setting not in labels:
+            raise ClaimError(
+                f"settings.{i}",
+                f"settings must be staleness settings of these runs: {', '.join(labels)} (got {setting!r})",
+            )
+    quantifier = payload.get("quantifier", "every")
+    if quantifier not in claims.QUANTIFIERS:
+        raise ClaimError("quantifier", f"quantifier must be every or some (got {quantifier!r})")
+    try:
+        asked = query.ComparisonQuery.parse(
+            {name: str(payload[name]) for name in ("metric", "rule", "k", "delta") if name in payload}
+        )
+    except query.QueryError as exc:
+        raise ClaimError(exc.param, exc.message) from exc
+    alpha = _number(payload, "alpha", 0.05, 1e-6, MAX_ALPHA, f"above 0 and at most {MAX_ALPHA} (0.05: 5%)")
+    title = payload.get("title", "") or ""
+    if not isinstance(title, str) or len(title) > 300:
+        raise ClaimError("title", "title must be text of at most 300 characters")
+    return {
+        "parts": clean,
+        "settings": settings,
+        "quantifier": quantifier,
+        "metric": asked.metric,
+        "rule": asked.rule,
+        "k": asked.k,
+        "delta": asked.delta,
+        "alpha": alpha,
+        "title": title,
+    }
+
+
+def statement(claim: Claim) -> claims.Statement:
+    return claims.Statement(
+        tuple(claims.Part(p["kind"], p["x"], p.get("y", "")) for p in claim.parts),
+        tuple(claim.settings),
+        claim.quantifier,
+        claim.delta,
+        claim.alpha,
+    )
+
+
+def _cell_runs(runs: Iterable[Run], cells: set[claims.Cell]) -> list[Run]:
+    runs = list(runs)
+    names = line_names(runs)
+    return [run for run in runs if (names[run.pk], run.staleness) in cells]
+
+
+def state(user, team, experiment, run_ids: list[int], fields: dict[str, Any], template: str = "") -> Claim:
+    """Store a validated claim, pre-registered if no run of its cells has finished yet."""
+    with transaction.atomic():
+        claim = Claim(
+            team=team, experiment=experiment, run_ids=run_ids, author=user, template=template, **fields
+        )
+        runs = list(claim.runs().select_related("experiment"))
+        on_policy = findings.baseline({run.staleness for run in runs}) or findings.ON_POLICY
+        cells = set(claims.cells(statement(claim), on_policy))
+        # A run that ended (whatever its status) or has a finish time counts as finished: the safe side.
+        claim.pre_registered = not any(
+            run.finished is not None or not run.is_active for run in _cell_runs(runs, cells)
+        )
+        claim.save()
+    return claim
+
+
+def from_template(runs: list[Run], name: str, variant: str, delta: float) -> dict[str, Any]:
+    """A paper template's claim fields for these runs (one variant's lines), as `validate` takes them."""
+    template = next((t for t in findings.PAPER_TEMPLATES if t["name"] == name), None)
+    if template is None:
+        names = ", ".join(t["name"] for t in findings.PAPER_TEMPLATES)
+        raise ClaimError("template", f"template must be one of {names} (got {name!r})")
+    picked = [run for run in runs if run.variant_label == variant]
+    if not picked:
+        raise ClaimError("variant", f"no runs with the variant {variant!r}")
+    names = line_names(picked)
+    by_preset = {run.preset: names[run.pk] for run in picked}
+    data = cell_data(picked, "eval/accuracy", "last", 10, delta)
+    preset_data = claims.Data(
+        {(p, s): v for p in by_preset for (line, s), v in data.finals.items() if line == by_preset[p]},
+        {(p, s): v for p in by_preset for (line, s), v in data.runs.items() if line == by_preset[p]},
+        data.on_policy,
+        data.digits,
+    )
+    tested = list(dict.fromkeys(run.staleness for run in picked))
+    lags = {label: lag["mean_lag"] for label, lag in compare.mean_lags(picked).items()}
+    made, lacking = findings.instantiate(template, preset_data, tested, lags, delta)
+    if lacking:
+        raise ClaimError("template", f"these runs cannot state it: they need {'; '.join(lacking)}")
+    missing = [p for part in made.parts for p in (part.x, part.y) if p and p not in by_preset]
+    if missing:
+        raise ClaimError("template", f"these runs have no {', '.join(dict.fromkeys(missing))} runs")
+    return {
+        "title": template["title"],
+        "parts": [
+            {"kind": p.kind, "x": by_preset[p.x], "y": by_preset[p.y] if p.y else ""} for p in made.parts
+        ],
+        "settings": list(made.settings),
+        "quantifier": made.quantifier,
+        "delta": made.delta,
+    }
+
+
+def result(claim: Claim, runs: list[Run] | None = None) -> dict[str, Any]:
+    """The claim's verdict now, with every test, and `provisional` while its cells still run."""
+    runs = list(claim.runs().select_related("experiment")) if runs is None else runs
+    data = cell_data(runs, claim.metric, claim.rule, claim.k, claim.delta)
+    made = statement(claim)
+    out = claims.evaluate(made, data)
+    cells = claims.cells(made, data.on_policy)
+    active = sum(data.runs.get(cell, (0, 0))[0] for cell in cells)
+    total = sum(data.runs.get(cell, (0, 0))[1] for cell in cells)
+    out.update(
+        provisional=active > 0, runs_active=active, runs=total, on_policy=data.on_policy, digits=data.digits
+    )
+    return out
+
+
+def may_withdraw(user, claim: Claim) -> bool:
+    return claim.author_id == user.pk or claim.team.memberships.filter(user=user, is_admin=True).exists()
+
+
+def as_dict(claim: Claim, outcome: dict[str, Any]) -> dict[str, Any]:
+    """A claim and its verdict as the API and the pages give them."""
+    outcome = dict(outcome)
+    outcome["runs_total"] = outcome.pop("runs")
+    return {
+        "id": claim.pk,
+        "experiment": claim.experiment_id,
+        "runs": claim.run_ids,
+        "title": claim.title,
+        "template": claim.template,
+        "parts": claim.parts,
+        "settings": claim.settings,
+        "quantifier": claim.quantifier,
+        "metric": claim.metric,
+        "rule": claim.rule,
+        "k": claim.k,
+        "delta": claim.delta,
+        "alpha": claim.alpha,
+        "author": claim.author.get_username(),
+        "stated": claim.stated.isoformat(),
+        "pre_registered": claim.pre_registered,
+        **outcome,
+    }
