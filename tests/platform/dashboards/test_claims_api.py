@@ -6,7 +6,7 @@ import json
 import pytest
 from sample_experiments import make_finished_experiment
 from support import new_team_member
-from test_compare import demo  # noqa: F401 (a fixture)
+import test_compare
 
 from dashboards.models import Claim
 from experiments.models import Run
@@ -27,6 +27,9 @@ def api(client, token):
             return client.delete(f"/api{path}", **headers)
 
     return Api()
+
+
+demo = test_compare.demo  # the fixture: an experiment shaped like the paper's claims
 
 
 def holds(experiment, x="grpo", setting="sync_offset=2", **extra):
