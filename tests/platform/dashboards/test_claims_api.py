@@ -4,9 +4,9 @@ pre-registration, templates that give the findings panel's verdicts, field error
 import json
 
 import pytest
+import test_compare
 from sample_experiments import make_finished_experiment
 from support import new_team_member
-import test_compare
 
 from dashboards.models import Claim
 from experiments.models import Run
