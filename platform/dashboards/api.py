@@ -66,29 +66,6 @@ def _claim_error(exc: stated.ClaimError) -> Status:
     return Status(422, {"detail": [{"loc": loc, "field": exc.field, "msg": exc.message}]})
 
 
-def _target(request: HttpRequest, body: ClaimIn):
-    """(team, experiment or None, run ids, runs) the claim is stated on; 404 for an experiment the
-    caller cannot see, a ClaimError for a bad selection."""
-    if (body.experiment is None) == (body.runs is None):
-        raise stated.ClaimError("experiment", "name an experiment or a selection of runs (one of them)")
-    if body.experiment is not None:
-        experiment = get_object_or_404(Experiment.visible_to(request.user), pk=body.experiment)
-        return experiment.team, experiment, [], list(experiment.runs.select_related("experiment"))
-    try:
-        ids = list(dict.fromkeys(body.runs))
-        if not 1 <= len(ids) <= query.MAX_SELECTED_RUNS:
-            raise query.QueryError(
-                "runs", f"runs must name 1 to {query.MAX_SELECTED_RUNS} runs (got {len(ids)})"
-            )
-        runs = list(query.selected_runs(Run.visible_to(request.user), ids).select_related("experiment"))
-    except query.QueryError as exc:
-        raise stated.ClaimError("runs", exc.message) from exc
-    teams = {run.experiment.team_id for run in runs}
-    if len(teams) > 1:
-        raise stated.ClaimError("runs", "a claim's runs must all belong to one team")
-    return runs[0].experiment.team, None, sorted(ids), runs
-
-
 @router.post(
     "/claims", response=responses({201: ClaimOut}, 404, 422), operation_id="dashboards_api_state_claim"
 )
@@ -96,15 +73,9 @@ def state_claim(request: HttpRequest, body: ClaimIn):
     """State a claim on an experiment or a selection of runs (or make one from a template) and get
     its verdict now. Pre-registered when no run of its cells has finished yet."""
     try:
-        team, experiment, ids, runs = _target(request, body)
-        payload = body.dict(exclude_none=True)
-        if body.template:
-            payload |= stated.from_template(runs, body.template, body.variant, body.delta)
-        fields = stated.validate(runs, payload)
+        return Status(201, stated.submit(request.user, body.dict(exclude_none=True)))
     except stated.ClaimError as exc:
         return _claim_error(exc)
-    claim = stated.state(request.user, team, experiment, ids, fields, body.template)
-    return Status(201, stated.as_dict(claim, stated.result(claim, runs)))
 
 
 @router.get("/claims", response=responses({200: ClaimsOut}, 422), operation_id="dashboards_api_list_claims")

@@ -10,11 +10,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
+from django.shortcuts import get_object_or_404
 
 from dashboards import claims, compare, curves, findings, query
 from dashboards.models import Claim
 from dashboards.points import points_by_run
-from experiments.models import Run
+from experiments.models import Experiment, Run
 
 MAX_PARTS = 20
 MAX_SETTINGS = 20
@@ -204,6 +205,41 @@ def from_template(runs: list[Run], name: str, variant: str, delta: float) -> dic
         "quantifier": made.quantifier,
         "delta": made.delta,
     }
+
+
+def target(user, experiment_id: int | None, run_ids: list[int] | None):
+    """(team, experiment or None, run ids, runs) a claim is stated on: an experiment the user can
+    see (else 404) or a selection of runs of one of their teams (else a ClaimError)."""
+    if (experiment_id is None) == (run_ids is None):
+        raise ClaimError("experiment", "name an experiment or a selection of runs (one of them)")
+    if experiment_id is not None:
+        experiment = get_object_or_404(Experiment.visible_to(user), pk=experiment_id)
+        return experiment.team, experiment, [], list(experiment.runs.select_related("experiment"))
+    ids = list(dict.fromkeys(run_ids))
+    try:
+        if not 1 <= len(ids) <= query.MAX_SELECTED_RUNS:
+            raise query.QueryError(
+                "runs", f"runs must name 1 to {query.MAX_SELECTED_RUNS} runs (got {len(ids)})"
+            )
+        runs = list(query.selected_runs(Run.visible_to(user), ids).select_related("experiment"))
+    except query.QueryError as exc:
+        raise ClaimError("runs", exc.message) from exc
+    if len({run.experiment.team_id for run in runs}) > 1:
+        raise ClaimError("runs", "a claim's runs must all belong to one team")
+    return runs[0].experiment.team, None, sorted(ids), runs
+
+
+def submit(user, payload: dict[str, Any]) -> dict[str, Any]:
+    """State the claim `payload` describes (the API's `ClaimIn`, as a dict) and return it with its
+    verdict now; a ClaimError naming the field, or a 404 for an experiment the user cannot see."""
+    team, experiment, ids, runs = target(user, payload.get("experiment"), payload.get("runs"))
+    if payload.get("template"):
+        payload = payload | from_template(
+            runs, payload["template"], payload.get("variant", ""), payload.get("delta", 0.02)
+        )
+    fields = validate(runs, payload)
+    claim = state(user, team, experiment, ids, fields, payload.get("template", ""))
+    return as_dict(claim, result(claim, runs))
 
 
 def result(claim: Claim, runs: list[Run] | None = None) -> dict[str, Any]:

@@ -1,10 +1,10 @@
-"""URLs of the comparison dashboards: an experiment's, hand-picked runs', and a run's curves."""
+"""URLs of the comparison dashboards (an experiment's, hand-picked runs', a run's curves) and of claims."""
 
 from __future__ import annotations
 
 from django.urls import path
 
-from dashboards import views
+from dashboards import claim_pages, views
 
 urlpatterns = [
     path("experiments/<int:experiment_id>/compare/", views.experiment_compare, name="experiment-compare"),
@@ -22,4 +22,8 @@ urlpatterns = [
     path("compare/data", views.runs_compare_data, name="runs-compare-data"),
     path("compare/summary", views.runs_compare_summary, name="runs-compare-summary"),
     path("runs/<int:run_id>/curves", views.run_curves, name="run-curves"),
+    path("claims/data", claim_pages.claims_data, name="claims-data"),
+    path("claims/new", claim_pages.claim_new, name="claim-new"),
+    path("claims/<int:claim_id>/", claim_pages.claim_detail, name="claim-detail"),
+    path("claims/<int:claim_id>/withdraw", claim_pages.claim_withdraw, name="claim-withdraw"),
 ]

@@ -623,6 +623,8 @@
     payload = await response.json();
     fetched = query;
     draw();
+    // The claims' script (claims.js) fills its form from the lines and settings, and refreshes.
+    root.dispatchEvent(new CustomEvent("comparison", { detail: { payload, state: state() } }));
     if (payload.active) pollTimer = setTimeout(load, POLL_MS);
   }
 

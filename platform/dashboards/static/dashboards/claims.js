@@ -1,0 +1,128 @@
+// The comparison page's claims: lists the claims on these runs (the experiment's, or those stated
+// on exactly this selection) with their verdicts now, and states new ones from the form, on the
+// metric, final value, k and δ the page's controls show. Refreshed whenever the comparison's data
+// arrive (compare.js's "comparison" event: on load, on a new query, and while runs are going).
+// Every name (lines, settings, titles) goes through textContent, never innerHTML.
+"use strict";
+
+(() => {
+  const root = document.getElementById("compare");
+  const form = document.getElementById("claim-form");
+  const list = document.getElementById("claims");
+  const errors = document.getElementById("claim-errors");
+  let current = null; // the latest comparison: { payload, state }
+
+  const target = () =>
+    form.dataset.experiment ? { experiment: Number(form.dataset.experiment) } : { runs: root.dataset.runs.split(",").map(Number) };
+
+  function listQuery() {
+    return form.dataset.experiment ? `experiment=${form.dataset.experiment}` : `runs=${root.dataset.runs}`;
+  }
+
+  function options(select, values, keep) {
+    const chosen = select.value;
+    select.replaceChildren(...keep, ...values.map((v) => new Option(v, v)));
+    if ([...select.options].some((o) => o.value === chosen)) select.value = chosen;
+  }
+
+  function fillForm(payload) {
+    const lines = payload.lines.map((l) => l.line);
+    options(form.elements.x, lines, []);
+    options(form.elements.y, lines, [new Option("x's own on-policy value", "")]);
+    const box = document.getElementById("claim-settings");
+    const ticked = new Set([...box.querySelectorAll("input:checked")].map((i) => i.value));
+    box.replaceChildren(
+      box.querySelector("legend"),
+      ...payload.staleness.map((setting) => {
+        const label = document.createElement("label");
+        const input = document.createElement("input");
+        input.type = "checkbox";
+        input.name = "settings";
+        input.value = setting;
+        input.checked = ticked.has(setting);
+        label.append(input, ` ${setting}`);
+        label.style.minWidth = "auto";
+        return label;
+      }),
+    );
+  }
+
+  function claimItem(claim) {
+    const li = document.createElement("li");
+    li.dataset.verdict = claim.verdict;
+    li.dataset.claim = claim.id;
+    const verdict = document.createElement("strong");
+    verdict.textContent = claim.provisional ? `${claim.verdict} (provisional: ${claim.runs_active} of ${claim.runs_total} runs still going)` : claim.verdict;
+    const link = document.createElement("a");
+    link.href = `/claims/${claim.id}/`;
+    link.textContent = `#${claim.id}${claim.title ? ` ${claim.title}` : ""}`;
+    const about = ` ${claim.statement} On ${claim.metric} (${claim.rule}). ${claim.pre_registered ? "Pre-registered. " : ""}Stated by ${claim.author}.`;
+    const rows = document.createElement("ul");
+    rows.className = "reasons";
+    for (const entry of claim.by_setting) {
+      const item = document.createElement("li");
+      const tests = entry.parts.map((p) => {
+        const numbers = p.estimate === undefined || p.estimate === null ? "" : ` D = ${p.estimate} [${p.lo}, ${p.hi}], ${p.n} ${p.paired ? "seed pairs" : "seeds, unpaired"}`;
+        const needed = p.seeds_needed ? `; about ${p.seeds_needed} seeds per cell would settle it` : "";
+        return `${p.label}:${numbers} → ${p.verdict}${needed}`;
+      });
+      item.textContent = `at ${entry.setting}: ${entry.verdict} (${tests.join("; ")})`;
+      rows.append(item);
+    }
+    li.append(verdict, " ", link, about, rows);
+    return li;
+  }
+
+  async function refresh() {
+    const response = await fetch(`${form.dataset.listUrl}?${listQuery()}`, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const { claims } = await response.json();
+    const none = document.createElement("li");
+    none.textContent = "No claim stated on these runs yet.";
+    list.replaceChildren(...(claims.length ? claims.map(claimItem) : [none]));
+  }
+
+  root.addEventListener("comparison", (event) => {
+    current = event.detail;
+    fillForm(current.payload);
+    refresh();
+  });
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    errors.replaceChildren();
+    const s = current ? current.state : {};
+    const part = { kind: form.elements.kind.value, x: form.elements.x.value, y: form.elements.y.value };
+    const body = {
+      ...target(),
+      parts: [part],
+      settings: [...form.querySelectorAll("input[name=settings]:checked")].map((i) => i.value),
+      quantifier: form.elements.quantifier.value,
+      alpha: Number(form.elements.alpha.value),
+      title: form.elements.title.value,
+      metric: s.metric,
+      rule: s.rule,
+      k: Number(s.k),
+      delta: Number(s.delta),
+    };
+    const response = await fetch(form.dataset.url, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRFToken": form.elements.csrfmiddlewaretoken.value },
+      body: JSON.stringify(body),
+    });
+    if (!response.ok) {
+      const reply = await response.json().catch(() => ({ detail: [{ field: "", msg: `error ${response.status}` }] }));
+      errors.replaceChildren(
+        ...reply.detail.map((d) => {
+          const li = document.createElement("li");
+          li.textContent = `${d.field}: ${d.msg}`;
+          return li;
+        }),
+      );
+      return;
+    }
+    form.elements.title.value = "";
+    await refresh();
+  });
+})();

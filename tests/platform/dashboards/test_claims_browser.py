@@ -1,0 +1,76 @@
+"""Claims in a real headless Chromium: stated from the comparison page, its verdict listed there,
+its permalink page with every test, a field error shown, a title that is markup shown as text, and
+withdrawal. Screenshots land in var/test/screenshots/."""
+
+from __future__ import annotations
+
+import pytest
+import test_compare
+from django.urls import reverse
+from support import TEST_VAR
+from test_compare_browser import rendered
+
+from dashboards.models import Claim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+demo = test_compare.demo  # the fixture: an experiment shaped like the paper's claims
+
+
+def test_a_claim_stated_from_the_comparison_page_shows_its_verdict_and_permalink(page, live_server, demo):
+    page.goto(live_server.url + reverse("experiment-compare", args=[demo.pk]) + "?metric=eval/accuracy")
+    rendered(page, metric="eval/accuracy")
+    page.click("#claim-form-box summary")
+    page.wait_for_selector("#claim-settings input[value='sync_offset=2']")
+    assert page.text_content("#claims") == "No claim stated on these runs yet."
+    # No setting ticked: the form says which field and the rule, and nothing is stored.
+    page.select_option("#claim-form select[name=x]", "grpo")
+    page.click("#state-claim")
+    page.wait_for_selector("#claim-errors li")
+    assert page.text_content("#claim-errors").startswith("settings: settings must be 1 to 20")
+    assert not Claim.objects.exists()
+
+    page.check("#claim-settings input[value='sync_offset=2']")
+    page.fill("#claim-form input[name=title]", "<img src=x onerror=alert(1)> grpo holds")
+    page.click("#state-claim")
+    page.wait_for_selector("#claims li[data-verdict=support]")
+    item = page.text_content("#claims li[data-verdict=support]")
+    assert "<img src=x onerror=alert(1)> grpo holds" in item, "the title is text, not markup"
+    assert "grpo stays within δ = 0.02 of its on-policy value at sync_offset=2" in item
+    assert "D = -0.005 [-0.005, -0.005], 3 seed pairs → support" in item
+    assert page.locator("#claims img").count() == 0
+    page.screenshot(path=str(TEST_VAR / "screenshots" / "claims-compare.png"), full_page=True)
+
+    claim = Claim.objects.get()
+    assert (claim.metric, claim.rule, claim.delta, claim.settings) == (
+        "eval/accuracy",
+        "last",
+        0.02,
+        ["sync_offset=2"],
+    )
+    page.click(f"#claims li[data-claim='{claim.pk}'] a")
+    page.wait_for_url(f"**/claims/{claim.pk}/")
+    assert page.get_attribute("#claim-verdict", "data-verdict") == "support"
+    assert "90% t-interval" in page.content()
+    row = page.text_content("#claim-tests tr[data-setting='sync_offset=2']")
+    assert "grpo × sync_offset=2 − grpo × on-policy" in row and "[-0.005, -0.005]" in row
+    page.screenshot(path=str(TEST_VAR / "screenshots" / "claim-permalink.png"), full_page=True)
+    page.click("#withdraw")
+    page.wait_for_url(f"**/experiments/{demo.pk}/compare/")
+    assert not Claim.objects.exists()
+
+
+def test_another_teams_claim_page_is_a_404(page, live_server, demo):
+    from support import new_team_member
+
+    bob = new_team_member("bob", "team-b")
+    other = Claim.objects.create(
+        team=bob.memberships.get().team,
+        author=bob,
+        parts=[{"kind": "holds", "x": "grpo", "y": ""}],
+        settings=["s"],
+    )
+    response = page.goto(live_server.url + reverse("claim-detail", args=[other.pk]))
+    assert response.status == 404
+    response = page.goto(live_server.url + reverse("claims-data") + f"?experiment={demo.pk}")
+    assert response.json() == {"claims": []}
