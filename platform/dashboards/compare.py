@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from django.db.models import Avg, OuterRef, QuerySet, Subquery
 
-from dashboards import claims, curves, findings, throughput, variants
+from dashboards import claims, curves, findings, statistics, throughput, variants
 from dashboards.points import json_numbers, points_by_run
 from dashboards.query import ComparisonQuery
 from experiments.models import Experiment, MetricPoint, Run
@@ -358,6 +358,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             {(run.experiment_id, run.line): comparable_config(run.config) for run in runs},
         ),
         "contrasts": variants.contrasts(finals_by_cell, lines, staleness, fields, query.delta, cell_runs),
+        "statistics": statistics.panel(finals_by_cell, lines, staleness),
     }
 
 

@@ -225,6 +225,62 @@ class TieOut(IntervalOut):
     seeds_needed: int | None = Field(description="seeds per preset that would tell them apart")
 
 
+class EstimateOut(Schema):
+    value: float | None
+    lo: float | None = Field(description="lower end of the CI")
+    hi: float | None
+    n: int = Field(description="runs it rests on (per side for P(X > Y): the fewer)")
+    method: str = Field(description="stratified percentile bootstrap")
+    reps: int
+    seed: int = Field(description="the bootstrap's RNG seed")
+    confidence: float
+
+
+class StatisticsCellOut(Schema):
+    line: str
+    experiment: int
+    staleness: str
+    n: int
+    few_seeds: bool = Field(description="fewer than few_seeds runs: take its intervals with care")
+    iqm: EstimateOut = Field(description="interquartile mean (25% trimmed) over the cell's seeds")
+    mean: EstimateOut
+
+
+class ImprovementOut(Schema):
+    experiment: int
+    variant: str
+    staleness: str
+    a: str
+    b: str
+    paired: bool = Field(
+        description="both cells ran the same seeds: seed pairs resampled together; else unpaired"
+    )
+    poi: EstimateOut = Field(description="P(a > b), ties counted ½")
+
+
+class ProfileLineOut(Schema):
+    line: str
+    value: list[float] = Field(description="share of its runs scoring above each τ")
+    lo: list[float]
+    hi: list[float]
+
+
+class ProfileOut(Schema):
+    staleness: str
+    taus: list[float]
+    lines: list[ProfileLineOut]
+    method: str
+    reps: int
+    seed: int
+
+
+class StatisticsOut(Schema):
+    cells: list[StatisticsCellOut]
+    improvement: list[ImprovementOut]
+    profiles: list[ProfileOut]
+    few_seeds: int
+
+
 class ClaimTestOut(Schema):
     kind: str = Field(description="holds, degrades, beats or equivalent")
     a: str = Field(description="the cell tested: line × staleness")
@@ -359,6 +415,9 @@ class ComparisonOut(Schema):
     borrowed: list[BorrowedOut] = Field(description="lines whose on-policy baseline is another experiment's")
     contrasts: list[ContrastOut] = Field(
         description="each varied field's values against its first, in cells differing in that field only, paired by seed"
+    )
+    statistics: StatisticsOut = Field(
+        description="rliable's few-seed statistics of the final values: IQM, P(X > Y), performance profiles"
     )
 
 

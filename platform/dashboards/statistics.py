@@ -98,6 +98,40 @@ def _draws(rs: np.random.RandomState, n: int, shape: tuple[int, ...], reps: int)
     return np.concatenate(parts) if parts else np.empty((0, *shape), dtype=int)
 
 
+def _alternating_draws(
+    rs: np.random.RandomState, shape_x: tuple[int, int], shape_y: tuple[int, int], reps: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """X's then Y's run indices rep after rep, as `rs.choice(n_x, shape_x)`, `rs.choice(n_y, shape_y)`
+    would draw them in turn, without a Python call per rep: the legacy generator draws an index
+    below n by masked rejection, taking 32-bit words of its Mersenne Twister stream until one,
+    masked to the bits n − 1 needs, is below n (none for n = 1); that is replayed here on the
+    raw words."""
+    state = rs.get_state()
+    twister = np.random.MT19937()
+    twister.state = {"bit_generator": "MT19937", "state": {"key": state[1], "pos": state[2]}}
+    bounds = [shape_x[0]] * int(np.prod(shape_x)) + [shape_y[0]] * int(np.prod(shape_y))
+    masks = [(1 << (n - 1).bit_length()) - 1 for n in bounds]
+    out: list[int] = []
+    words: list[int] = []
+    at = 0
+    for _ in range(reps):
+        for n, mask in zip(bounds, masks, strict=True):
+            if n == 1:
+                out.append(0)
+                continue
+            while True:
+                if at == len(words):
+                    words, at = twister.random_raw(4096).tolist(), 0
+                value = words[at] & mask
+                at += 1
+                if value < n:
+                    out.append(value)
+                    break
+    table = np.array(out, dtype=int).reshape(reps, len(bounds))
+    split = int(np.prod(shape_x))
+    return table[:, :split].reshape(reps, *shape_x), table[:, split:].reshape(reps, *shape_y)
+
+
 def _resample(scores: np.ndarray, index: np.ndarray) -> np.ndarray:
     """`scores[index[r, i, m], m]`: each task's column resampled by its own run indices."""
     return scores[index, np.arange(scores.shape[1])]
@@ -109,6 +143,28 @@ def _interval(samples: np.ndarray, size: float) -> tuple[np.ndarray, np.ndarray]
     return lo, hi
 
 
+def bootstrap_many(
+    scores: Any,
+    statistics: Sequence[Callable[[np.ndarray], np.ndarray]],
+    reps: int = AGGREGATE_REPS,
+    seed: int = SEED,
+    size: float = CI_SIZE,
+) -> list[Estimate]:
+    """Each of `statistics` of `scores` with its stratified percentile bootstrap interval, all from
+    the same resamples (as separate calls with the same seed would draw them). A statistic maps
+    `[R, N, M]` resamples to `[R]` values."""
+    a = _scores(scores)
+    rs = np.random.RandomState(seed)
+    resamples = _resample(a, _draws(rs, a.shape[0], a.shape, reps))
+    out = []
+    for statistic in statistics:
+        lo, hi = _interval(statistic(resamples), size)
+        out.append(
+            Estimate(float(statistic(a[None])[0]), float(lo), float(hi), reps, seed, a.shape[0], size=size)
+        )
+    return out
+
+
 def bootstrap(
     scores: Any,
     statistic: Callable[[np.ndarray], np.ndarray],
@@ -116,13 +172,8 @@ def bootstrap(
     seed: int = SEED,
     size: float = CI_SIZE,
 ) -> Estimate:
-    """`statistic` of `scores` with its stratified percentile bootstrap interval. `statistic` maps
-    `[R, N, M]` resamples to `[R]` values."""
-    a = _scores(scores)
-    rs = np.random.RandomState(seed)
-    samples = statistic(_resample(a, _draws(rs, a.shape[0], a.shape, reps)))
-    lo, hi = _interval(samples, size)
-    return Estimate(float(statistic(a[None])[0]), float(lo), float(hi), reps, seed, a.shape[0], size=size)
+    """`statistic` of `scores` with its stratified percentile bootstrap interval."""
+    return bootstrap_many(scores, [statistic], reps, seed, size)[0]
 
 
 def _iqm_rows(resamples: np.ndarray) -> np.ndarray:
@@ -175,9 +226,7 @@ def interval_poi(x: Any, y: Any, reps: int = POI_REPS, seed: int = SEED, size: f
         both = _draws(rs, a.shape[0], (2, *a.shape), reps)
         ix, iy = both[:, 0], both[:, 1]
     else:
-        pairs = [(rs.choice(a.shape[0], a.shape), rs.choice(b.shape[0], b.shape)) for _ in range(reps)]
-        ix = np.stack([p[0] for p in pairs]) if pairs else np.empty((0, *a.shape), dtype=int)
-        iy = np.stack([p[1] for p in pairs]) if pairs else np.empty((0, *b.shape), dtype=int)
+        ix, iy = _alternating_draws(rs, a.shape, b.shape, reps)
     samples = _poi_rows(_resample(a, ix), _resample(b, iy))
     lo, hi = _interval(samples, size)
     n = min(a.shape[0], b.shape[0])
@@ -213,3 +262,107 @@ def interval_profile(
     samples = (resamples[:, None, :] > t[None, :, None]).mean(axis=2)
     lo, hi = _interval(samples, size)
     return profile(a, t), lo, hi
+
+
+PROFILE_POINTS = 41
+# The comparison page's IQM and mean: fewer reps than rliable's 50,000 (the page is polled while
+# runs are going; at 3–10 seeds the intervals move in the fourth decimal), recorded with each.
+PAGE_REPS = 10_000
+FEW_SEEDS = 5  # fewer runs than this in a cell: the page warns (rliable's advice)
+
+
+def _cell_scores(values: dict[int, float]) -> tuple[list[int], np.ndarray]:
+    seeds = sorted(s for s, v in values.items() if np.isfinite(v))
+    return seeds, np.array([values[s] for s in seeds], dtype=float)
+
+
+def panel(
+    finals: dict[tuple[int, str, str], dict[int, float]],
+    lines: list[dict[str, Any]],
+    staleness: list[str],
+    seed: int = SEED,
+    reps: int = PAGE_REPS,
+) -> dict[str, Any]:
+    """The comparison's few-seed statistics from its final values (`finals`: (experiment, line key,
+    staleness) → seed → value; one task per cell, so the stratified bootstrap resamples seeds):
+
+    - `cells`: per line and setting, the IQM and the mean with their CIs, and `few_seeds` below 5;
+    - `improvement`: per experiment, variant and setting, P(a > b) for every two lines a, b with
+      its CI, `paired` when both cells ran the same seeds (seed pairs resampled together), else
+      unpaired (each side resampled on its own, as rliable does);
+    - `profiles`: per setting, τ on an even grid over that setting's final values and each line's
+      share of runs above τ with its CI.
+    Every estimate records its method, reps and seed."""
+    cells, improvement, profiles = [], [], []
+    for line in lines:
+        for setting in staleness:
+            values = finals.get((line["experiment"], line["key"], setting))
+            if not values:
+                continue
+            _, scores = _cell_scores(values)
+            if not len(scores):
+                continue
+            iqm_, mean = bootstrap_many(scores, [_iqm_rows, _mean_rows], reps, seed)
+            cells.append(
+                {
+                    "line": line["line"],
+                    "experiment": line["experiment"],
+                    "staleness": setting,
+                    "n": len(scores),
+                    "few_seeds": len(scores) < FEW_SEEDS,
+                    "iqm": iqm_.record(),
+                    "mean": mean.record(),
+                }
+            )
+    for setting in staleness:
+        present = [
+            (line, _cell_scores(finals[(line["experiment"], line["key"], setting)]))
+            for line in lines
+            if finals.get((line["experiment"], line["key"], setting))
+        ]
+        present = [(line, (seeds, scores)) for line, (seeds, scores) in present if len(scores)]
+        for i, (a, (seeds_a, xa)) in enumerate(present):
+            for b, (seeds_b, xb) in present[i + 1 :]:
+                if a["experiment"] != b["experiment"] or a["variant_label"] != b["variant_label"]:
+                    continue
+                paired = seeds_a == seeds_b
+                estimate = (
+                    interval_paired_poi(xa, xb, seed=seed) if paired else interval_poi(xa, xb, seed=seed)
+                )
+                improvement.append(
+                    {
+                        "experiment": a["experiment"],
+                        "variant": a["variant_label"],
+                        "staleness": setting,
+                        "a": a["line"],
+                        "b": b["line"],
+                        "paired": paired,
+                        "poi": estimate.record(),
+                    }
+                )
+        if present:
+            everything = np.concatenate([scores for _, (_, scores) in present])
+            lo, hi = float(everything.min()), float(everything.max())
+            taus = np.linspace(lo, hi, PROFILE_POINTS) if hi > lo else np.array([lo])
+            rows = []
+            for line, (_, scores) in present:
+                values, ci_lo, ci_hi = interval_profile(scores, taus, seed=seed)
+                rows.append(
+                    {
+                        "line": line["line"],
+                        "value": values.tolist(),
+                        "lo": ci_lo.tolist(),
+                        "hi": ci_hi.tolist(),
+                    }
+                )
+            profiles.append(
+                {
+                    "staleness": setting,
+                    "taus": taus.tolist(),
+                    "lines": rows,
+                    "method": f"stratified {METHOD} bootstrap",
+                    "reps": PROFILE_REPS,
+                    "seed": seed,
+                }
+            )
+    return {"cells": cells, "improvement": improvement, "profiles": profiles, "few_seeds": FEW_SEEDS}

@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
-from dashboards import compare, curves, export, points, query
+from dashboards import compare, curves, export, points, query, statistics
 from experiments import collapse
 from experiments.models import Experiment, MetricPoint, Run
 
@@ -36,6 +36,7 @@ def _compare_page(request: HttpRequest, context: dict) -> HttpResponse:
             "bands": curves.BANDS,
             "rules": curves.RULES,
             "min_ci_seeds": curves.MIN_CI_SEEDS,
+            "few_seeds": statistics.FEW_SEEDS,
             "contended_cores": settings.LAB_CONTENDED_CORES,
             "collapse_rule": {
                 "fraction": collapse.NEAR_ZERO_FRACTION,

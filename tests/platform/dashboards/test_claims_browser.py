@@ -74,3 +74,22 @@ def test_another_teams_claim_page_is_a_404(page, live_server, demo):
     assert response.status == 404
     response = page.goto(live_server.url + reverse("claims-data") + f"?experiment={demo.pk}")
     assert response.json() == {"claims": []}
+
+
+def test_the_few_seed_statistics_show_iqm_p_of_improvement_and_a_profile(page, live_server, demo):
+    page.goto(live_server.url + reverse("experiment-compare", args=[demo.pk]) + "?metric=eval/accuracy")
+    rendered(page, metric="eval/accuracy")
+    page.wait_for_selector("#iqm tr[data-line=grpo]")
+    assert page.text_content("#statistics-method").startswith(
+        "stratified percentile bootstrap, 10000 reps (P(a > b): 2000), RNG seed 0, 95% CIs"
+    )
+    assert "0.720 [0.700, 0.740] (3 seeds*)" in page.text_content("#iqm tr[data-line=grpo]")
+    wide = page.text_content(
+        "#improvement tr[data-a=rec-oneside-nois][data-b=rec-oneside-nois-wide][data-staleness=offline]"
+    )
+    assert "0.00 [0.00, 0.00]" in wide and "paired by seed" in wide
+    page.select_option("#profile-setting", "offline")
+    page.wait_for_function("() => document.getElementById('profile').layout.title.text.includes('offline')")
+    kinds = page.evaluate("() => document.getElementById('profile').data.map(t => t.meta.kind)")
+    assert kinds.count("profile") == 4 and kinds.count("band") == 4
+    page.locator("#profile").screenshot(path=str(TEST_VAR / "screenshots" / "profile.png"))

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import test_compare
+from sample_experiments import make_finished_experiment
 
 from dashboards import statistics
 
@@ -77,3 +79,44 @@ def test_bad_scores_are_refused_with_the_rule():
         statistics.iqm([])
     with pytest.raises(ValueError, match="same tasks"):
         statistics.probability_of_improvement(np.zeros((3, 2)), np.zeros((3, 1)))
+
+
+demo = test_compare.demo  # the fixture: 4 presets × 3 settings × 3 seeds shaped like the paper's claims
+
+
+def test_the_comparison_gives_each_cells_iqm_p_of_improvement_and_profiles(alice_client, demo):
+    payload = test_compare.data(alice_client, demo, metric="eval/accuracy")
+    panel = payload["statistics"]
+    cells = {(c["line"], c["staleness"]): c for c in panel["cells"]}
+    nois = cells[("rec-oneside-nois", "offline")]
+    finals = [0.60 + test_compare.NOIS_OFFLINE[s] + 0.02 * s for s in range(3)]
+    assert nois["iqm"]["value"] == pytest.approx(statistics.iqm(finals))
+    assert nois["few_seeds"] and nois["n"] == 3
+    expected = statistics.interval_iqm(finals, reps=statistics.PAGE_REPS).record()
+    assert nois["iqm"] == expected, "the recorded method, reps and seed"
+    assert (nois["iqm"]["method"], nois["iqm"]["reps"], nois["iqm"]["seed"]) == (
+        "stratified percentile bootstrap",
+        10_000,
+        0,
+    )
+    assert nois["mean"] == statistics.interval_mean(finals, reps=statistics.PAGE_REPS).record()
+    poi = {(r["a"], r["b"], r["staleness"]): r for r in panel["improvement"]}
+    wide = poi[("rec-oneside-nois", "rec-oneside-nois-wide", "offline")]
+    assert wide["paired"] and wide["poi"]["value"] == 0.0, "wide beats nois at every seed offline"
+    tie = poi[("reinforce", "grpo", "on-policy")]
+    assert (tie["poi"]["value"], tie["poi"]["lo"], tie["poi"]["hi"]) == (0.5, 0.5, 0.5)
+    (offline,) = [p for p in panel["profiles"] if p["staleness"] == "offline"]
+    assert len(offline["taus"]) == statistics.PROFILE_POINTS and offline["taus"][0] == pytest.approx(0.40)
+    reinforce = next(line for line in offline["lines"] if line["line"] == "reinforce")
+    assert reinforce["value"][0] == pytest.approx(2 / 3), "above the lowest score: 2 of its 3 seeds"
+    assert reinforce["value"][-1] == 0.0
+
+
+def test_cells_with_other_seeds_get_an_unpaired_p_of_improvement(alice_client, team, alice):
+    experiment = make_finished_experiment(
+        team, alice, presets=("reinforce", "grpo"), staleness=({},), seeds=(0, 1, 2)
+    )
+    experiment.runs.filter(preset="grpo", seed=2).delete()
+    panel = test_compare.data(alice_client, experiment)["statistics"]
+    (row,) = panel["improvement"]
+    assert not row["paired"] and row["poi"]["n"] == 2
