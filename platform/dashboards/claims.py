@@ -43,6 +43,21 @@ MAX_SEEDS_NEEDED = 10_000
 EXACT = 12  # decimals below which a difference is floating-point noise
 
 Cell = tuple[str, str]  # (line, staleness label)
+# What a test reports beyond its cells and verdict: None where it did not run (or, seeds_needed,
+# where it was decided).
+TEST_FIELDS = (
+    "estimate",
+    "lo",
+    "hi",
+    "n",
+    "paired",
+    "test",
+    "p_support",
+    "p_contradict",
+    "p_support_holm",
+    "p_contradict_holm",
+    "seeds_needed",
+)
 
 
 @dataclass(frozen=True)
@@ -236,6 +251,8 @@ def evaluate(statement: Statement, data: Data) -> dict[str, Any]:
                 # what the page calls the difference: X's change from its reference setting, or X − Y
                 "label": f"{part.x} − {part.y}" if part.y else f"{part.x} (from {data.on_policy})",
                 "verdict": None,
+                "reason": "",
+                **dict.fromkeys(TEST_FIELDS),
             }
             lacking = [c for c in (a, b) if not data.has(c)]
             if lacking:
@@ -343,7 +360,7 @@ def _reason(row: dict[str, Any]) -> str:
 def measured(row: dict[str, Any], confidence: float, digits: int = 3) -> str:
     """`+0.075 [+0.041, +0.109] (90% paired t-interval, 3 seed pairs)` for a test, or why there is
     none."""
-    if "estimate" not in row:
+    if row.get("estimate") is None:
         return f"({row.get('reason', '')})"
     kind = "paired t-interval" if row["paired"] else "Welch t-interval"
     return (
