@@ -12,22 +12,33 @@ from django.shortcuts import get_object_or_404
 from ninja import Query, Router, Status
 from ninja.errors import HttpError
 
+from accounts.models import Team
 from dashboards.export import metrics_csv
 from execution.messages import NOT_SENT
-from experiments import progress, sweeps
-from experiments.models import Experiment, ExperimentActive, MetricPoint, Run
+from experiments import progress, sweeps, tagging
+from experiments.models import Experiment, ExperimentActive, MetricPoint, Run, SavedView
 from experiments.schemas import (
     CancelledOut,
     DeletedOut,
     ExperimentOut,
     ExperimentPageOut,
     MetricsOut,
+    NoteIn,
+    NoteOut,
     PageParams,
     RunDetailOut,
     RunOut,
     RunPageOut,
+    RunTagsIn,
     SweepIn,
     SweepOut,
+    TaggedOut,
+    TagsIn,
+    TagsOut,
+    ViewDeletedOut,
+    ViewIn,
+    ViewOut,
+    ViewsOut,
 )
 from lab.schemas import NoNul, responses
 
@@ -55,10 +66,12 @@ def _page(request: HttpRequest, items, page: PageParams) -> tuple[list, dict[str
 
 
 def _run_out(run: Run) -> dict[str, Any]:
+    computed = ("experiment", "steps", "tags")
     return {
-        **{name: getattr(run, name) for name in RunOut.model_fields if name not in ("experiment", "steps")},
+        **{name: getattr(run, name) for name in RunOut.model_fields if name not in computed},
         "experiment": run.experiment_id,
         "steps": run.steps,
+        "tags": [tag.name for tag in run.tags.all()],
     }
 
 
@@ -191,8 +204,120 @@ def delete_experiment(request: HttpRequest, experiment_id: int):
 def list_runs(request: HttpRequest, experiment_id: int, page: Query[PageParams]):
     """The experiment's runs in the order they were queued, `limit` at a time from `offset`."""
     experiment = get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
-    shown, fields = _page(request, experiment.runs.order_by("id"), page)
+    shown, fields = _page(request, experiment.runs.order_by("id").prefetch_related("tags"), page)
     return {**fields, "items": [_run_out(run) for run in shown]}
+
+
+def _tagging_error(exc: tagging.TaggingError, source: str = "body") -> Status:
+    entry = {"loc": [source, *exc.field.split(".")], "field": exc.field, "msg": exc.message}
+    if exc.position is not None:
+        entry["position"] = exc.position
+    return Status(422, {"detail": [entry]})
+
+
+@router.get("/runs", response=responses({200: RunPageOut}, 422))
+def search_runs(request: HttpRequest, page: Query[PageParams], q: NoNul = ""):
+    """Runs of your teams, newest first, that the runs query `q` matches (all without one): fields,
+    config paths, tags, status and summaries of a metric, with and, or, not and parentheses; e.g.
+    `algorithm.preset = m2po and staleness.sync_offset >= 8 and last(eval/accuracy) > 0.6`. A
+    mistake is a 422 whose `position` points at it. The grammar: `experiments.runquery`."""
+    try:
+        runs = tagging.matching(request.user, q)
+    except tagging.TaggingError as exc:
+        return _tagging_error(exc, "query")
+    shown, fields = _page(request, runs.order_by("-pk").prefetch_related("tags"), page)
+    return {**fields, "items": [_run_out(run) for run in shown]}
+
+
+@router.post("/runs/tags", response=responses({200: TaggedOut}, 422))
+def tag_runs(request: HttpRequest, body: RunTagsIn):
+    """Add and remove tags on many runs at once: those listed in `runs`, or every run of your teams
+    that the query `q` matches."""
+    try:
+        if (body.runs is None) == (body.q is None):
+            raise tagging.TaggingError("runs", "name the runs (runs) or a query (q), one of them")
+        if body.runs is not None:
+            runs = Run.visible_to(request.user).filter(pk__in=body.runs)
+            missing = set(body.runs) - set(runs.values_list("pk", flat=True))
+            if missing:
+                raise tagging.TaggingError(
+                    "runs", f"no run {', '.join(map(str, sorted(missing)[:10]))} in your teams"
+                )
+        else:
+            runs = tagging.matching(request.user, body.q)
+        return tagging.tag_runs(runs, body.add, body.remove)
+    except tagging.TaggingError as exc:
+        return _tagging_error(exc)
+
+
+def _note_out(note) -> dict[str, Any]:
+    return {"id": note.pk, "author": note.author.get_username(), "text": note.text, "created": note.created}
+
+
+@router.post("/runs/{run_id}/notes", response=responses({201: NoteOut}, 404, 422))
+def note_run(request: HttpRequest, run_id: int, body: NoteIn):
+    """Add a note to a run (plain text)."""
+    run = _visible_run(request, run_id)
+    try:
+        return Status(201, _note_out(tagging.add_note(request.user, body.text, run=run)))
+    except tagging.TaggingError as exc:
+        return _tagging_error(exc)
+
+
+@router.post("/experiments/{experiment_id}/notes", response=responses({201: NoteOut}, 404, 422))
+def note_experiment(request: HttpRequest, experiment_id: int, body: NoteIn):
+    """Add a note to an experiment (plain text)."""
+    experiment = _visible_experiment(request, experiment_id)
+    try:
+        return Status(201, _note_out(tagging.add_note(request.user, body.text, experiment=experiment)))
+    except tagging.TaggingError as exc:
+        return _tagging_error(exc)
+
+
+@router.post("/experiments/{experiment_id}/tags", response=responses({200: TagsOut}, 404, 422))
+def tag_experiment(request: HttpRequest, experiment_id: int, body: TagsIn):
+    """Add and remove the experiment's tags (a runs query's `tag = x` matches its runs too)."""
+    experiment = _visible_experiment(request, experiment_id)
+    try:
+        return {"tags": tagging.tag_experiment(experiment, body.add, body.remove)}
+    except tagging.TaggingError as exc:
+        return _tagging_error(exc)
+
+
+def _view_out(view: SavedView) -> dict[str, Any]:
+    return {
+        "id": view.pk,
+        "team": view.team_id,
+        "name": view.name,
+        "query": view.query,
+        "author": view.author.get_username(),
+        "created": view.created,
+    }
+
+
+@router.get("/views", response=responses({200: ViewsOut}, 422))
+def list_views(request: HttpRequest):
+    """Your teams' saved views of the runs list (named queries), by name."""
+    views = SavedView.visible_to(request.user).select_related("author")
+    return {"views": [_view_out(view) for view in views]}
+
+
+@router.post("/views", response=responses({201: ViewOut}, 404, 422))
+def save_view(request: HttpRequest, body: ViewIn):
+    """Save a runs query under a name, shared with a team (the same name replaces it)."""
+    teams = Team.objects.filter(memberships__user=request.user).order_by("pk")
+    team = get_object_or_404(teams, pk=body.team) if body.team is not None else teams.first()
+    try:
+        return Status(201, _view_out(tagging.save_view(request.user, team, body.name, body.query)))
+    except tagging.TaggingError as exc:
+        return _tagging_error(exc)
+
+
+@router.delete("/views/{view_id}", response=responses({200: ViewDeletedOut}, 404, 422))
+def delete_view(request: HttpRequest, view_id: int):
+    view = get_object_or_404(SavedView.visible_to(request.user), pk=view_id)
+    view.delete()
+    return {"view": view_id}
 
 
 @router.get("/runs/{run_id}", response=responses({200: RunDetailOut}, 404, 422))

@@ -122,8 +122,10 @@ class _Parser:
         q = self.or_()
         extra = self.peek()
         if extra is not None:
-            expected = "and, or, or the end" if extra.kind != "close" else "no ')' here: it closes nothing"
-            raise QuerySyntaxError(extra.position, f"expected {expected} (got {extra.text!r})")
+            if extra.kind == "close":
+                raise QuerySyntaxError(extra.position, "this ')' closes nothing")
+            hint = " (quote values that hold = or spaces: 'sync_offset=2')" if extra.kind == "op" else ""
+            raise QuerySyntaxError(extra.position, f"expected and, or, or the end (got {extra.text!r}){hint}")
         return Parsed(q, self.annotations)
 
     def or_(self) -> Q:

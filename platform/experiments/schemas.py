@@ -114,6 +114,7 @@ class RunOut(Schema):
     )
     seed: int
     status: str
+    tags: list[str] = Field(description="the run's own tags (its experiment's are on the experiment)")
     attempt: int
     queue: str
     dispatched_at: datetime | None = Field(
@@ -137,6 +138,62 @@ class RunOut(Schema):
         description="its held-out accuracy fell to near zero and stayed there (experiments.collapse); "
         "null until it ended"
     )
+
+
+class RunTagsIn(Schema):
+    runs: list[int] | None = Field(None, description="the runs to tag, by id")
+    q: str | None = Field(None, description="or every run of your teams this runs query matches")
+    add: list[str] = Field(default_factory=list, description="tags to add")
+    remove: list[str] = Field(default_factory=list, description="tags to remove")
+
+
+class TaggedOut(Schema):
+    runs: int = Field(description="runs tagged")
+    added: int = Field(description="tags added (a tag a run already had is not counted)")
+    removed: int
+
+
+class TagsIn(Schema):
+    add: list[str] = Field(default_factory=list)
+    remove: list[str] = Field(default_factory=list)
+
+
+class TagsOut(Schema):
+    tags: list[str]
+
+
+class NoteIn(Schema):
+    text: str = Field(description="plain text, shown escaped")
+
+
+class NoteOut(Schema):
+    id: int
+    author: str
+    text: str
+    created: datetime
+
+
+class ViewIn(Schema):
+    name: str
+    query: str = Field(description="a runs query")
+    team: int | None = Field(None, description="the team it is shared with (default: your first team)")
+
+
+class ViewOut(Schema):
+    id: int
+    team: int
+    name: str
+    query: str
+    author: str
+    created: datetime
+
+
+class ViewsOut(Schema):
+    views: list[ViewOut]
+
+
+class ViewDeletedOut(Schema):
+    view: int
 
 
 class RunPageOut(PageOut):

@@ -33,6 +33,9 @@ class FieldErrorOut(Schema):
     loc: list[str | int] = Field(description="where: body, query or path, then the field's path")
     field: str = Field(description="the field, dotted (config.rollout.group_size, limit, seeds.1)")
     msg: str = Field(description="the rule it broke")
+    position: int | None = Field(
+        None, description="in a runs query (`q`), the 0-based offset of the mistake in its text"
+    )
 
 
 class ValidationErrorOut(Schema):

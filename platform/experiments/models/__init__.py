@@ -1,6 +1,7 @@
 """The experiments room's models: what was asked (`runs`), the work it handed out (`jobs`) and what
-came of it (`results`)."""
+came of it (`results`), and what people add to them (`annotations`: tags, notes, saved views)."""
 
+from experiments.models.annotations import ExperimentTag, Note, RunTag, SavedView, check_tag
 from experiments.models.jobs import Checkpoint, PolicyVersion, RolloutJob
 from experiments.models.results import Completion, MetricPoint
 from experiments.models.runs import (
@@ -18,6 +19,11 @@ __all__ = [
     "Completion",
     "Experiment",
     "ExperimentActive",
+    "ExperimentTag",
+    "Note",
+    "RunTag",
+    "SavedView",
+    "check_tag",
     "MetricPoint",
     "PolicyVersion",
     "RolloutJob",
