@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from experiments import views
+from experiments import run_list, views
 
 urlpatterns = [
     path("experiments/", views.experiment_list, name="experiment-list"),
@@ -30,7 +30,10 @@ urlpatterns = [
         name="experiment-save-template",
     ),
     path("experiments/<int:experiment_id>/live/", views.experiment_runs_live, name="experiment-runs-live"),
-    path("runs/", views.run_list, name="run-list"),
+    path("runs/", run_list.run_list, name="run-list"),
+    path("runs/tag", run_list.runs_tag, name="runs-tag"),
+    path("runs/views/save", run_list.view_save, name="view-save"),
+    path("runs/views/<int:view_id>/delete", run_list.view_delete, name="view-delete"),
     path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
     path("runs/<int:run_id>/live/", views.run_live, name="run-live"),
     path("runs/<int:run_id>/metrics.csv", views.run_metrics_csv, name="run-metrics-csv"),

@@ -1,11 +1,9 @@
 """Pages of experiments and runs: the experiments of your teams, the sweep form, an experiment
-with its runs, the runs list, a run's page, and what can be done to them. Every query goes through
+with its runs, a run's page, and what can be done to them (the Runs list: `run_list`). Every query goes through
 `visible_to(user)`, so another team's objects are 404s. Live parts (`…/live/` fragments) are
 re-fetched by the page while something is still queued or running."""
 
 from __future__ import annotations
-
-import typing
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -13,8 +11,6 @@ from django.core.paginator import Paginator
 from django.db.models import (
     Case,
     Count,
-    DurationField,
-    ExpressionWrapper,
     F,
     Max,
     Min,
@@ -23,7 +19,7 @@ from django.db.models import (
     When,
     Window,
 )
-from django.db.models.functions import Now, RowNumber
+from django.db.models.functions import RowNumber
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
@@ -35,11 +31,8 @@ from execution.messages import NOT_SENT
 from experiments import progress, sweeps
 from experiments.forms import TEMPLATES, SweepForm, TemplateForm, initial_from_spec
 from experiments.models import Completion, Experiment, ExperimentActive, MetricPoint, Run, SweepTemplate
-from rlcore.config import ExecutionConfig
-from rlcore.presets import preset_sort_key
 
 UNDISPATCHED = NOT_SENT[:1].upper() + NOT_SENT[1:] + "."
-EXECUTION_MODES = typing.get_args(ExecutionConfig.model_fields["mode"].annotation)
 RECENT_STEPS = 10
 RECENT_COMPLETIONS = 20
 # The run page's side-by-side table: this many of the run's latest prompts, this many other runs each.
@@ -47,7 +40,6 @@ SAME_PROMPTS = 5
 SAME_PROMPT_RUNS = 12
 ROLLOUT_JOBS_SHOWN = 50
 EXPERIMENTS_PER_PAGE = 25
-RUNS_PER_PAGE = 100
 
 
 def _paginate(request: HttpRequest, items, per_page: int) -> dict:
@@ -293,110 +285,6 @@ def experiment_runs_live(request: HttpRequest, experiment_id: int) -> HttpRespon
         "experiments/_runs.html",
         {"experiment": experiment, "sweep": progress.sweep_progress(experiment)},
     )
-
-
-@login_required
-def run_list(request: HttpRequest) -> HttpResponse:
-    """Runs of the user's teams, newest first, `RUNS_PER_PAGE` a page, filtered by team, experiment,
-    preset, staleness or status, with check boxes to compare any of them."""
-    runs = Run.visible_to(request.user).select_related("experiment__team").order_by("-pk")
-    filters = {
-        "team": "experiment__team_id",
-        "experiment": "experiment_id",
-        "preset": "preset",
-        "staleness": "staleness",
-        "status": "status",
-    }
-    show_archived = request.GET.get("archived") == "1"
-    experiments = Experiment.visible_to(request.user).order_by("-pk")
-    if not show_archived:
-        runs = runs.filter(experiment__archived=None)
-        experiments = experiments.filter(archived=None)
-    sort = request.GET.get("sort", "newest")
-    if sort not in RUN_ORDERS:
-        messages.error(
-            request, f"sort must be one of {', '.join(RUN_ORDERS)} (got {sort[:50]!r}); newest first"
-        )
-        sort = "newest"
-    runs = runs.annotate(took=_took()).order_by(*RUN_ORDERS[sort])
-    chosen = {name: request.GET.get(name, "").strip() for name in (*filters, "mode")}
-    for name, value in chosen.items():
-        if not value:
-            continue
-        if name == "mode":
-            if value not in EXECUTION_MODES:
-                messages.error(
-                    request,
-                    f"mode must be one of {', '.join(EXECUTION_MODES)} (got {value[:50]!r}); not filtered",
-                )
-            else:
-                runs = runs.filter(_mode_filter(value))
-            continue
-        if name in ("team", "experiment") and not (value.isdigit() and len(value) <= 18):
-            article = "an" if name == "experiment" else "a"
-            messages.error(
-                request, f"{name} must be the id of {article} {name} (got {value[:50]!r}); not filtered"
-            )
-        elif len(value) > 100 or "\x00" in value:
-            messages.error(request, f"{name} must be at most 100 characters, without NUL; not filtered")
-        else:
-            runs = runs.filter(**{filters[name]: value})
-    visible = Run.visible_to(request.user)
-    return render(
-        request,
-        "experiments/runs.html",
-        {
-            **_paginate(request, runs, RUNS_PER_PAGE),
-            "chosen": chosen,
-            "teams": Team.objects.filter(members=request.user),
-            "experiments": experiments[:200],
-            "show_archived": show_archived,
-            "presets": sorted(
-                visible.order_by().values_list("preset", flat=True).distinct(), key=preset_sort_key
-            ),
-            "staleness": sorted(visible.order_by().values_list("staleness", flat=True).distinct()),
-            "statuses": [s for s, _ in Run.STATUSES],
-            "modes": EXECUTION_MODES,
-            "sort": sort,
-            "orders": RUN_ORDERS,
-        },
-    )
-
-
-def _took():
-    """How long a run took, or has been running so far (null when neither: not started, or queued
-    again for a retry), as `Run.duration_s` says."""
-    running = Q(status=Run.RUNNING, finished=None)
-    return Case(
-        When(running, then=ExpressionWrapper(Now() - F("started"), output_field=DurationField())),
-        When(
-            ~running,
-            finished__isnull=False,
-            then=ExpressionWrapper(F("finished") - F("started"), output_field=DurationField()),
-        ),
-        default=None,
-        output_field=DurationField(),
-    )
-
-
-# How the runs list can be ordered: its sort choice → order_by.
-RUN_ORDERS = {
-    "newest": ("-pk",),
-    "oldest": ("pk",),
-    "longest": (F("took").desc(nulls_last=True), "-pk"),
-    "shortest": (F("took").asc(nulls_last=True), "-pk"),
-}
-
-
-def _mode_filter(mode: str) -> Q:
-    """Runs of execution mode `mode` (runs stored before execution modes existed were simulated)."""
-    if mode == "simulated":
-        return (
-            Q(config__execution__mode="simulated")
-            | Q(config__execution__isnull=True)
-            | Q(config__execution__mode__isnull=True)
-        )
-    return Q(config__execution__mode=mode)
 
 
 def _run(request: HttpRequest, run_id: int) -> Run:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from ninja import Field, Schema
-from pydantic import BaseModel, StringConstraints
+from pydantic import BaseModel, StringConstraints, model_serializer
 from pydantic_core import core_schema
 
 
@@ -36,6 +36,14 @@ class FieldErrorOut(Schema):
     position: int | None = Field(
         None, description="in a runs query (`q`), the 0-based offset of the mistake in its text"
     )
+
+    @model_serializer(mode="wrap")
+    def _without_no_position(self, handler):
+        """`position` only where there is one (a runs query's mistake)."""
+        data = handler(self)
+        if data.get("position") is None:
+            data.pop("position", None)
+        return data
 
 
 class ValidationErrorOut(Schema):

@@ -13,7 +13,7 @@ from django.urls import reverse
 from support import TINY_CONFIG
 
 from accounts.models import ApiToken
-from experiments import views
+from experiments import run_list, views
 from experiments.models import Experiment, Run
 from experiments.sweeps import expand
 
@@ -65,7 +65,7 @@ def test_a_page_that_is_not_a_number_or_past_the_last_says_so(alice_client, expe
 
 
 def test_the_run_list_pages_keep_the_filters(alice_client, runs, monkeypatch):
-    monkeypatch.setattr(views, "RUNS_PER_PAGE", 3)
+    monkeypatch.setattr(run_list, "RUNS_PER_PAGE", 3)
     runs[2].cancel()
     url = reverse("run-list")
     seen = []
