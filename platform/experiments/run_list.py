@@ -1,7 +1,7 @@
 """The Runs page: runs of the user's teams, filtered by the menus and by a runs query (`q`, see
 `experiments.runquery`; a mistake is shown under the box with a caret at its position), a page at
 a time; tick any to compare them or tag them, or tag every run the filters match; the team's saved
-views restore a query."""
+views restore a query. Also the notes and tags forms of a run's and an experiment's pages."""
 
 from __future__ import annotations
 
@@ -165,8 +165,7 @@ def runs_tag(request: HttpRequest) -> HttpResponse:
     (`filters`, the page's query string) keep; `add` and `remove` hold tags separated by spaces or
     commas."""
     filters = request.POST.get("filters", "")
-    split = lambda text: [t for t in text.replace(",", " ").split() if t]  # noqa: E731
-    add, remove = split(request.POST.get("add", "")), split(request.POST.get("remove", ""))
+    add, remove = _split(request.POST.get("add", "")), _split(request.POST.get("remove", ""))
     if request.POST.get("which") == "matching":
         runs, _, errors, mistake = filtered(request.user, QueryDict(filters))
         if mistake or errors:
@@ -219,3 +218,50 @@ def view_delete(request: HttpRequest, view_id: int) -> HttpResponse:
     view.delete()
     messages.success(request, f"Deleted the view {view.name!r}.")
     return redirect("run-list")
+
+
+def _split(text: str) -> list[str]:
+    return [t for t in text.replace(",", " ").split() if t]
+
+
+@login_required
+@require_POST
+def note_add(
+    request: HttpRequest, run_id: int | None = None, experiment_id: int | None = None
+) -> HttpResponse:
+    """Add a note to a run or an experiment (from its page)."""
+    run = get_object_or_404(Run.visible_to(request.user), pk=run_id) if run_id is not None else None
+    experiment = (
+        get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
+        if experiment_id is not None
+        else None
+    )
+    try:
+        tagging.add_note(request.user, request.POST.get("text", ""), run=run, experiment=experiment)
+    except tagging.TaggingError as exc:
+        messages.error(request, f"{exc.field}: {exc.message}")
+    return redirect("run-detail", run.pk) if run else redirect("experiment-detail", experiment.pk)
+
+
+@login_required
+@require_POST
+def tags_change(
+    request: HttpRequest, run_id: int | None = None, experiment_id: int | None = None
+) -> HttpResponse:
+    """Add and remove tags of a run or an experiment (from its page)."""
+    add, remove = _split(request.POST.get("add", "")), _split(request.POST.get("remove", ""))
+    try:
+        if run_id is not None:
+            run = get_object_or_404(Run.visible_to(request.user), pk=run_id)
+            tagging.tag_runs(Run.objects.filter(pk=run.pk), add, remove)
+            return redirect("run-detail", run.pk)
+        experiment = get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
+        tagging.tag_experiment(experiment, add, remove)
+    except tagging.TaggingError as exc:
+        messages.error(request, f"{exc.field}: {exc.message}")
+        return (
+            redirect("run-detail", run_id)
+            if run_id is not None
+            else redirect("experiment-detail", experiment_id)
+        )
+    return redirect("experiment-detail", experiment.pk)

@@ -58,9 +58,11 @@ def tag_runs(runs: QuerySet[Run], add: list[str], remove: list[str]) -> dict[str
         raise TaggingError("runs", f"at most {MAX_TAGGED_RUNS} runs are tagged at once")
     with transaction.atomic():
         removed = RunTag.objects.filter(run_id__in=ids, name__in=remove).delete()[0] if remove else 0
+        had = RunTag.objects.filter(run_id__in=ids, name__in=add).count()
         rows = [RunTag(run_id=i, name=name) for i in ids for name in add]
-        created = RunTag.objects.bulk_create(rows, ignore_conflicts=True, batch_size=2000)
-    return {"runs": len(ids), "added": len(created) if add else 0, "removed": removed}
+        RunTag.objects.bulk_create(rows, ignore_conflicts=True, batch_size=2000)
+        added = RunTag.objects.filter(run_id__in=ids, name__in=add).count() - had
+    return {"runs": len(ids), "added": added, "removed": removed}
 
 
 def tag_experiment(experiment: Experiment, add: list[str], remove: list[str]) -> list[str]:
