@@ -154,7 +154,9 @@ def test_a_rollout_job_over_the_memory_ceiling_fails_once_and_its_worker_goes_on
     too_big.refresh_from_db()
     fits.refresh_from_db()
     job = RolloutJob.objects.get(run=too_big, step=1)
-    assert (job.status, job.attempt) == (RolloutJob.FAILED, 1), "not retried: it would fail alike"
+    assert (job.status, job.attempt) == (RolloutJob.FAILED, 1), (
+        f"not retried: it would fail alike ({job.error!r})"
+    )
     assert job.error.startswith("memory: ") and f"{CEILING_MB} MiB (LAB_RUN_MEMORY_MB" in job.error, job.error
     assert too_big.status == Run.FAILED and job.error in too_big.error
     assert fits.status == Run.SUCCEEDED, fits.error
