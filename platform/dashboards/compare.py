@@ -213,9 +213,11 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
 
     A line is a preset within one experiment: runs of different experiments are never averaged
     together as seeds, since their configs may differ in more than preset and staleness.
+    Archived runs are left out.
     """
     runs = list(
-        runs.select_related("experiment")
+        runs.filter(archived=None)
+        .select_related("experiment")
         .order_by("experiment_id", "pk")
         .annotate(
             **{

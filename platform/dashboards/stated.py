@@ -214,14 +214,21 @@ def target(user, experiment_id: int | None, run_ids: list[int] | None):
         raise ClaimError("experiment", "name an experiment or a selection of runs (one of them)")
     if experiment_id is not None:
         experiment = get_object_or_404(Experiment.visible_to(user), pk=experiment_id)
-        return experiment.team, experiment, [], list(experiment.runs.select_related("experiment"))
+        return (
+            experiment.team,
+            experiment,
+            [],
+            list(experiment.runs.filter(archived=None).select_related("experiment")),
+        )
     ids = list(dict.fromkeys(run_ids))
     try:
         if not 1 <= len(ids) <= query.MAX_SELECTED_RUNS:
             raise query.QueryError(
                 "runs", f"runs must name 1 to {query.MAX_SELECTED_RUNS} runs (got {len(ids)})"
             )
-        runs = list(query.selected_runs(Run.visible_to(user), ids).select_related("experiment"))
+        runs = list(
+            query.selected_runs(Run.visible_to(user), ids).filter(archived=None).select_related("experiment")
+        )
     except query.QueryError as exc:
         raise ClaimError("runs", exc.message) from exc
     if len({run.experiment.team_id for run in runs}) > 1:

@@ -16,7 +16,7 @@ from accounts.models import Team
 from dashboards.export import metrics_csv
 from execution.messages import NOT_SENT
 from experiments import progress, sweeps, tagging
-from experiments.models import Experiment, ExperimentActive, MetricPoint, Run, SavedView
+from experiments.models import Experiment, ExperimentNotDeletable, MetricPoint, Run, SavedView
 from experiments.schemas import (
     CancelledOut,
     DeletedOut,
@@ -195,7 +195,7 @@ def delete_experiment(request: HttpRequest, experiment_id: int):
     report = experiment.deletion_report()
     try:
         experiment.delete_with_files()
-    except ExperimentActive as exc:
+    except ExperimentNotDeletable as exc:
         raise HttpError(409, str(exc)) from exc
     return {"experiment": experiment_id, **report}
 
@@ -360,6 +360,28 @@ def cancel_run(request: HttpRequest, run_id: int):
     run = _visible_run(request, run_id)
     if not run.cancel():  # a run deleted meanwhile: Run.DoesNotExist, a 404 (lab.middleware)
         raise HttpError(409, f"run {run.pk} is {run.status}; only queued or running runs can be cancelled")
+    return _run_detail_out(run)
+
+
+@router.post("/runs/{run_id}/archive", response=responses({200: RunDetailOut}, 404, 409, 422))
+def archive_run(request: HttpRequest, run_id: int):
+    """Set an ended run aside: kept (and cited by the reports that cite it), but left out of the
+    runs list (`archived=1` shows it), comparisons and claims. 409 while it is queued or running."""
+    return _set_archived(request, run_id, True)
+
+
+@router.post("/runs/{run_id}/unarchive", response=responses({200: RunDetailOut}, 404, 409, 422))
+def unarchive_run(request: HttpRequest, run_id: int):
+    """Bring an archived run back into the lists, comparisons and claims."""
+    return _set_archived(request, run_id, False)
+
+
+def _set_archived(request: HttpRequest, run_id: int, archived: bool):
+    run = _visible_run(request, run_id)
+    try:
+        run.set_archived(archived)
+    except ValueError as exc:
+        raise HttpError(409, str(exc)) from exc
     return _run_detail_out(run)
 
 

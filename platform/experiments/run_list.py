@@ -70,7 +70,7 @@ def filtered(user, params: QueryDict) -> tuple[QuerySet[Run], dict[str, str], li
     runs = Run.visible_to(user).select_related("experiment__team")
     errors: list[str] = []
     if params.get("archived") != "1":
-        runs = runs.filter(experiment__archived=None)
+        runs = runs.filter(experiment__archived=None, archived=None)
     chosen = {name: params.get(name, "").strip() for name in (*FILTERS, "mode")}
     for name, value in chosen.items():
         if not value:

@@ -115,6 +115,9 @@ class RunOut(Schema):
     seed: int
     status: str
     tags: list[str] = Field(description="the run's own tags (its experiment's are on the experiment)")
+    archived: datetime | None = Field(
+        description="when it was set aside (left out of lists, comparisons and claims); null while it is in"
+    )
     attempt: int
     queue: str
     dispatched_at: datetime | None = Field(

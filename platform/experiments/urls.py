@@ -43,4 +43,5 @@ urlpatterns = [
     path("runs/<int:run_id>/metrics.csv", views.run_metrics_csv, name="run-metrics-csv"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),
     path("runs/<int:run_id>/retry/", views.run_retry, name="run-retry"),
+    path("runs/<int:run_id>/archive/", views.run_archive, name="run-archive"),
 ]

@@ -30,7 +30,7 @@ from dashboards.export import metrics_csv
 from execution.messages import NOT_SENT
 from experiments import progress, sweeps
 from experiments.forms import TEMPLATES, SweepForm, TemplateForm, initial_from_spec
-from experiments.models import Completion, Experiment, ExperimentActive, MetricPoint, Run, SweepTemplate
+from experiments.models import Completion, Experiment, ExperimentNotDeletable, MetricPoint, Run, SweepTemplate
 
 UNDISPATCHED = NOT_SENT[:1].upper() + NOT_SENT[1:] + "."
 RECENT_STEPS = 10
@@ -261,7 +261,7 @@ def experiment_delete(request: HttpRequest, experiment_id: int) -> HttpResponse:
     if request.method == "POST":
         try:
             experiment.delete_with_files()
-        except ExperimentActive as exc:
+        except ExperimentNotDeletable as exc:
             messages.error(request, f"Not deleted: {exc}.")
             return redirect("experiment-delete", experiment.pk)
         messages.success(request, f"Deleted {experiment} and its runs.")
@@ -405,6 +405,26 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
         messages.error(
             request, f"Run {run.pk} is {run.status}; only queued or running runs can be cancelled."
         )
+    return redirect("run-detail", run.pk)
+
+
+@login_required
+@require_POST
+def run_archive(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Archive the run (`unarchive=1`: bring it back)."""
+    run = _run(request, run_id)
+    archive = request.POST.get("unarchive") != "1"
+    try:
+        run.set_archived(archive)
+    except ValueError as exc:
+        messages.error(request, f"Not archived: {exc}.")
+        return redirect("run-detail", run.pk)
+    if archive:
+        messages.success(
+            request, f"Archived run {run.pk}: kept, but left out of the lists, comparisons and claims."
+        )
+    else:
+        messages.success(request, f"Unarchived run {run.pk}.")
     return redirect("run-detail", run.pk)
 
 

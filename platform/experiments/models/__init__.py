@@ -6,7 +6,7 @@ from experiments.models.jobs import Checkpoint, PolicyVersion, RolloutJob
 from experiments.models.results import Completion, MetricPoint
 from experiments.models.runs import (
     Experiment,
-    ExperimentActive,
+    ExperimentNotDeletable,
     Run,
     SweepTemplate,
     Theta0Mismatch,
@@ -18,7 +18,7 @@ __all__ = [
     "Checkpoint",
     "Completion",
     "Experiment",
-    "ExperimentActive",
+    "ExperimentNotDeletable",
     "ExperimentTag",
     "Note",
     "RunTag",

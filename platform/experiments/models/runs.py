@@ -57,8 +57,9 @@ class Theta0Mismatch(ValueError):
     """A worker loaded other initial weights than the experiment's other runs started from."""
 
 
-class ExperimentActive(Exception):
-    """An experiment cannot be deleted while any of its runs is queued or running."""
+class ExperimentNotDeletable(Exception):
+    """An experiment cannot be deleted while any of its runs is queued or running, nor while a
+    published report cites one of them (archive those instead)."""
 
 
 class Experiment(models.Model):
@@ -114,19 +115,27 @@ class Experiment(models.Model):
         """Delete the experiment, its runs and all they logged, then, once that has committed,
         the runs' folders under `LAB_RUNS_DIR` (checkpoints, buffers).
 
-        Raises `ExperimentActive` while a run is queued or running: a worker would go on writing.
+        Raises `ExperimentNotDeletable` while a run is queued or running (a worker would go on
+        writing), and while a published report cites one of its runs, naming the reports.
         The runs stay locked until the delete commits, so none is retried in between.
         """
         with transaction.atomic():
             runs = list(Run.objects.select_for_update().filter(experiment=self))
             active = sum(run.is_active for run in runs)
             if active:
-                raise ExperimentActive(
+                raise ExperimentNotDeletable(
                     f"{self.name} has {active} queued or running run{'s' if active != 1 else ''}; "
                     "cancel it first, then delete it once they have stopped"
                 )
             folders = [run.checkpoint_dir.parent for run in runs]
-            self.delete()
+            try:
+                self.delete()
+            except models.ProtectedError as exc:
+                citing = sorted({str(obj) for obj in exc.protected_objects})
+                raise ExperimentNotDeletable(
+                    f"{self.name} has runs that {', '.join(citing[:5])} cite"
+                    f"{' and more' if len(citing) > 5 else ''}; archive the runs instead"
+                ) from exc
             transaction.on_commit(lambda: _remove_folders(folders))
 
 
@@ -204,6 +213,11 @@ class Run(TakingTurns, Leased):
         "[{at, attempt, text}]",
     )
     created = models.DateTimeField(auto_now_add=True)
+    archived = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="when it was set aside: kept, but out of the lists, comparisons and claims",
+    )
 
     class Meta:
         ordering = ["id"]
@@ -460,6 +474,14 @@ class Run(TakingTurns, Leased):
             error=public_error(error),
             summary=summary,
         )
+
+    def set_archived(self, archived: bool) -> None:
+        """Set the run aside (kept with all it logged, cited where it was cited, but left out of the
+        lists, the comparisons and the claims) or bring it back. Not while it is queued or running."""
+        if archived and self.is_active:
+            raise ValueError(f"run {self.pk} is {self.status}: cancel it, or let it end, before archiving it")
+        Run.objects.filter(pk=self.pk).update(archived=timezone.now() if archived else None)
+        self.refresh_from_db(fields=["archived"])
 
     def cancel(self) -> bool:
         """A queued run is cancelled at once; a running one stops at its next step boundary.
