@@ -1,10 +1,11 @@
-"""URLs of the comparison dashboards (an experiment's, hand-picked runs', a run's curves) and of claims."""
+"""URLs of the comparison dashboards (an experiment's, hand-picked runs', a run's curves), of claims
+and of reports."""
 
 from __future__ import annotations
 
 from django.urls import path
 
-from dashboards import claim_pages, views
+from dashboards import claim_pages, report_pages, views
 
 urlpatterns = [
     path("experiments/<int:experiment_id>/compare/", views.experiment_compare, name="experiment-compare"),
@@ -26,4 +27,11 @@ urlpatterns = [
     path("claims/new", claim_pages.claim_new, name="claim-new"),
     path("claims/<int:claim_id>/", claim_pages.claim_detail, name="claim-detail"),
     path("claims/<int:claim_id>/withdraw", claim_pages.claim_withdraw, name="claim-withdraw"),
+    path("reports/", report_pages.report_list, name="report-list"),
+    path("reports/<int:report_id>/", report_pages.report_detail, name="report-detail"),
+    path("reports/<int:report_id>/edit", report_pages.report_edit, name="report-edit"),
+    path("reports/<int:report_id>/current", report_pages.report_current, name="report-current"),
+    path("reports/<int:report_id>/export.html", report_pages.report_export_html, name="report-export-html"),
+    path("reports/<int:report_id>/export-csv.zip", report_pages.report_export_csv, name="report-export-csv"),
+    path("reports/<int:report_id>/delete", report_pages.report_delete, name="report-delete"),
 ]

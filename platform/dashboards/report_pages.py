@@ -1,0 +1,216 @@
+"""The reports' pages: the team's reports and a new one, a report as published (any version),
+its draft's editor with a live preview, the "compare with current data" view, the exports (one
+self-contained HTML file, a zip of CSV files) and the delete. Other teams' reports are 404s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.staticfiles import finders
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
+from django.views.decorators.http import require_POST
+
+from accounts.models import Team
+from dashboards import reports
+from dashboards.models import Report, ReportVersion
+
+
+def _report(request: HttpRequest, report_id: int) -> Report:
+    return get_object_or_404(Report.visible_to(request.user).select_related("team", "author"), pk=report_id)
+
+
+def _version(request: HttpRequest, report: Report) -> ReportVersion | None:
+    """`?version=N` of the report (a 404 when it has none such), else its latest."""
+    number = request.GET.get("version", "")
+    if number:
+        return get_object_or_404(report.versions, number=int(number) if number.isdigit() else -1)
+    return report.latest()
+
+
+def _charts(blocks: list[dict]) -> dict[str, dict]:
+    """What the page's script draws, by block index: each chart block's curves."""
+    keys = ("metric", "x", "band", "colours", "groups", "staleness")
+    return {
+        str(i): {k: block["data"][k] for k in keys}
+        for i, block in enumerate(blocks)
+        if block.get("kind") == "chart" and "data" in block
+    }
+
+
+def _body(source: str, blocks: list[dict]) -> dict:
+    return {"parts": reports.parts(source, blocks), "charts": _charts(blocks)}
+
+
+def _live_blocks(report: Report) -> tuple[list[dict], str]:
+    """The draft's blocks computed now (a failed one is {"error": …}), and the source's mistake."""
+    try:
+        parsed = reports.parse(report.source)
+    except reports.ReportError as exc:
+        return [], exc.message
+    blocks = []
+    for part in parsed:
+        if isinstance(part, reports.Block):
+            try:
+                blocks.append(reports.compute(report.team, part))
+            except reports.ReportError as exc:
+                blocks.append({"kind": part.kind, "link": part.link, "line": part.line, "error": exc.message})
+    return blocks, ""
+
+
+@login_required
+def report_list(request: HttpRequest) -> HttpResponse:
+    """GET: the reports of the user's teams; POST: start one (title, team) and open its editor."""
+    teams = Team.objects.filter(memberships__user=request.user).order_by("name")
+    error = ""
+    if request.method == "POST":
+        team = teams.filter(pk=request.POST.get("team") or 0).first() or (
+            teams.first() if len(teams) == 1 else None
+        )
+        try:
+            title = reports.check_title(request.POST.get("title", ""))
+            if team is None:
+                raise reports.ReportError("team", "choose one of your teams")
+        except reports.ReportError as exc:
+            error = f"{exc.field}: {exc.message}"
+        else:
+            report = Report.objects.create(team=team, author=request.user, title=title)
+            return redirect("report-edit", report.pk)
+    found = Report.visible_to(request.user).select_related("team", "author").prefetch_related("versions")
+    return render(request, "dashboards/report_list.html", {"reports": found, "teams": teams, "error": error})
+
+
+@login_required
+def report_detail(request: HttpRequest, report_id: int) -> HttpResponse:
+    """The report as published (its latest version, or `?version=N`); a draft never published
+    shows its live preview, said so."""
+    report = _report(request, report_id)
+    version = _version(request, report)
+    if version is None:
+        blocks, error = _live_blocks(report)
+        body = _body(report.source, blocks) if not error else {"parts": [], "charts": {}}
+        context = {"draft": True, "source_error": error, "title": report.title}
+    else:
+        body = _body(version.source, version.blocks)
+        context = {"draft": False, "title": version.title}
+    return render(
+        request,
+        "dashboards/report.html",
+        {
+            **context,
+            **body,
+            "report": report,
+            "version": version,
+            "versions": report.versions.select_related("author"),
+            "may_edit": reports.may_edit(request.user, report),
+        },
+    )
+
+
+@login_required
+def report_edit(request: HttpRequest, report_id: int) -> HttpResponse:
+    """The draft's editor: `save` keeps it (a block's mistake is named, the text is kept),
+    `publish` saves and freezes it as the next version."""
+    report = _report(request, report_id)
+    if not reports.may_edit(request.user, report):
+        return HttpResponse("Only its author or an admin of its team can edit a report.", status=403)
+    error = ""
+    title, source = report.title, report.source
+    if request.method == "POST":
+        title, source = request.POST.get("title", ""), request.POST.get("source", "")
+        try:
+            reports.save(report, title, source)
+            if request.POST.get("action") == "publish":
+                version = reports.publish(report, request.user)
+                messages.success(request, f"Published version {version.number}: its numbers are frozen.")
+                return redirect("report-detail", report.pk)
+            messages.success(request, "Draft saved.")
+            return redirect("report-edit", report.pk)
+        except reports.ReportError as exc:
+            error = f"{exc.field}: {exc.message}"
+    blocks, source_error = _live_blocks(report)
+    preview = _body(report.source, blocks) if not source_error else {"parts": [], "charts": {}}
+    return render(
+        request,
+        "dashboards/report_edit.html",
+        {
+            "report": report,
+            "title": title,
+            "source": source,
+            "error": error,
+            "source_error": source_error,
+            **preview,
+        },
+        status=422 if error else 200,
+    )
+
+
+@login_required
+def report_current(request: HttpRequest, report_id: int) -> HttpResponse:
+    """The published version's blocks beside what their links give now."""
+    report = _report(request, report_id)
+    version = _version(request, report)
+    if version is None:
+        messages.error(request, "This report is not published yet: its draft shows the data now.")
+        return redirect("report-detail", report.pk)
+    return render(
+        request,
+        "dashboards/report_current.html",
+        {"report": report, "version": version, "blocks": reports.current(version)},
+    )
+
+
+def _static(name: str) -> str:
+    return Path(finders.find(name)).read_text(encoding="utf-8")
+
+
+@login_required
+def report_export_html(request: HttpRequest, report_id: int) -> HttpResponse:
+    """The published version as one HTML file: its prose, tables and claims, and its charts drawn by
+    Plotly from the data inline, so it opens offline."""
+    report = _report(request, report_id)
+    version = _version(request, report)
+    if version is None:
+        return HttpResponse("Publish the report first: only a published version is exported.", status=409)
+    html = render_to_string(
+        "dashboards/report_export.html",
+        {
+            **_body(version.source, version.blocks),
+            "report": report,
+            "version": version,
+            "title": version.title,
+            "plotly_js": _static("plotly/plotly.min.js"),
+            "report_js": _static("dashboards/report.js"),
+        },
+        request=request,
+    )
+    response = HttpResponse(html, content_type="text/html; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="report-{report.pk}-v{version.number}.html"'
+    return response
+
+
+@login_required
+def report_export_csv(request: HttpRequest, report_id: int) -> HttpResponse:
+    """The published version's numbers as a zip of CSV files (`reports.csv_bundle`)."""
+    report = _report(request, report_id)
+    version = _version(request, report)
+    if version is None:
+        return HttpResponse("Publish the report first: only a published version is exported.", status=409)
+    response = HttpResponse(reports.csv_bundle(version), content_type="application/zip")
+    response["Content-Disposition"] = f'attachment; filename="report-{report.pk}-v{version.number}-csv.zip"'
+    return response
+
+
+@login_required
+@require_POST
+def report_delete(request: HttpRequest, report_id: int) -> HttpResponse:
+    """Delete the report and its versions (their runs are then no longer held): its author or a team admin."""
+    report = _report(request, report_id)
+    if not reports.may_edit(request.user, report):
+        return HttpResponse("Only its author or an admin of its team can delete a report.", status=403)
+    report.delete()
+    messages.success(request, f"Deleted the report “{report.title}” and its versions.")
+    return redirect("report-list")
