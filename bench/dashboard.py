@@ -26,9 +26,9 @@ import shutil
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from django_db import setup_django, test_database, two_cores  # bench/django_db.py, beside this script
+
 SECTION = "## Comparison dashboard JSON on {database} (`bench/dashboard.py`)"
 METRICS = (
     "reward/mean",
@@ -58,15 +58,6 @@ def parse_args() -> argparse.Namespace:
         "--no-write", action="store_true", help="print the section, leave BENCHMARKS.md alone"
     )
     return parser.parse_args()
-
-
-def setup_django() -> None:
-    os.environ.setdefault("LAB_VAR_DIR", str(ROOT / "var" / "bench"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
-    sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
-    import django
-
-    django.setup()
 
 
 def ingest(n_runs: int, steps: int):
@@ -247,26 +238,17 @@ def report(
 
 def main() -> int:
     args = parse_args()
-    if len(os.sched_getaffinity(0)) > 2:
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+    two_cores()
     # Playwright's sync API runs an event loop in this thread; the ORM calls around it stay synchronous.
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     setup_django()
-    from django.db import connection
-    from django.test.utils import setup_test_environment, teardown_test_environment
-
-    setup_test_environment()
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    with test_database() as connection:
         started = time.perf_counter()
         experiment, user = ingest(args.runs, args.steps)
         ingest_s = time.perf_counter() - started
         settle(connection)
         rows = measure(experiment, user, args.calls)
         page_s = page_seconds(experiment, args.page_loads)
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
-        teardown_test_environment()
     section, ok = report(rows, page_s, args, connection.vendor, ingest_s)
     if not args.no_write:
         from bench.report import write_section  # the repository is on sys.path since setup_django

@@ -24,9 +24,9 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from django_db import ROOT, setup_django, test_database, two_cores  # bench/django_db.py, beside this script
+
 SECTION = "## Runs query over 10,000 runs (`bench/run_query.py`)"
 QUERIES = (
     ("plain column (reference)", "preset = grpo"),
@@ -50,15 +50,6 @@ def parse_args() -> argparse.Namespace:
         "--no-write", action="store_true", help="print the section, leave BENCHMARKS.md alone"
     )
     return parser.parse_args()
-
-
-def setup_django() -> None:
-    os.environ.setdefault("LAB_VAR_DIR", str(ROOT / "var" / "bench"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
-    sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
-    import django
-
-    django.setup()
 
 
 def build(n_runs: int, evals: int, steps: int):
@@ -211,25 +202,16 @@ def report(rows, reference, args, vendor: str, build_s: float) -> tuple[str, boo
 
 def main() -> int:
     args = parse_args()
-    if len(os.sched_getaffinity(0)) > 2:
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+    two_cores()
     sys.path.insert(0, str(ROOT / "tests" / "platform"))  # support.TINY_CONFIG
     setup_django()
-    from django.db import connection
-    from django.test.utils import setup_test_environment, teardown_test_environment
-
-    setup_test_environment()
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    with test_database() as connection:
         started = time.perf_counter()
         _, token = build(args.runs, args.evals, args.steps)
         build_s = time.perf_counter() - started
         settle(connection)
         rows = measure(token, args.calls)
         reference = python_filter(args.calls)
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
-        teardown_test_environment()
     section, ok = report(rows, reference, args, connection.vendor, build_s)
     if not args.no_write:
         from bench.report import write_section

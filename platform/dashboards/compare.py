@@ -360,7 +360,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             {(run.experiment_id, run.line): comparable_config(run.config) for run in runs},
         ),
         "contrasts": variants.contrasts(finals_by_cell, lines, staleness, fields, query.delta, cell_runs),
-        "statistics": statistics.panel(finals_by_cell, lines, staleness),
+        "statistics": statistics.cached_panel(finals_by_cell, lines, staleness),
     }
 
 

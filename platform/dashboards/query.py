@@ -13,6 +13,7 @@ from ninja import Field, Schema
 
 from dashboards import curves
 from experiments.models import Run
+from lab.errors import FieldError
 
 MAX_K = 100_000
 
@@ -23,11 +24,12 @@ MAX_DELTA = 1e6
 MAX_SELECTED_RUNS = 500
 
 
-class QueryError(ValueError):
-    def __init__(self, param: str, message: str):
-        self.param = param
-        self.message = message
-        super().__init__(f"{param}: {message}")
+class QueryError(FieldError):
+    """A comparison query parameter that breaks a rule; `param` is its name."""
+
+    @property
+    def param(self) -> str:
+        return self.field
 
 
 def _choice(params: QueryDict, name: str, choices: tuple[str, ...], default: str) -> str:

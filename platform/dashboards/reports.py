@@ -30,6 +30,7 @@ from markdown_it import MarkdownIt
 from dashboards import compare, export, query, stated
 from dashboards.models import Claim, Report, ReportRun, ReportVersion
 from experiments.models import Experiment, Run
+from lab.errors import FieldError
 
 KINDS = ("chart", "table", "claim")
 MAX_SOURCE = 100_000
@@ -42,13 +43,8 @@ CLAIM_LINK = re.compile(r"^/claims/(\d+)/?$")
 _markdown = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
 
 
-class ReportError(ValueError):
+class ReportError(FieldError):
     """What is wrong with a report's field (`source`: with the line of the block)."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
 
 
 @dataclass(frozen=True)

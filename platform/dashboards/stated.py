@@ -16,6 +16,7 @@ from dashboards import claims, compare, curves, findings, query
 from dashboards.models import Claim
 from dashboards.points import points_by_run
 from experiments.models import Experiment, Run
+from lab.errors import FieldError
 
 MAX_PARTS = 20
 MAX_SETTINGS = 20
@@ -23,11 +24,8 @@ MAX_ALPHA = 0.25
 MAX_LISTED = 200
 
 
-class ClaimError(ValueError):
-    def __init__(self, field: str, message: str):
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
+class ClaimError(FieldError):
+    """A claim's field that breaks a rule."""
 
 
 def line_names(runs: list[Run]) -> dict[int, str]:

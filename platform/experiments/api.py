@@ -254,24 +254,23 @@ def _note_out(note) -> dict[str, Any]:
     return {"id": note.pk, "author": note.author.get_username(), "text": note.text, "created": note.created}
 
 
+def _add_note(request: HttpRequest, text: str, **on) -> Status:
+    try:
+        return Status(201, _note_out(tagging.add_note(request.user, text, **on)))
+    except tagging.TaggingError as exc:
+        return _tagging_error(exc)
+
+
 @router.post("/runs/{run_id}/notes", response=responses({201: NoteOut}, 404, 422))
 def note_run(request: HttpRequest, run_id: int, body: NoteIn):
     """Add a note to a run (plain text)."""
-    run = _visible_run(request, run_id)
-    try:
-        return Status(201, _note_out(tagging.add_note(request.user, body.text, run=run)))
-    except tagging.TaggingError as exc:
-        return _tagging_error(exc)
+    return _add_note(request, body.text, run=_visible_run(request, run_id))
 
 
 @router.post("/experiments/{experiment_id}/notes", response=responses({201: NoteOut}, 404, 422))
 def note_experiment(request: HttpRequest, experiment_id: int, body: NoteIn):
     """Add a note to an experiment (plain text)."""
-    experiment = _visible_experiment(request, experiment_id)
-    try:
-        return Status(201, _note_out(tagging.add_note(request.user, body.text, experiment=experiment)))
-    except tagging.TaggingError as exc:
-        return _tagging_error(exc)
+    return _add_note(request, body.text, experiment=_visible_experiment(request, experiment_id))
 
 
 @router.post("/experiments/{experiment_id}/tags", response=responses({200: TagsOut}, 404, 422))

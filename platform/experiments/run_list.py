@@ -19,7 +19,7 @@ from django.views.decorators.http import require_POST
 from accounts.models import Team
 from experiments import tagging
 from experiments.models import Experiment, Run, SavedView
-from experiments.views import _paginate
+from experiments.views import paginate
 from rlcore.config import ExecutionConfig
 from rlcore.presets import preset_sort_key
 
@@ -134,7 +134,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         request,
         "experiments/runs.html",
         {
-            **_paginate(request, runs, RUNS_PER_PAGE),
+            **paginate(request, runs, RUNS_PER_PAGE),
             "chosen": chosen,
             "query_mistake": mistake,
             "filters": filters.urlencode(),

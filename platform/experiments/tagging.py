@@ -13,18 +13,15 @@ from django.db.models import QuerySet
 from accounts.models import Team
 from experiments import runquery
 from experiments.models import Experiment, ExperimentTag, Note, Run, RunTag, SavedView, check_tag
+from lab.errors import FieldError
 
 MAX_TAGS = 20
 MAX_TAGGED_RUNS = 10_000
 MAX_NOTE = 10_000
 
 
-class TaggingError(ValueError):
-    def __init__(self, field: str, message: str, position: int | None = None):
-        self.field = field
-        self.message = message
-        self.position = position
-        super().__init__(f"{field}: {message}")
+class TaggingError(FieldError):
+    """A tag, note, view or runs query that breaks a rule."""
 
 
 def tag_names(names: Iterable[str], field: str) -> list[str]:

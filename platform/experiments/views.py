@@ -42,7 +42,7 @@ ROLLOUT_JOBS_SHOWN = 50
 EXPERIMENTS_PER_PAGE = 25
 
 
-def _paginate(request: HttpRequest, items, per_page: int) -> dict:
+def paginate(request: HttpRequest, items, per_page: int) -> dict:
     """Page `?page=` of `items` (an ordered query) for a template: `page`, and `previous_url` and
     `next_url` (the same query string with another page, or None). A page that is not a whole
     number or lies past the last one shows the first or the last page and says so."""
@@ -97,7 +97,7 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
         request,
         "experiments/list.html",
         {
-            **_paginate(request, experiments, EXPERIMENTS_PER_PAGE),
+            **paginate(request, experiments, EXPERIMENTS_PER_PAGE),
             "teams": teams,
             "team_id": team_id,
             "show_archived": show_archived,

@@ -120,3 +120,22 @@ def test_cells_with_other_seeds_get_an_unpaired_p_of_improvement(alice_client, t
     panel = test_compare.data(alice_client, experiment)["statistics"]
     (row,) = panel["improvement"]
     assert not row["paired"] and row["poi"]["n"] == 2
+
+
+def test_the_cached_panel_is_the_panel_of_the_same_inputs_and_follows_a_new_value():
+    lines = [{"experiment": 1, "key": k, "line": k, "variant_label": ""} for k in ("grpo", "reinforce")]
+    finals = {
+        (1, "grpo", "on-policy"): {0: 0.70, 1: 0.72, 2: 0.74},
+        (1, "reinforce", "on-policy"): {0: 0.60, 1: 0.65, 2: 0.61},
+    }
+    before = statistics.panel(finals, lines, ["on-policy"])
+    first = statistics.cached_panel(finals, lines, ["on-policy"])
+    assert first == before
+    first["cells"].clear()  # what a caller does with its copy never reaches the next one
+    assert statistics.cached_panel(finals, lines, ["on-policy"]) == statistics.panel(
+        finals, lines, ["on-policy"]
+    )
+    finals[(1, "reinforce", "on-policy")][2] = 0.66  # a run logged a new final value
+    moved = statistics.cached_panel(finals, lines, ["on-policy"])
+    assert moved == statistics.panel(finals, lines, ["on-policy"]) != before
+    assert moved["cells"][1]["iqm"]["value"] == pytest.approx((0.65 + 0.66 + 0.60) / 3)

@@ -82,9 +82,16 @@
     list.replaceChildren(...(claims.length ? claims.map(claimItem) : [none]));
   }
 
+  // A poll that brought no new final value, status or run leaves the claims' verdicts as they are,
+  // but while runs go on they are asked for every 15 s at least: a claim may be on another metric.
+  let seen = "";
   root.addEventListener("comparison", (event) => {
     current = event.detail;
     fillForm(current.payload);
+    const p = current.payload;
+    const now = JSON.stringify([listQuery(), p.metric, p.rule, p.k, p.runs.map((r) => [r.id, r.status, r.final]), p.active ? Math.floor(Date.now() / 15000) : 0]);
+    if (now === seen) return;
+    seen = now;
     refresh();
   });
 
