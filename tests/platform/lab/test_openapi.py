@@ -40,6 +40,15 @@ OPERATIONS = {
     ("get", "/api/claims/{claim_id}"): {200, 401, 404},
     ("delete", "/api/claims/{claim_id}"): {200, 401, 403, 404},
     ("get", "/api/claim-templates"): {200, 401},
+    ("get", "/api/reports"): {200, 401},
+    ("post", "/api/reports"): {201, 401, 404, 422},
+    ("get", "/api/reports/{report_id}"): {200, 401, 404},
+    ("put", "/api/reports/{report_id}"): {200, 401, 403, 404, 422},
+    ("delete", "/api/reports/{report_id}"): {200, 401, 403, 404},
+    ("post", "/api/reports/{report_id}/publish"): {201, 401, 403, 404, 422},
+    ("get", "/api/reports/{report_id}/current"): {200, 401, 404, 409},
+    ("post", "/api/runs/{run_id}/archive"): {200, 401, 404, 409, 422},
+    ("post", "/api/runs/{run_id}/unarchive"): {200, 401, 404, 409, 422},
     ("post", "/api/runs/{run_id}/cancel"): {200, 401, 404, 409, 422},
     ("post", "/api/runs/{run_id}/retry"): {200, 401, 404, 409, 422},
 }
@@ -156,6 +165,8 @@ def test_the_error_bodies_sent_have_the_declared_shapes(client, schema, team, al
         ("delete", experiment, {}, plain, 403),
         ("delete", experiment, {}, admin, 409),
         ("post", f"/api/runs/{run.pk}/retry", {}, admin, 409),
+        ("post", f"/api/runs/{run.pk}/archive", {}, admin, 409),
+        ("get", "/api/reports/999999", {}, admin, 404),
         ("get", "/api/compare", {"runs": "x"}, admin, 422),
     ]
     for method, url, query, auth, status in answers:
