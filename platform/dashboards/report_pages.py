@@ -67,9 +67,10 @@ def report_list(request: HttpRequest) -> HttpResponse:
     teams = Team.objects.filter(memberships__user=request.user).order_by("name")
     error = ""
     if request.method == "POST":
-        team = teams.filter(pk=request.POST.get("team") or 0).first() or (
-            teams.first() if len(teams) == 1 else None
-        )
+        chosen = request.POST.get("team", "")
+        team = teams.filter(pk=int(chosen)).first() if chosen.isdigit() and len(chosen) <= 18 else None
+        if team is None and not chosen and len(teams) == 1:
+            team = teams.first()
         try:
             title = reports.check_title(request.POST.get("title", ""))
             if team is None:

@@ -316,6 +316,18 @@ def test_another_teams_reports_do_not_exist(client, alice, demo):
     assert Report.objects.get(pk=report.pk).title == "Secret"
 
 
+def test_a_new_report_needs_a_title_and_one_of_your_teams(alice_client, alice, demo):
+    other = new_team_member("bob", "team-b").memberships.get().team
+    for team in ("abc", str(other.pk), "9" * 30):
+        response = alice_client.post("/reports/", {"title": "t", "team": team})
+        assert response.status_code == 200 and "team: choose one of your teams" in response.content.decode()
+    assert alice_client.post("/reports/", {"title": "", "team": demo.team.pk}).status_code == 200
+    assert not Report.objects.exists()
+    made = alice_client.post("/reports/", {"title": "Mine"})
+    report = Report.objects.get()
+    assert made.url == f"/reports/{report.pk}/edit" and report.team == demo.team
+
+
 def test_only_its_author_or_a_team_admin_changes_a_report(client, alice, demo):
     report = Report.objects.create(team=demo.team, author=alice, title="Mine", source="")
     from accounts.models import Membership
