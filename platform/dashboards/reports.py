@@ -183,7 +183,8 @@ def parts(source: str, blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def may_edit(user, report: Report) -> bool:
-    return report.author_id == user.pk or report.team.memberships.filter(user=user, is_admin=True).exists()
+    """Its author or an admin of its team (`Team.is_admin`)."""
+    return report.author_id == user.pk or report.team.is_admin(user)
 
 
 def save(report: Report, title: str | None, source: str | None) -> Report:

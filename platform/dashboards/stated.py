@@ -263,7 +263,7 @@ def result(claim: Claim, runs: list[Run] | None = None) -> dict[str, Any]:
 
 
 def may_withdraw(user, claim: Claim) -> bool:
-    return claim.author_id == user.pk or claim.team.memberships.filter(user=user, is_admin=True).exists()
+    return claim.author_id == user.pk or claim.team.is_admin(user)
 
 
 def as_dict(claim: Claim, outcome: dict[str, Any]) -> dict[str, Any]:
