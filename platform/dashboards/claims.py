@@ -25,6 +25,7 @@ support, contradict, cannot tell yet (also while cells have runs but no value) a
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -212,12 +213,19 @@ def seeds_needed(kind: str, s: Sample, delta: float, alpha: float) -> int | None
     gap = min(abs(s.mean - t) for t in _thresholds(kind, delta))
     if gap == 0 or not math.isfinite(s.sd) or s.sd == 0:
         return None
-    for n in range(2, MAX_SEEDS_NEEDED + 1):
-        df = n - 1 if s.paired else 2 * n - 2
-        se = s.sd / math.sqrt(n) if s.paired else s.sd * math.sqrt(2 / n)
-        if gap / se >= sps.t.ppf(1 - alpha, df) + sps.t.ppf(POWER, df):
-            return n
-    return None
+    n = np.arange(2, MAX_SEEDS_NEEDED + 1)
+    se = s.sd / np.sqrt(n) if s.paired else s.sd * np.sqrt(2 / n)
+    enough = np.flatnonzero(gap / se >= _critical(alpha, s.paired))
+    return int(n[enough[0]]) if len(enough) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _critical(alpha: float, paired: bool) -> np.ndarray:
+    """t quantiles at 1 − α plus at the power, for n = 2 … MAX_SEEDS_NEEDED seeds per cell (one
+    vectorised call: the comparison page asks for them for every test of every claim)."""
+    n = np.arange(2, MAX_SEEDS_NEEDED + 1)
+    df = n - 1 if paired else 2 * n - 2
+    return sps.t.ppf(1 - alpha, df) + sps.t.ppf(POWER, df)
 
 
 def cells(statement: Statement, on_policy: str) -> list[Cell]:
