@@ -72,7 +72,7 @@ def paired(a: dict[int, float], b: dict[int, float]) -> str:
 def report(grid, pair, minutes: float | None, seeds: int, steps: int) -> str:
     from dashboards.compare import compare
     from dashboards.query import ComparisonQuery
-    from experiments.models import MetricPoint
+    from experiments import series
 
     # The page's own numbers: every mean and drop below is what the comparison shows.
     payload = compare(grid.runs.all(), ComparisonQuery())
@@ -109,9 +109,12 @@ def report(grid, pair, minutes: float | None, seeds: int, steps: int) -> str:
             cells.append(f"{summary[(p, label)]['value']:.3f} ({paired(values[(p, label)], on)})")
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
     low = finals(pair)
-    k3 = list(
-        MetricPoint.objects.filter(run__experiment=pair, name="mismatch/k3").values_list("value", flat=True)
-    )
+    k3 = [
+        value
+        for run in pair.runs.all()
+        for value in series.series(run.pk, "mismatch/k3")[1].tolist()
+        if math.isfinite(value)
+    ]
     same = {name: values[(name, "on-policy")] for name in ("grpo", "grpo-tis")}
     mean_of = lambda d: sum(d.values()) / len(d)  # noqa: E731
     lines += [

@@ -193,18 +193,17 @@ def run_on_workers(config: dict, name: str):
 
 
 def series(run, name: str) -> dict[int, float]:
-    from experiments.models import MetricPoint
+    from experiments import series as metric_series
 
-    return dict(MetricPoint.objects.filter(run=run, name=name).values_list("step", "value"))
+    steps, values, _ = metric_series.series(run.pk, name)
+    return dict(zip(steps.tolist(), map(metric_series.shown, values.tolist()), strict=True))
 
 
 def window(run, first: int) -> tuple[float, float]:
     """Unix times of step `first`'s metrics and of the run's last point (the final evaluation,
     which rollout workers may finish after the last step)."""
-    from django.db.models import Max
+    from experiments import series as metric_series
 
-    from experiments.models import MetricPoint
-
-    points = MetricPoint.objects.filter(run=run)
-    start = points.get(name="loss", step=first).wall_time
-    return start.timestamp(), points.aggregate(end=Max("wall_time"))["end"].timestamp()
+    steps, _, times = metric_series.series(run.pk, "loss")
+    start = times[steps.tolist().index(first)] / 1e6
+    return start, max(times.max() for _, (_, _, times) in metric_series.points_of(run.pk)) / 1e6

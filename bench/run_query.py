@@ -4,8 +4,8 @@ plain column (`preset = grpo`), measured in the same run.
 
 Builds `--runs` runs (in experiments of 200) in a throwaway database (Django's test database for
 `DATABASE_URL`: PostgreSQL is what the acceptance line is about), each with `--evals` points of
-`eval/accuracy` and `--steps` points of `kl/init` (bulk inserts: this measures reading, not
-ingestion), some tags, then `VACUUM ANALYZE`. Each query: one warm-up call, then the median of
+`eval/accuracy` and `--steps` points of `kl/init` (one `experiments.series.append` per run: this
+measures reading, not ingestion), some tags, then `VACUUM ANALYZE`. Each query: one warm-up call, then the median of
 `--calls` calls through Django's test client with an API token (the whole view: auth, parsing,
 the count and the first page of 100). "Python filter" is the reference a client without a query
 language has: one query for every run's last `eval/accuracy`, then filtering in Python. Pinned to
@@ -56,11 +56,13 @@ def build(n_runs: int, evals: int, steps: int):
     """Experiments of 200 runs (4 presets × 5 staleness settings × 10 seeds) with their points."""
     import numpy as np
     from django.contrib.auth import get_user_model
+    from django.db import transaction
     from django.utils import timezone
     from support import TINY_CONFIG
 
     from accounts.models import ApiToken, Membership, Team
-    from experiments.models import Experiment, MetricPoint, Run, RunTag
+    from experiments.models import Experiment, Run, RunTag
+    from experiments.series import append
     from experiments.sweeps import expand
 
     user = get_user_model().objects.create_user("bench", password="bench-password-1")
@@ -85,33 +87,22 @@ def build(n_runs: int, evals: int, steps: int):
                 for i, config in enumerate(sweep.configs)
             ]
         )
-        points = []
         for run in runs:
             accuracy = 0.3 + 0.5 * rng.random()
-            points += [
-                MetricPoint(
-                    run=run,
-                    name="eval/accuracy",
-                    step=s * (steps // (evals - 1)),
-                    value=accuracy * s / (evals - 1),
-                    wall_time=now,
-                )
+            points = [
+                ("eval/accuracy", s * (steps // (evals - 1)), accuracy * s / (evals - 1), now)
                 for s in range(evals)
             ]
-            points += [
-                MetricPoint(
-                    run=run, name="kl/init", step=s, value=float(rng.random()) * s / steps, wall_time=now
-                )
-                for s in range(steps + 1)
-            ]
-        MetricPoint.objects.bulk_create(points, batch_size=5000)
+            points += [("kl/init", s, float(rng.random()) * s / steps, now) for s in range(steps + 1)]
+            with transaction.atomic():
+                append(run.pk, points)
         RunTag.objects.bulk_create([RunTag(run=run, name="look") for run in runs[::7]])
     return user, ApiToken.issue(user)
 
 
 def settle(connection) -> None:
     with connection.cursor() as cursor:
-        for table in ("experiments_metricpoint", "experiments_run", "experiments_runtag"):
+        for table in ("experiments_metricsummary", "experiments_run", "experiments_runtag"):
             cursor.execute(
                 f"VACUUM ANALYZE {table}" if connection.vendor == "postgresql" else f"ANALYZE {table}"
             )
@@ -139,17 +130,11 @@ def measure(token: str, calls: int) -> list[dict]:
 
 def python_filter(calls: int) -> tuple[float, int]:
     """The reference without a query language: every run's last accuracy in one query, filtered here."""
-    from django.db.models import OuterRef, Subquery
-
-    from experiments.models import MetricPoint, Run
+    from experiments.models import Run
+    from experiments.series import summary
 
     def once() -> int:
-        last = (
-            MetricPoint.objects.filter(run=OuterRef("pk"), name="eval/accuracy")
-            .order_by("-step")
-            .values("value")[:1]
-        )
-        values = Run.objects.annotate(last=Subquery(last)).values_list("pk", "last")
+        values = Run.objects.annotate(last=summary("last_finite", "eval/accuracy")).values_list("pk", "last")
         return sum(1 for _, v in values if v is not None and v > 0.6)
 
     once()

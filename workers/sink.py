@@ -1,6 +1,6 @@
 """The sink a worker hands to `rlcore.trainer.train`: metrics, completions, the phase and the
 heartbeat into the database, written in batches by a background thread (`flush()` writes at once,
-before every checkpoint); points are upserts, so a re-executed step never doubles one. Every call
+before every checkpoint); a step logged again replaces its point (`experiments.series`), so a re-executed step never doubles one. Every call
 rides out a short outage; what cannot be stored stops the run with the reason (`StoringFailed`).
 `CheckpointLedger` keeps each checkpoint's sha256 in the database."""
 
@@ -15,7 +15,8 @@ from datetime import datetime
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
-from experiments.models import Checkpoint, Completion, MetricPoint, Run
+from experiments import series
+from experiments.models import Checkpoint, Completion, Run
 from experiments.text import storable
 from rlcore.sinks import TRAINING, Sample
 from workers.db_outage import UNREACHABLE, retry_db
@@ -43,7 +44,7 @@ class DatabaseSink:
         self.worker = worker
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._points: dict[tuple[str, int], tuple[float | None, datetime]] = {}
+        self._points: dict[tuple[str, int], tuple[float, datetime]] = {}
         self._samples: dict[int, list[Sample]] = {}
         self._progress = run.progress
         self._latest = -1  # the newest step logged in this attempt
@@ -61,7 +62,7 @@ class DatabaseSink:
         now = timezone.now()
         with self._lock:
             for name, value in metrics.items():
-                self._points[(name, step)] = (finite_or_none(value), now)
+                self._points[(name, step)] = (float(value), now)
             if step < self._latest:
                 return  # an evaluation that came back from a rollout worker: progress stays
             self._latest = self._progress = step
@@ -123,7 +124,7 @@ class DatabaseSink:
                 # this worker's (reaped, re-queued), what it still reports is dropped, not mixed in.
                 if not self.run.beat(self.worker, progress, phase, detail):
                     return
-                MetricPoint.upsert(
+                series.append(
                     self.run.pk, ((name, step, value, wall) for (name, step), (value, wall) in points.items())
                 )
                 Completion.objects.filter(run=self.run, step__in=list(samples)).delete()

@@ -14,12 +14,13 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
-from django.db.models import Avg, OuterRef, QuerySet, Subquery
+from django.db.models import QuerySet
 
 from dashboards import claims, curves, findings, statistics, throughput, variants
-from dashboards.points import json_numbers, points_by_run
+from dashboards.points import json_numbers
 from dashboards.query import ComparisonQuery
-from experiments.models import Experiment, MetricPoint, Run
+from experiments import series
+from experiments.models import Experiment, MetricSummary, Run
 from rlcore.presets import preset_names, preset_sort_key
 from rlcore.sinks import ASYNC_METRICS, EVAL_METRICS, MISMATCH_METRICS, STEP_METRICS
 from rlcore.staleness import staleness as staleness_lag
@@ -95,17 +96,6 @@ def _series(run: Run, query: ComparisonQuery, points, lengths) -> curves.Series:
     return curves.Series.of(x, values)
 
 
-def _mean_of(name: str) -> Subquery:
-    """The mean of metric `name` over the outer run's steps (missing values left out; None if none)."""
-    return Subquery(
-        MetricPoint.objects.filter(run=OuterRef("pk"), name=name)
-        .order_by()
-        .values("run")
-        .annotate(mean=Avg("value"))
-        .values("mean")
-    )
-
-
 @functools.cache
 def _mean_lag(steps: int, sync_interval: int, sync_offset: int, offline: bool) -> float:
     return sum(staleness_lag(t, sync_interval, sync_offset, offline) for t in range(1, steps + 1)) / steps
@@ -151,15 +141,9 @@ def mean_lags(runs: list[Run]) -> dict[str, dict[str, Any]]:
         by_label[run.staleness].append(run)
     # Only async runs' lags are read (one query): a schedule's are known from its config.
     async_ids = [run.pk for run in runs if run.config.get("execution", {}).get("mode") == "async"]
-    logged_lags: dict[tuple[int, str], float] = {
-        (run_id, name): mean
-        for run_id, name, mean in MetricPoint.objects.filter(
-            run_id__in=async_ids, name__in=(LAG_METRIC, OLD_LAG_METRIC)
-        )
-        .values("run_id", "name")
-        .annotate(mean=Avg("value"))
-        .order_by()
-        .values_list("run_id", "name", "mean")
+    logged_lags: dict[tuple[int, str], float | None] = {
+        (s.run_id, s.name): s.mean
+        for s in MetricSummary.objects.filter(run_id__in=async_ids, name__in=(LAG_METRIC, OLD_LAG_METRIC))
     }
     out = {}
     for label, members in by_label.items():
@@ -220,21 +204,14 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         .select_related("experiment")
         .order_by("experiment_id", "pk")
         .annotate(
-            **{
-                f"last_{name}": Subquery(
-                    MetricPoint.objects.filter(run=OuterRef("pk"), name=name)
-                    .order_by("-step")
-                    .values("value")[:1]
-                )
-                for name in SCATTER_METRICS
-            },
-            mean_step_s=_mean_of(STEP_TIME_METRIC),
-            mean_tokens_per_s=_mean_of(TOKEN_RATE_METRIC),
+            **{f"last_{name}": series.summary("last", name) for name in SCATTER_METRICS},
+            mean_step_s=series.summary("mean", STEP_TIME_METRIC),
+            mean_tokens_per_s=series.summary("mean", TOKEN_RATE_METRIC),
         )
     )
     run_ids = [run.pk for run in runs]
-    points = points_by_run(run_ids, query.metric, with_time=query.x == "time")
-    lengths = points_by_run(run_ids, LENGTH_METRIC) if query.x == "tokens" else {}
+    points = series.by_run(run_ids, query.metric, with_time=query.x == "time")
+    lengths = series.by_run(run_ids, LENGTH_METRIC) if query.x == "tokens" else {}
 
     experiments = list({run.experiment_id: run.experiment for run in runs}.values())
     several = len(experiments) > 1
@@ -262,18 +239,18 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 "n_runs": len(group_runs),
                 "active": any(run.is_active for run in group_runs),
             }
-            series = {
+            seeds = {
                 run.pk: _series(run, query, points[run.pk], lengths) for run in group_runs if run.pk in points
             }
-            series = {pk: s for pk, s in series.items() if len(s)}
+            seeds = {pk: s for pk, s in seeds.items() if len(s)}
             # A bootstrap band over fewer than MIN_CI_SEEDS seeds is no CI: their min–max, said so.
-            band = "minmax" if query.band == "ci" and len(series) < curves.MIN_CI_SEEDS else query.band
-            full = curves.aggregate(list(series.values()), band)
+            band = "minmax" if query.band == "ci" and len(seeds) < curves.MIN_CI_SEEDS else query.band
+            full = curves.aggregate(list(seeds.values()), band)
             shown = curves.downsample(full)
             groups.append(
                 {
                     **key,
-                    "n_seeds": len(series),
+                    "n_seeds": len(seeds),
                     "x": json_numbers(shown.x),
                     "mean": json_numbers(shown.mean),
                     "lo": None if shown.lo is None else json_numbers(shown.lo),
@@ -284,7 +261,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                     "downsampled": len(shown.x) < len(full.x),
                 }
             )
-            finals = {pk: curves.final_value(s, query.rule, query.k) for pk, s in series.items()}
+            finals = {pk: curves.final_value(s, query.rule, query.k) for pk, s in seeds.items()}
             finals_by_run |= finals
             result = curves.summarise(list(finals.values()))
             finals_by_cell[(line["experiment"], line["key"], setting)] = {

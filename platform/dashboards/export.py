@@ -7,7 +7,9 @@ import io
 from typing import Any
 
 from dashboards.compare import THROUGHPUT_COLUMNS
-from experiments.models import MetricPoint, Run
+from experiments import series
+from experiments.models import Run
+from experiments.packing import wall_time
 
 
 def curves_csv(payload: dict[str, Any]) -> str:
@@ -88,9 +90,8 @@ def metrics_csv(run: Run, name: str = "") -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["name", "step", "value", "wall_time"])
-    points = MetricPoint.objects.filter(run=run).order_by("name", "step")
-    if name:
-        points = points.filter(name=name)
-    for metric, step, value, wall in points.values_list("name", "step", "value", "wall_time"):
-        writer.writerow([metric, step, "" if value is None else repr(value), wall.isoformat()])
+    for metric, (steps, values, times) in series.points_of(run.pk, name):
+        for step, value, us in zip(steps.tolist(), values.tolist(), times.tolist(), strict=True):
+            shown = series.shown(value)
+            writer.writerow([metric, step, "" if shown is None else repr(shown), wall_time(us).isoformat()])
     return out.getvalue()

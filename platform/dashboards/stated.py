@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404
 
 from dashboards import claims, compare, curves, findings, query
 from dashboards.models import Claim
-from dashboards.points import points_by_run
+from experiments import series
 from experiments.models import Experiment, Run
 from lab.errors import FieldError
 
@@ -39,7 +39,7 @@ def cell_data(runs: list[Run], metric: str, rule: str, k: int, delta: float) -> 
     """The runs' final values of `metric` by `rule` (on the step axis) per (line, staleness) cell,
     with each cell's runs (queued or running, all) and its on-policy label."""
     names = line_names(runs)
-    points = points_by_run([run.pk for run in runs], metric)
+    points = series.by_run([run.pk for run in runs], metric)
     finals: dict[claims.Cell, dict[int, float]] = defaultdict(dict)
     counts: dict[claims.Cell, list[int]] = defaultdict(lambda: [0, 0])
     for run in runs:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import itertools
 import re
 
 import numpy as np
@@ -16,8 +15,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
 from dashboards import compare, curves, export, points, query, statistics
-from experiments import collapse
-from experiments.models import Experiment, MetricPoint, Run
+from experiments import collapse, series
+from experiments.models import Experiment, Run
 
 
 def _experiment(request: HttpRequest, experiment_id: int) -> Experiment:
@@ -167,16 +166,12 @@ def run_curves(request: HttpRequest, run_id: int) -> JsonResponse:
     """Every metric the run logged as `{name: {"x": steps, "y": values}}`, each downsampled to at most
     `curves.MAX_BUCKETS` buckets (min, max and last of each, so spikes survive); missing values are null."""
     run = get_object_or_404(Run.visible_to(request.user), pk=run_id)
-    logged = list(
-        MetricPoint.objects.filter(run=run).order_by("name", "step").values_list("name", "step", "value")
-    )
-    x = np.array([step for _, step, _ in logged], dtype=float)
-    y = np.array([value for _, _, value in logged], dtype=float)  # None becomes NaN, then null in the JSON
     metrics = {}
-    start = 0
-    for name, group in itertools.groupby(name for name, _, _ in logged):
-        end = start + sum(1 for _ in group)
-        keep = start + curves.downsample_index(y[start:end])
-        metrics[name] = {"x": points.json_numbers(x[keep]), "y": points.json_numbers(y[keep])}
-        start = end
+    for name, (steps, values, _) in series.points_of(run.pk):
+        y = np.where(np.isfinite(values), values, np.nan)  # a value not finite is null in the JSON
+        keep = curves.downsample_index(y)
+        metrics[name] = {
+            "x": points.json_numbers(steps[keep].astype(float)),
+            "y": points.json_numbers(y[keep]),
+        }
     return JsonResponse({"run": run.pk, "active": run.is_active, "metrics": metrics})

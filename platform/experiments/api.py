@@ -15,8 +15,8 @@ from ninja.errors import HttpError
 from accounts.models import Team
 from dashboards.export import metrics_csv
 from execution.messages import NOT_SENT
-from experiments import progress, sweeps, tagging
-from experiments.models import Experiment, ExperimentNotDeletable, MetricPoint, Run, SavedView
+from experiments import progress, series, sweeps, tagging
+from experiments.models import Experiment, ExperimentNotDeletable, Run, SavedView
 from experiments.schemas import (
     CancelledOut,
     DeletedOut,
@@ -344,12 +344,12 @@ def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"
         response = HttpResponse(metrics_csv(run, name), content_type="text/csv")
         response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
         return response
-    points = MetricPoint.objects.filter(run=run).order_by("name", "step")
-    if name:
-        points = points.filter(name=name)
-    metrics: dict[str, list[list[float | None]]] = {}
-    for metric, step, value in points.values_list("name", "step", "value"):
-        metrics.setdefault(metric, []).append([step, value])
+    metrics: dict[str, list[list[float | None]]] = {
+        metric: [
+            [step, series.shown(value)] for step, value in zip(steps.tolist(), values.tolist(), strict=True)
+        ]
+        for metric, (steps, values, _) in series.points_of(run.pk, name)
+    }
     return {"run": run.pk, "metrics": metrics}
 
 

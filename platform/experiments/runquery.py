@@ -25,9 +25,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Avg, Exists, Max, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 
-from experiments.models import ExperimentTag, MetricPoint, Run, RunTag
+from experiments import series
+from experiments.models import ExperimentTag, Run, RunTag
 from rlcore.config import RunConfig
 
 MAX_LENGTH = 2000
@@ -269,12 +270,8 @@ def _compare(path: str, symbol: str, value: Any) -> Q:
 
 def _summary(function: str, metric: str) -> Subquery:
     """The run's `function` of metric `metric` over its logged steps (missing values left out)."""
-    points = MetricPoint.objects.filter(run=OuterRef("pk"), name=metric, value__isnull=False)
-    if function in ("last", "first"):
-        order = "-step" if function == "last" else "step"
-        return Subquery(points.order_by(order).values("value")[:1])
-    aggregate = {"min": Min, "max": Max, "mean": Avg}[function]
-    return Subquery(points.order_by().values("run").annotate(v=aggregate("value")).values("v"))
+    field = {"last": "last_finite", "first": "first", "min": "min", "max": "max", "mean": "mean"}[function]
+    return series.summary(field, metric)
 
 
 def parse(text: str) -> Parsed:

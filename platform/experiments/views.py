@@ -28,9 +28,9 @@ from django.views.decorators.http import require_POST
 from accounts.models import Team
 from dashboards.export import metrics_csv
 from execution.messages import NOT_SENT
-from experiments import progress, sweeps
+from experiments import progress, series, sweeps
 from experiments.forms import TEMPLATES, SweepForm, TemplateForm, initial_from_spec
-from experiments.models import Completion, Experiment, ExperimentNotDeletable, MetricPoint, Run, SweepTemplate
+from experiments.models import Completion, Experiment, ExperimentNotDeletable, Run, SweepTemplate
 
 UNDISPATCHED = NOT_SENT[:1].upper() + NOT_SENT[1:] + "."
 RECENT_STEPS = 10
@@ -336,18 +336,7 @@ def _same_prompts(run: Run, completions: list[Completion]) -> list[dict]:
 
 
 def _run_context(run: Run) -> dict:
-    recent_steps = list(
-        MetricPoint.objects.filter(run=run)
-        .values_list("step", flat=True)
-        .distinct()
-        .order_by("-step")[:RECENT_STEPS]
-    )
-    table: dict[str, dict[int, float | None]] = {}
-    for name, step, value in MetricPoint.objects.filter(run=run, step__in=recent_steps).values_list(
-        "name", "step", "value"
-    ):
-        table.setdefault(name, {})[step] = value
-    steps = sorted(recent_steps)
+    steps, table = series.recent(run.pk, RECENT_STEPS)
     completions = list(run.completions.all()[:RECENT_COMPLETIONS])
     job_counts = run.rollout_job_counts()
     n_jobs = sum(job_counts.values())

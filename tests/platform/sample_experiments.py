@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from support import TINY_CONFIG
+from support import TINY_CONFIG, log_points
 
-from experiments.models import Experiment, MetricPoint, Run
+from experiments.models import Experiment, Run
 from experiments.sweeps import expand
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
@@ -57,13 +57,13 @@ def make_finished_experiment(
 ) -> Experiment:
     sweep = expand(TINY_CONFIG, list(presets), list(staleness), list(seeds), axes=axes)
     experiment = Experiment.objects.create(team=team, owner=owner, name=name, spec=sweep.as_spec())
-    points = []
     cells = len(sweep.configs) // (len(presets) * len(staleness))  # variants × seeds per preset and setting
     # In the grid's order: presets × staleness × variants × seeds.
     for index, (config, variant) in enumerate(zip(sweep.configs, sweep.variants, strict=True)):
         p = presets.index(config.algorithm.preset)
         s = index // cells % len(staleness)
         run = Run.create_for(experiment, config, status=Run.SUCCEEDED, progress=steps, variant=variant)
+        points = []
         for step in range(steps + 1):
             wall_time = START + timedelta(seconds=step)
             values = {
@@ -81,9 +81,6 @@ def make_finished_experiment(
             if step > 0:
                 values["time/step_s"] = step_time(step, p, s, config.seed)
                 values["tokens_per_s"] = tokens_per_s(step, p, s, config.seed)
-            points += [
-                MetricPoint(run=run, name=metric, step=step, value=value, wall_time=wall_time)
-                for metric, value in values.items()
-            ]
-    MetricPoint.objects.bulk_create(points)
+            points += [(metric, step, value, wall_time) for metric, value in values.items()]
+        log_points(run, points)
     return experiment

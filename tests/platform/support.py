@@ -281,3 +281,33 @@ def start_web(env: dict[str, str], port: int, log, limit_s: int = WORKER_LIMIT_S
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def log_points(run, points) -> None:
+    """Store (name, step, value, wall time) points of `run` as the worker's sink does
+    (`experiments.series.append`, in a transaction)."""
+    from django.db import transaction
+
+    from experiments import series
+
+    with transaction.atomic():
+        series.append(getattr(run, "pk", run), points)
+
+
+def logged(run, name: str = "") -> list[tuple[str, int, float | None]]:
+    """(name, step, value) of every point `run` logged (or of metric `name`), in name and step
+    order; a value that is not finite is None, as the pages and the API show it."""
+    from experiments import series
+
+    return [
+        (metric, step, series.shown(value))
+        for metric, (steps, values, _) in series.points_of(getattr(run, "pk", run), name)
+        for step, value in zip(steps.tolist(), values.tolist(), strict=True)
+    ]
+
+
+def last_step(run, name: str) -> int | None:
+    """The last step `run` logged of metric `name` (from its summary), None if none."""
+    from experiments.models import MetricSummary
+
+    return MetricSummary.objects.filter(run=run, name=name).values_list("last_step", flat=True).first()

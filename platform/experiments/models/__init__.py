@@ -3,7 +3,7 @@ came of it (`results`), and what people add to them (`annotations`: tags, notes,
 
 from experiments.models.annotations import ExperimentTag, Note, RunTag, SavedView, check_tag
 from experiments.models.jobs import Checkpoint, PolicyVersion, RolloutJob
-from experiments.models.results import Completion, MetricPoint
+from experiments.models.results import Completion, MetricChunk, MetricSummary
 from experiments.models.runs import (
     Experiment,
     ExperimentNotDeletable,
@@ -24,7 +24,8 @@ __all__ = [
     "RunTag",
     "SavedView",
     "check_tag",
-    "MetricPoint",
+    "MetricChunk",
+    "MetricSummary",
     "PolicyVersion",
     "RolloutJob",
     "Run",

@@ -1,61 +1,71 @@
-"""What runs report: metric points, one per (run, name, step), and example completions."""
+"""What runs report: metric series in chunks with a summary per metric, and example completions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from datetime import datetime
-
-from django.db import connection, models
+from django.db import models
 
 
-class MetricPoint(models.Model):
-    """One metric of one run at one trainer step.
+class MetricChunk(models.Model):
+    """Up to `CHUNK_STEPS` points of one metric of one run: those whose steps share
+    `step >> CHUNK_BITS` (`chunk`), their steps, values and wall times packed as
+    `experiments.packing` says. Written and read through `experiments.series` only.
 
-    The unique index (run, name, step) is the only index: it leads with the run, so it serves the
-    run's foreign key too. On PostgreSQL it also carries `value` and `wall_time` (a covering
-    index, built by migration 0002: Django's `include` would leave SQLite with no unique index at
-    all), so a comparison reads one metric of hundreds of runs from the index alone.
-    """
+    The unique index (run, name, chunk) is the only index besides the key: it leads with the
+    run, so it serves the run's foreign key too."""
 
-    # No index of its own: the unique index below starts with the run.
     run = models.ForeignKey(
-        "experiments.Run", on_delete=models.CASCADE, related_name="points", db_index=False
+        "experiments.Run", on_delete=models.CASCADE, related_name="metric_chunks", db_index=False
     )
     name = models.CharField(max_length=100)
-    step = models.IntegerField()
-    value = models.FloatField(null=True, help_text="null for NaN or infinity")
-    wall_time = models.DateTimeField()
+    chunk = models.BigIntegerField(help_text="the steps' step >> CHUNK_BITS")
+    count = models.IntegerField(help_text="points in the chunk")
+    step_data = models.BinaryField()
+    value_data = models.BinaryField()
+    time_data = models.BinaryField()
 
     class Meta:
-        ordering = ["run", "name", "step"]
+        ordering = ["run", "name", "chunk"]
         constraints = [
-            # On PostgreSQL, migration 0002 rebuilds it with INCLUDE (value, wall_time).
-            models.UniqueConstraint(fields=["run", "name", "step"], name="one_point_per_run_name_step")
+            models.UniqueConstraint(fields=["run", "name", "chunk"], name="one_chunk_per_run_name_chunk")
         ]
 
     def __str__(self) -> str:
-        return f"{self.name}@{self.step}={self.value}"
+        return f"{self.name}[{self.chunk}]×{self.count}"
 
-    @classmethod
-    def upsert(cls, run_id: int, points: Iterable[tuple[str, int, float | None, datetime]]) -> None:
-        """Write (name, step, value, wall_time) points of run `run_id`, replacing the value and
-        wall time of a (run, name, step) already there. One parameterised INSERT … ON CONFLICT run
-        over all points (PostgreSQL and SQLite alike): what `bulk_create(update_conflicts=True)`
-        does, without a model instance and a compiled row per point. A trainer's flush of 1,000
-        points took 20 ms that way, in a thread holding the interpreter lock the update needs."""
-        ops = connection.ops
-        table = ops.quote_name(cls._meta.db_table)
-        sql = (
-            f"INSERT INTO {table} (run_id, name, step, value, wall_time) VALUES (%s, %s, %s, %s, %s) "
-            "ON CONFLICT (run_id, name, step) DO UPDATE SET value = excluded.value, wall_time = excluded.wall_time"
-        )
-        rows = [
-            (run_id, name, step, value, ops.adapt_datetimefield_value(wall))
-            for name, step, value, wall in points
-        ]
-        if rows:
-            with connection.cursor() as cursor:
-                cursor.executemany(sql, rows)
+
+class MetricSummary(models.Model):
+    """One metric of one run summed up, kept up to date as its points arrive (`experiments.series`):
+    lists, sorting, the query language and final values read this row, never the points. The
+    fields are `experiments.packing.summarise`'s; those "of finite values" leave NaN and ±infinity out."""
+
+    run = models.ForeignKey(
+        "experiments.Run", on_delete=models.CASCADE, related_name="metric_summaries", db_index=False
+    )
+    name = models.CharField(max_length=100)
+    count = models.IntegerField(help_text="points logged")
+    last_step = models.BigIntegerField()
+    last = models.FloatField(null=True, help_text="the value at the last step; null if NaN or infinite")
+    finite = models.IntegerField(help_text="points with a finite value")
+    first_step = models.BigIntegerField(null=True)
+    first = models.FloatField(null=True, help_text="the first finite value")
+    last_finite_step = models.BigIntegerField(null=True)
+    last_finite = models.FloatField(null=True, help_text="the last finite value")
+    min = models.FloatField(null=True)
+    max = models.FloatField(null=True)
+    total = models.FloatField(null=True, help_text="sum of the finite values (null if it overflowed)")
+    area = models.FloatField(null=True, help_text="trapezoids under the finite values over their steps")
+    tail = models.JSONField(default=list, help_text="the last TAIL finite values")
+
+    class Meta:
+        ordering = ["run", "name"]
+        constraints = [models.UniqueConstraint(fields=["run", "name"], name="one_summary_per_run_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.count} points, last {self.last}"
+
+    @property
+    def mean(self) -> float | None:
+        return None if self.total is None or not self.finite else self.total / self.finite
 
 
 class Completion(models.Model):

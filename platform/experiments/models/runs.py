@@ -21,7 +21,7 @@ from execution.models import needed_queues
 from experiments.collapse import METRIC as COLLAPSE_METRIC
 from experiments.collapse import Collapse, find_collapse
 from experiments.models.jobs import RolloutJob
-from experiments.models.results import Completion, MetricPoint
+from experiments.models.results import Completion, MetricSummary
 from experiments.models.turns import TakingTurns
 from experiments.text import public_error, variant_label
 from rlcore.config import RunConfig, error_list
@@ -107,7 +107,7 @@ class Experiment(models.Model):
         """What deleting the experiment deletes: its runs and the points and completions they logged."""
         return {
             "runs": self.runs.count(),
-            "points": MetricPoint.objects.filter(run__experiment=self).count(),
+            "points": sum(MetricSummary.objects.filter(run__experiment=self).values_list("count", flat=True)),
             "completions": Completion.objects.filter(run__experiment=self).count(),
         }
 
@@ -334,8 +334,11 @@ class Run(TakingTurns, Leased):
 
     def collapse(self) -> Collapse | None:
         """Where the run collapsed, from its logged held-out accuracy (None if it did not)."""
+        from experiments import series  # it reads the models of this package
+
+        steps, values, _ = series.series(self.pk, COLLAPSE_METRIC)
         return find_collapse(
-            MetricPoint.objects.filter(run=self, name=COLLAPSE_METRIC).values_list("step", "value")
+            (step, series.shown(value)) for step, value in zip(steps.tolist(), values.tolist(), strict=True)
         )
 
     def collapse_summary(self) -> dict[str, float]:
@@ -354,21 +357,22 @@ class Run(TakingTurns, Leased):
         `eval/accuracy_initial` (step 0), the latest `eval/accuracy`, `reward/mean` and `kl/init`,
         and the collapse keys. Empty when nothing was logged.
         """
-        points = MetricPoint.objects.filter(run=self)
-        last_step = points.aggregate(last=models.Max("step"))["last"]
-        if last_step is None:
+        from experiments import series  # it reads the models of this package
+
+        logged = {s.name: s for s in MetricSummary.objects.filter(run=self)}
+        if not logged:
             return {}
+        last_step = max(s.last_step for s in logged.values())
+        accuracy_steps, accuracy, _ = series.series(self.pk, "eval/accuracy")
+        initial = accuracy[accuracy_steps == 0]
         summary: dict[str, float | None] = {
             "steps": float(last_step),
             "completed": float(last_step == self.steps),
-            "eval/accuracy_initial": points.filter(name="eval/accuracy", step=0)
-            .values_list("value", flat=True)
-            .first(),
+            "eval/accuracy_initial": series.shown(initial[0]) if len(initial) else None,
         }
         for name in SUMMARY_LATEST:
-            latest = points.filter(name=name).order_by("-step").values_list("value", flat=True)[:1]
-            if latest:
-                summary[name] = latest[0]
+            if name in logged:
+                summary[name] = logged[name].last
         return {**summary, **self.collapse_summary()}
 
     @property

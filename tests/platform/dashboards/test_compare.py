@@ -11,9 +11,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from sample_experiments import accuracy, make_finished_experiment, reward, step_time, tokens_per_s
-from support import new_team_member
+from support import log_points, logged, new_team_member
 
-from experiments.models import MetricPoint, Run
+from experiments.models import MetricChunk, MetricSummary, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -147,7 +147,8 @@ def test_throughput_is_3600_over_the_mean_step_time_and_the_mean_tokens_per_s_ac
 
 def test_a_run_without_step_times_is_left_out_of_its_groups_throughput(alice_client, experiment):
     run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
-    MetricPoint.objects.filter(run=run, name__in=["time/step_s", "tokens_per_s"]).delete()
+    for model in (MetricChunk, MetricSummary):
+        model.objects.filter(run=run, name__in=["time/step_s", "tokens_per_s"]).delete()
     payload = data(alice_client, experiment)
     row = next(r for r in payload["throughput"] if (r["preset"], r["staleness"]) == ("grpo", "on-policy"))
     # Seed 0 alone: 0.75 s a step.
@@ -163,7 +164,8 @@ def test_a_run_without_step_times_is_left_out_of_its_groups_throughput(alice_cli
 
 def test_a_group_with_one_seed_with_points_says_so(alice_client, experiment):
     run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
-    MetricPoint.objects.filter(run=run).delete()
+    MetricChunk.objects.filter(run=run).delete()
+    MetricSummary.objects.filter(run=run).delete()
     run.status = Run.RUNNING
     run.save()
     payload = data(alice_client, experiment)
@@ -187,7 +189,7 @@ def test_the_metric_points_come_from_one_query(alice_client, experiment):
     point_queries = [
         q["sql"]
         for q in queries
-        if '"experiments_metricpoint"' in q["sql"] and '"experiments_run"' not in q["sql"]
+        if '"experiments_metricchunk"' in q["sql"] and '"experiments_run"' not in q["sql"]
     ]
     assert len(point_queries) == 1 and "reward/mean" in str(queries.captured_queries)
     # Session, user, experiment, runs (with their last reward and KL), points: none per run.
@@ -290,53 +292,85 @@ def test_any_metric_name_makes_a_safe_csv_file_name(alice_client, experiment):
 
 
 def test_points_come_back_per_run_sorted_by_step_with_missing_values_as_nan(experiment):
-    """The point reader (on PostgreSQL the binary-array path) returns steps, values and wall times
-    per run sorted by step whatever order the rows were written in; a NULL value is NaN."""
+    """The point reader (`series.by_run`, one query over the runs' chunks) returns steps, values
+    and wall times per run sorted by step whatever order the points were logged in, across chunks;
+    a value that is not finite (NaN, ±infinity) is NaN."""
     import numpy as np
     from sample_experiments import START
 
-    from dashboards.points import points_by_run
+    from experiments import series
 
     run, other = experiment.runs.all()[:2]
-    MetricPoint.objects.filter(run__in=[run, other]).delete()
     steps = [7, 3, 100_000, 0, 5]
-    MetricPoint.objects.bulk_create(
-        MetricPoint(
-            run=r, name="m", step=step, value=None if step == 5 else step / 10 + r.pk, wall_time=START
-        )
-        for r in (run, other)
-        for step in steps
-    )
-    MetricPoint.objects.filter(run=run, step=3).update(wall_time=START.replace(second=42))
-    points = points_by_run([run.pk, other.pk], "m", with_time=True)
+    for r, missing in ((run, float("nan")), (other, float("inf"))):
+        for step in steps:  # one point at a time, out of order: each merged into its chunk
+            log_points(r, [("m", step, missing if step == 5 else step / 10 + r.pk, START)])
+    log_points(run, [("m", 3, 0.3 + run.pk, START.replace(second=42))])  # a step logged again
+    points = series.by_run([run.pk, other.pk], "m", with_time=True)
     assert sorted(points) == sorted([run.pk, other.pk])
     got_steps, values, times = points[run.pk]
     np.testing.assert_array_equal(got_steps, [0, 3, 5, 7, 100_000])
     np.testing.assert_array_equal(values, [run.pk, 0.3 + run.pk, np.nan, 0.7 + run.pk, 10_000 + run.pk])
     assert times[1] - times[0] == 42 and times[0] == START.timestamp()
     assert points[other.pk][1][-1] == 10_000 + other.pk
-    assert points_by_run([run.pk], "no such metric") == {} and points_by_run([], "m") == {}
+    assert np.isnan(points[other.pk][1][2]), "infinity is shown as a gap too"
+    assert points[other.pk][2] is not None and series.by_run([other.pk], "m")[other.pk][2] is None
+    assert series.by_run([run.pk], "no such metric") == {} and series.by_run([], "m") == {}
 
 
-def test_metric_points_have_one_unique_index_covering_values_on_postgresql(experiment):
-    """The unique (run, name, step) index exists on every database (the worker's upserts need it)
-    and is the table's only index besides the primary key; on PostgreSQL it covers value and wall
-    time, so the comparison reads points from the index alone."""
+def test_metric_chunks_have_one_unique_index_and_a_step_logged_again_replaces_its_point(experiment):
+    """The unique (run, name, chunk) index exists on every database (the worker's upserts need it)
+    and is the table's only index besides the primary key (it leads with the run, so it serves the
+    run's foreign key too); the summaries have one per (run, name). A step logged again replaces
+    its point: its value and wall time, not a second point."""
     from django.db import IntegrityError, transaction
+    from sample_experiments import START
 
-    point = MetricPoint.objects.first()
+    from experiments import series
+
+    chunk = MetricChunk.objects.first()
     with pytest.raises(IntegrityError), transaction.atomic():
-        MetricPoint.objects.create(run=point.run, name=point.name, step=point.step, wall_time=point.wall_time)
-    with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, MetricPoint._meta.db_table)
-    indexes = [
-        c["columns"] for c in constraints.values() if (c["index"] or c["unique"]) and not c["primary_key"]
-    ]
-    assert indexes == [["run_id", "name", "step"]]
-    if connection.vendor == "postgresql":
+        MetricChunk.objects.create(
+            run=chunk.run,
+            name=chunk.name,
+            chunk=chunk.chunk,
+            count=chunk.count,
+            step_data=chunk.step_data,
+            value_data=chunk.value_data,
+            time_data=chunk.time_data,
+        )
+    summary = MetricSummary.objects.first()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        MetricSummary.objects.create(run=summary.run, name=summary.name, count=1, last_step=0, finite=1)
+    for model, key in ((MetricChunk, "chunk"), (MetricSummary, None)):
         with connection.cursor() as cursor:
-            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'one_point_per_run_name_step'")
-            assert cursor.fetchone()[0].endswith("(run_id, name, step) INCLUDE (value, wall_time)")
+            constraints = connection.introspection.get_constraints(cursor, model._meta.db_table)
+        indexes = [
+            c["columns"] for c in constraints.values() if (c["index"] or c["unique"]) and not c["primary_key"]
+        ]
+        assert indexes == [["run_id", "name", key] if key else ["run_id", "name"]], model
+
+    run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=0)
+    before = logged(run)
+    count = MetricSummary.objects.get(run=run, name="reward/mean").count
+    again = ("reward/mean", 7)
+    assert [p for p in before if p[:2] == again] == [(*again, reward(7, 20, 1, 0, 0))]
+    later = START.replace(minute=5)
+    log_points(run, [(*again, -1.5, later)])
+    after = logged(run)
+    assert len(after) == len(before), "no point added"
+    assert [p for p in after if p[:2] != again] == [p for p in before if p[:2] != again]
+    assert (*again, -1.5) in after
+    steps, values, times = series.series(run.pk, "reward/mean")
+    assert len(steps) == len(set(steps.tolist())) == count
+    (at,) = (steps == 7).nonzero()[0]
+    assert values[at] == -1.5 and times[at] == int(later.timestamp() * 1_000_000)
+    summary = MetricSummary.objects.get(run=run, name="reward/mean")
+    assert (summary.count, summary.min, MetricChunk.objects.get(run=run, name="reward/mean").count) == (
+        count,
+        -1.5,
+        count,
+    )
 
 
 DEMO_PRESETS = ("reinforce", "grpo", "rec-oneside-nois", "rec-oneside-nois-wide")
@@ -506,10 +540,10 @@ def test_a_change_of_exactly_delta_counts_as_within_it(alice_client, team, alice
     experiment = make_finished_experiment(
         team, alice, presets=("grpo",), seeds=(0, 1), final_accuracy=lambda p, s, seed: finals[s]
     )
-    raw = [
-        MetricPoint.objects.get(run__staleness=s, run__seed=0, name="eval/accuracy", step=20).value
-        for s in ("sync_offset=2", "on-policy")
-    ]
+    raw = []
+    for s in ("sync_offset=2", "on-policy"):
+        run = experiment.runs.get(staleness=s, seed=0)
+        raw.append({step: value for _, step, value in logged(run, "eval/accuracy")}[20])
     assert raw[0] - raw[1] < -0.02, "the data do hold the floating-point boundary case"
     payload = data(alice_client, experiment, metric="eval/accuracy")
     (row,) = payload["robustness"]
@@ -549,7 +583,8 @@ def test_verdicts_on_cells_still_running_say_so_and_cells_without_values_are_wai
     assert (found[1]["runs_active"], found[1]["runs"]) == (3, 36)
     assert found[1]["text"].startswith("Provisional: 3 of these cells' 36 runs are still queued or running.")
     # A cell whose runs have logged nothing yet is waited for, not missing.
-    MetricPoint.objects.filter(run__in=running).delete()
+    MetricChunk.objects.filter(run__in=running).delete()
+    MetricSummary.objects.filter(run__in=running).delete()
     waiting = data(alice_client, demo, metric="eval/accuracy")["findings"][1]
     assert waiting["verdict"] != "missing cells" and waiting["provisional"], waiting
     assert "reinforce × sync_offset=2" not in " ".join(waiting["missing"])

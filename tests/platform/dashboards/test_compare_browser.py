@@ -15,9 +15,9 @@ from urllib.parse import urlencode
 import pytest
 from django.urls import reverse
 from sample_experiments import START, make_finished_experiment
-from support import TEST_VAR
+from support import TEST_VAR, log_points
 
-from experiments.models import MetricPoint, Run
+from experiments.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -182,9 +182,7 @@ def test_a_running_experiment_is_polled_without_reloading(page, live_server, tea
     cell = page.text_content("#summary tr[data-preset=grpo] td[data-staleness=on-policy]")
     assert "1 seed, no interval" in cell and "1 still running (partial)" in cell
     page.evaluate("() => { window.notReloaded = true; }")
-    MetricPoint.objects.create(
-        run=run, name="reward/mean", step=5, value=2.0, wall_time=START + timedelta(seconds=5)
-    )
+    log_points(run, [("reward/mean", 5, 2.0, START + timedelta(seconds=5))])
     Run.objects.filter(pk=run.pk).update(status=Run.SUCCEEDED)
     page.wait_for_function(
         """() => [...document.querySelectorAll('#plots .panel')].some(p => p.data.some(

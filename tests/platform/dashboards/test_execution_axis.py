@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from django.urls import reverse
-from support import TINY_CONFIG, queue_sweep, wait_for
+from support import TINY_CONFIG, logged, queue_sweep, wait_for
 
-from experiments.models import MetricPoint, Run
+from experiments.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -18,7 +18,7 @@ PRESETS = ["reinforce", "grpo"]
 
 
 def final_accuracy(run: Run) -> float:
-    return MetricPoint.objects.filter(run=run, name="eval/accuracy").order_by("-step").first().value
+    return logged(run, "eval/accuracy")[-1][2]
 
 
 def test_an_async_cell_is_compared_with_the_same_on_policy_runs(start_worker, team, alice, alice_client):
@@ -52,15 +52,10 @@ def test_an_async_cell_is_compared_with_the_same_on_policy_runs(start_worker, te
 
     # The measured lag is what the async runs logged: the mean over their steps of `staleness/mean`.
     async_runs = [r for r in runs if r.staleness == "async ≤ 2"]
-    logged = [
-        np.mean(
-            list(MetricPoint.objects.filter(run=r, name="staleness/mean").values_list("value", flat=True))
-        )
-        for r in async_runs
-    ]
+    run_lags = [np.mean([value for _, _, value in logged(r, "staleness/mean")]) for r in async_runs]
     lag = payload["lags"]["async ≤ 2"]
     assert lag["measured"] and lag["bound"] == 2
-    assert lag["mean_lag"] == pytest.approx(float(np.mean(logged)), abs=1e-9)
+    assert lag["mean_lag"] == pytest.approx(float(np.mean(run_lags)), abs=1e-9)
     assert 0 <= lag["mean_lag"] <= 2
     # sync_offset=2 over 8 steps: v(t) = max(0, t − 3), lags t − 1 − v(t) = 0, 1, 2, 2, 2, 2, 2, 2.
     assert payload["lags"]["sync_offset=2"] == {"mean_lag": 13 / 8, "measured": False, "bound": None}

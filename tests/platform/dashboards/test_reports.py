@@ -10,11 +10,12 @@ import zipfile
 
 import pytest
 import test_compare
-from support import new_team_member
+from support import log_points, new_team_member
 
 from dashboards import reports
 from dashboards.models import Report, ReportRun
-from experiments.models import MetricPoint, Run
+from experiments import packing, series
+from experiments.models import Run
 
 demo = test_compare.demo  # 4 presets × 3 staleness settings × 3 seeds, finished
 
@@ -52,11 +53,13 @@ def add_seed(run: Run, seed: int, shift: float) -> Run:
     copy.pk, copy.key, copy.seed = None, uuid.uuid4(), seed
     copy.config = {**copy.config, "seed": seed}
     copy.save()
-    MetricPoint.objects.bulk_create(
+    log_points(
+        copy,
         [
-            MetricPoint(run=copy, name=p.name, step=p.step, value=p.value + shift, wall_time=p.wall_time)
-            for p in MetricPoint.objects.filter(run=run)
-        ]
+            (name, step, value + shift, packing.wall_time(us))
+            for name, (steps, values, times) in series.points_of(run.pk)
+            for step, value, us in zip(steps.tolist(), values.tolist(), times.tolist(), strict=True)
+        ],
     )
     return copy
 

@@ -17,12 +17,11 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db.models import Count
 from django.utils import timezone
-from support import TINY_CONFIG, queue_sweep, use_broker, wait_for
+from support import TINY_CONFIG, logged, queue_sweep, use_broker, wait_for
 
 from accounts.models import ApiToken
-from experiments.models import MetricPoint, Run
+from experiments.models import Run
 from rlcore.sinks import STEP_METRICS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,12 +91,12 @@ def test_a_broker_killed_and_restarted_loses_and_duplicates_nothing(
     claims = Counter(int(n) for n in re.findall(r"run (\d+) attempt \d+: claimed by", log))
     attempts = {run.pk: run.attempt for run in runs}
     expected = {run.pk: 2 if run.pk in (cancelled.pk, orphan.pk) else 1 for run in runs}
-    points = MetricPoint.objects.filter(run__in=runs, name__in=STEP_METRICS)
-    duplicated = sum(n - 1 for n in claims.values() if n > 1) + sum(
-        row["n"] - 1 for row in points.values("run", "name", "step").annotate(n=Count("id")).filter(n__gt=1)
+    points = Counter(
+        (run.pk, name, step) for run in runs for name, step, _ in logged(run) if name in STEP_METRICS
     )
+    duplicated = sum(n - 1 for n in claims.values() if n > 1) + sum(n - 1 for n in points.values() if n > 1)
     steps_of = {run.pk: run.steps for run in runs}
-    have = Counter(points.values_list("run", flat=True))
+    have = Counter(pk for pk, _, _ in points.elements())
     lost = sum(run.status != Run.SUCCEEDED for run in runs) + sum(
         max(0, steps_of[pk] * len(STEP_METRICS) - have[pk]) for pk in steps_of
     )

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 from django.core.management import CommandError, call_command
-from support import TINY_CONFIG, new_team_member, queue_sweep
+from support import TINY_CONFIG, log_points, new_team_member, queue_sweep
 
-from experiments.models import MetricPoint, RolloutJob, Run
+from experiments.models import RolloutJob, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -20,14 +20,17 @@ pytestmark = pytest.mark.django_db
 def run(make_run):
     run = make_run("read me", seed=3)
     now = datetime.now(UTC)
-    MetricPoint.objects.bulk_create(
-        MetricPoint(run=run, name=name, step=step, value=value, wall_time=now)
-        for name, step, value in [
-            ("loss", 1, 0.5),
-            ("loss", 2, 0.25),
-            ("reward/mean", 1, 0.125),
-            ("kl/init", 1, None),
-        ]
+    log_points(
+        run,
+        [
+            (name, step, value, now)
+            for name, step, value in [
+                ("loss", 1, 0.5),
+                ("loss", 2, 0.25),
+                ("reward/mean", 1, 0.125),
+                ("kl/init", 1, float("inf")),  # not finite: null in JSON
+            ]
+        ],
     )
     return run
 

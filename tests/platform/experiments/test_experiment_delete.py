@@ -9,9 +9,10 @@ import pytest
 from django.conf import settings
 from django.test import Client
 from django.urls import reverse
+from support import log_points
 
 from accounts.models import ApiToken
-from experiments.models import Experiment, MetricPoint, Run
+from experiments.models import Experiment, MetricChunk, MetricSummary, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)  # folders are removed once the delete commits
 
@@ -21,10 +22,7 @@ def experiment(make_experiment):
     experiment = make_experiment("doomed", seeds=[0, 1])
     now = datetime.now(UTC)
     for run in experiment.runs.all():
-        MetricPoint.objects.bulk_create(
-            MetricPoint(run=run, name="loss", step=step, value=1.0 / step, wall_time=now)
-            for step in (1, 2, 3)
-        )
+        log_points(run, [("loss", step, 1.0 / step, now) for step in (1, 2, 3)])
         run.checkpoint_dir.mkdir(parents=True)
         (run.checkpoint_dir / "step-2.pt").write_bytes(b"weights")
         run.buffer_dir.mkdir()
@@ -60,7 +58,9 @@ def test_an_admin_confirms_and_the_runs_points_and_folders_go(alice_client, expe
     assert response.redirect_chain[-1][0] == reverse("experiment-list")
     assert "Deleted doomed" in response.content.decode()
     assert not Experiment.objects.filter(pk=experiment.pk).exists()
-    assert Run.objects.count() == 0 and MetricPoint.objects.count() == 0
+    assert (
+        Run.objects.count() == 0 and MetricChunk.objects.count() == 0 and MetricSummary.objects.count() == 0
+    )
     assert not any(folder.exists() for folder in folders)
 
 

@@ -13,9 +13,9 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
-from support import TINY_CONFIG
+from support import TINY_CONFIG, log_points
 
-from experiments.models import MetricPoint, Run
+from experiments.models import Run
 
 pytestmark = pytest.mark.django_db
 
@@ -71,7 +71,7 @@ def test_wall_clock_is_on_the_run_experiment_and_list_pages(alice_client, runs):
 
 def test_the_run_pages_csv_works_with_the_session(alice_client, runs):
     simulated, _ = runs
-    MetricPoint.upsert(simulated.pk, [("loss", 1, 0.5, timezone.now()), ("loss", 2, None, timezone.now())])
+    log_points(simulated, [("loss", 1, 0.5, timezone.now()), ("loss", 2, float("nan"), timezone.now())])
     page = alice_client.get(reverse("run-detail", args=[simulated.pk])).content.decode()
     url = reverse("run-metrics-csv", args=[simulated.pk])
     assert f'href="{url}"' in page

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.urls import reverse
 from support import queue_sweep, wait_for
 
-from experiments.models import Experiment, MetricPoint, Run
+from experiments.models import Experiment, MetricChunk, MetricSummary, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,5 +52,6 @@ def test_runs_record_provenance_and_an_experiment_never_mixes_theta0(start_worke
     second = ended(second)
     assert second.status == Run.FAILED
     assert record["theta0_sha256"] in second.error and other in second.error
-    assert not MetricPoint.objects.filter(run=second).exists(), "a refused run logs nothing"
+    assert not MetricChunk.objects.filter(run=second).exists(), "a refused run logs nothing"
+    assert not MetricSummary.objects.filter(run=second).exists()
     assert second.provenance == {}

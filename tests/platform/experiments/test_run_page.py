@@ -15,9 +15,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from sample_experiments import START, make_finished_experiment, reward
-from support import TINY_CONFIG, new_team_member, queue_sweep
+from support import TINY_CONFIG, log_points, new_team_member, queue_sweep
 
-from experiments.models import Completion, MetricPoint, RolloutJob, Run
+from experiments.models import Completion, RolloutJob, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -37,9 +37,8 @@ def curves(client, run) -> dict:
 
 
 def add_points(run, name: str, values: list[float | None]) -> None:
-    MetricPoint.objects.bulk_create(
-        MetricPoint(run=run, name=name, step=step, value=value, wall_time=START + timedelta(seconds=step))
-        for step, value in enumerate(values)
+    log_points(
+        run, [(name, step, value, START + timedelta(seconds=step)) for step, value in enumerate(values)]
     )
 
 
@@ -79,7 +78,7 @@ def test_a_long_metric_is_downsampled_keeping_its_spike_first_and_last_points(al
     add_points(run, "loss", values)
     with CaptureQueriesContext(connection) as queries:
         loss = curves(alice_client, run)["metrics"]["loss"]
-    assert len([q for q in queries if "experiments_metricpoint" in q["sql"]]) == 1, "one query for all points"
+    assert len([q for q in queries if "experiments_metricchunk" in q["sql"]]) == 1, "one query for all points"
     assert 1000 < len(loss["x"]) <= 3001 and len(loss["y"]) == len(loss["x"])
     assert loss["x"] == sorted(set(loss["x"]))
     assert (loss["x"][0], loss["x"][-1]) == (0, 4999)
@@ -93,8 +92,8 @@ def test_missing_values_come_back_as_null(alice_client, team, alice):
         team, alice, presets=("grpo",), staleness=({},), seeds=(0,), steps=2
     )
     run = experiment.runs.get()
-    add_points(run, "grad_norm", [0.5, None, 0.75])
-    add_points(run, "entropy", [None, None])
+    add_points(run, "grad_norm", [0.5, float("nan"), 0.75])  # logged as they came: NaN, ±infinity
+    add_points(run, "entropy", [float("inf"), float("-inf")])
     metrics = curves(alice_client, run)["metrics"]
     assert metrics["grad_norm"] == {"x": [0, 1, 2], "y": [0.5, None, 0.75]}
     assert metrics["entropy"] == {"x": [0, 1], "y": [None, None]}

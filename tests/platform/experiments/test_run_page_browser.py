@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 from django.urls import reverse
 from sample_experiments import START, make_finished_experiment
-from support import TEST_VAR
+from support import TEST_VAR, log_points
 
-from experiments.models import Completion, MetricPoint, Run
+from experiments.models import Completion, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,10 +39,13 @@ def test_a_finished_run_shows_its_curves_and_other_runs_completions_as_text(page
     experiment = make_finished_experiment(team, alice, seeds=(0,), steps=20)
     runs = {(r.preset, r.staleness): r for r in experiment.runs.all()}
     run = runs["grpo", "on-policy"]
-    MetricPoint.objects.bulk_create(
-        MetricPoint(run=run, name=name, step=step, value=value, wall_time=START + timedelta(seconds=step))
-        for name, values in {ODD_NAME: [1.0, None, 3.0]}.items()
-        for step, value in zip((0, 10, 20), values, strict=True)
+    log_points(
+        run,
+        [
+            (name, step, value, START + timedelta(seconds=step))
+            for name, values in {ODD_NAME: [1.0, float("nan"), 3.0]}.items()
+            for step, value in zip((0, 10, 20), values, strict=True)
+        ],
     )
     Completion.objects.create(run=run, step=20, prompt="12+34=", completion="46", reward=1.0)
     Completion.objects.create(
@@ -100,15 +103,12 @@ def test_a_running_runs_curves_are_polled_without_reloading(page, live_server, t
     assert "refreshing" in page.text_content("#run-curves-status")
     assert page.locator("#run-curves .js-plotly-plot").count() == 6
     page.evaluate("() => { window.notReloaded = true; }")
-    MetricPoint.objects.bulk_create(
+    log_points(
+        run,
         [
-            MetricPoint(
-                run=run, name="reward/mean", step=5, value=2.0, wall_time=START + timedelta(seconds=5)
-            ),
-            MetricPoint(
-                run=run, name="kl/behavior", step=5, value=0.1, wall_time=START + timedelta(seconds=5)
-            ),
-        ]
+            ("reward/mean", 5, 2.0, START + timedelta(seconds=5)),
+            ("kl/behavior", 5, 0.1, START + timedelta(seconds=5)),
+        ],
     )
     Run.objects.filter(pk=run.pk).update(status=Run.SUCCEEDED, progress=5)
     page.wait_for_function(
@@ -141,16 +141,12 @@ def test_a_constant_small_metric_and_a_one_point_metric_are_visible(page, live_s
     run = make_finished_experiment(
         team, alice, presets=("grpo",), staleness=({},), seeds=(0,), steps=3
     ).runs.get()
-    MetricPoint.objects.bulk_create(
+    log_points(
+        run,
         [
-            *(
-                MetricPoint(
-                    run=run, name="lr", step=step, value=3e-5, wall_time=START + timedelta(seconds=step)
-                )
-                for step in (1, 2, 3)
-            ),
-            MetricPoint(run=run, name="eval/kl_init", step=0, value=0.26, wall_time=START),
-        ]
+            *(("lr", step, 3e-5, START + timedelta(seconds=step)) for step in (1, 2, 3)),
+            ("eval/kl_init", 0, 0.26, START),
+        ],
     )
     page.goto(live_server.url + reverse("run-detail", args=[run.pk]))
     rendered(page)

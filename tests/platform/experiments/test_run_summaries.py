@@ -18,10 +18,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import transaction
 from django.urls import reverse
-from support import TINY_CONFIG, queue_sweep, wait_for
+from support import TINY_CONFIG, log_points, logged, queue_sweep, wait_for
 
 from experiments.collapse import Collapse, find_collapse
-from experiments.models import MetricPoint, Run
+from experiments.models import Run
 from experiments.sweeps import create_experiment, expand
 
 RUN_TIMEOUT_S = 240
@@ -82,9 +82,7 @@ def test_a_run_at_lr_1_collapses_and_one_at_the_default_lr_does_not(worker, team
         collapsed.error,
         healthy.error,
     ]
-    accuracy = dict(
-        MetricPoint.objects.filter(run=collapsed, name="eval/accuracy").values_list("step", "value")
-    )
+    accuracy = {step: value for _, step, value in logged(collapsed, "eval/accuracy")}
     assert accuracy[0] >= 0.3 and max(accuracy[s] for s in (4, 6, 8)) <= 0.1 * accuracy[0], accuracy
     assert collapsed.collapsed is True and collapsed.summary["collapsed"] == 1.0
     assert collapsed.summary["collapsed_step"] == collapsed.collapse().step <= 4
@@ -161,11 +159,11 @@ def test_a_run_that_fails_mid_way_has_a_summary_of_what_it_logged(worker, team, 
     finally:
         shutil.rmtree(run.checkpoint_dir.parent)
     assert run.status == Run.FAILED and "FileExistsError" in run.error, run.error
-    points = MetricPoint.objects.filter(run=run)
-    assert max(points.values_list("step", flat=True)) == 20
+    points = {(name, step): value for name, step, value in logged(run)}
+    assert max(step for _, step in points) == 20
 
     def value(name: str, step: int) -> float | None:
-        return points.get(name=name, step=step).value
+        return points[name, step]
 
     assert run.summary == {
         "steps": 20.0,
@@ -188,7 +186,7 @@ def test_a_run_that_fails_mid_way_has_a_summary_of_what_it_logged(worker, team, 
 def test_a_new_attempt_starts_without_the_last_attempts_summary(team, alice):
     run = queue_sweep(team, alice, "again").runs.get()
     assert run.claim("w1", 1)
-    MetricPoint.objects.create(run=run, name="reward/mean", step=0, value=0.25, wall_time=run.started)
+    log_points(run, [("reward/mean", 0, 0.25, run.started)])
     assert run.fail("w1", "RuntimeError: boom") and run.summary["reward/mean"] == 0.25
     assert run.retry() and run.summary["reward/mean"] == 0.25  # shown until a worker takes the new attempt
     assert run.claim("w2", 2) and run.summary == {}
@@ -205,10 +203,7 @@ def test_the_comparison_page_lists_collapsed_runs(page, live_server, team, alice
         with transaction.atomic():
             run = create_experiment(team, alice, f"lr {lr}", "", grid).runs.get()
             assert run.claim("w", 1)
-        MetricPoint.objects.bulk_create(
-            MetricPoint(run=run, name="eval/accuracy", step=step, value=value, wall_time=datetime.now(UTC))
-            for step, value in accuracies
-        )
+        log_points(run, [("eval/accuracy", step, value, datetime.now(UTC)) for step, value in accuracies])
         assert run.finish("w", run.summary_from_points())
         ended.append(run)
     collapsed, healthy = ended
@@ -232,13 +227,16 @@ def test_the_comparison_page_lists_collapsed_runs(page, live_server, team, alice
 def test_a_run_reaped_with_a_cancel_pending_keeps_a_summary_of_its_points(team, alice):
     run = queue_sweep(team, alice, "gone").runs.get()
     assert run.claim("w1", 1)
-    MetricPoint.objects.bulk_create(
-        MetricPoint(run=run, name=name, step=step, value=value, wall_time=run.started)
-        for name, step, value in [
-            ("eval/accuracy", 0, 0.25),
-            ("reward/mean", 1, 0.5),
-            ("reward/mean", 2, 0.75),
-        ]
+    log_points(
+        run,
+        [
+            (name, step, value, run.started)
+            for name, step, value in [
+                ("eval/accuracy", 0, 0.25),
+                ("reward/mean", 1, 0.5),
+                ("reward/mean", 2, 0.75),
+            ]
+        ],
     )
     assert run.cancel()
     Run.objects.filter(pk=run.pk).update(heartbeat=run.started - timedelta(hours=1))

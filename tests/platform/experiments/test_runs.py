@@ -10,13 +10,13 @@ import platform
 import re
 
 import pytest
-from django.db.models import Count
 from django.urls import reverse
 from django.utils import timezone
-from support import TINY_CONFIG, queue_sweep, wait_for
+from support import TINY_CONFIG, logged, queue_sweep, wait_for
 
 from accounts.models import ApiToken
-from experiments.models import Completion, MetricPoint, Run
+from experiments import packing, series
+from experiments.models import Completion, MetricSummary, Run
 from rlcore.sinks import EVAL_METRICS, STEP_METRICS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,7 +77,7 @@ def test_form_sweep_runs_to_completion_with_every_metric(worker, team, alice):
     wait_for(all_done, RUN_TIMEOUT_S, "4 runs to succeed")
     steps = TINY_CONFIG["steps"]
     for run in runs:
-        points = set(MetricPoint.objects.filter(run=run).values_list("name", "step"))
+        points = {(name, step) for name, step, _ in logged(run)}
         for name in STEP_METRICS:
             assert {(name, s) for s in range(1, steps + 1)} <= points, (run, name)
         for name in EVAL_METRICS:
@@ -100,7 +100,9 @@ def test_cancelling_a_running_run_stops_it_within_one_step(worker, team, alice, 
     long_run = {**TINY_CONFIG, "steps": 2000, "eval_every": 0}
     experiment = queue_sweep(team, alice, "long", config=long_run, presets=["reinforce"])
     run = experiment.runs.get()
-    wait_for(lambda: MetricPoint.objects.filter(run=run, step__gte=2).exists(), RUN_TIMEOUT_S, "two steps")
+    wait_for(
+        lambda: MetricSummary.objects.filter(run=run, last_step__gte=2).exists(), RUN_TIMEOUT_S, "two steps"
+    )
 
     token = ApiToken.issue(alice)
     response = client.post(f"/api/runs/{run.pk}/cancel", HTTP_AUTHORIZATION=f"Bearer {token}")
@@ -109,12 +111,16 @@ def test_cancelling_a_running_run_stops_it_within_one_step(worker, team, alice, 
     wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.CANCELLED, 60, "the run to be cancelled")
 
     run.refresh_from_db()
-    kept = MetricPoint.objects.filter(run=run)
-    steps_after_cancel = kept.filter(wall_time__gt=cancel_visible).values("step").distinct().count()
+    kept = [
+        (name, step, us)
+        for name, (steps, _, times) in series.points_of(run.pk)
+        for step, us in zip(steps.tolist(), times.tolist(), strict=True)
+    ]
+    steps_after_cancel = len({step for _, step, us in kept if us > packing.micros(cancel_visible)})
     assert steps_after_cancel <= 1, "the step in progress may finish; no further step may start"
-    assert kept.filter(name="reward/mean").count() >= 2
+    assert len([name for name, _, _ in kept if name == "reward/mean"]) >= 2
     assert run.progress < 2000 and run.finished is not None
-    assert kept.values("name", "step").annotate(n=Count("id")).filter(n__gt=1).count() == 0
+    assert len({(name, step) for name, step, _ in kept}) == len(kept), "no step logged twice"
 
 
 def test_the_stdlib_platform_module_works_in_the_app_and_the_worker(worker, client):

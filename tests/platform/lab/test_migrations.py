@@ -61,7 +61,8 @@ from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 from accounts.models import ApiToken, Invitation, Membership, Team
 from execution.models import Worker
-from experiments.models import Experiment, MetricPoint, Run, SweepTemplate
+from experiments import series
+from experiments.models import Experiment, Run, SweepTemplate
 
 team = Team.objects.get(name="red")
 run = Run.objects.select_related("experiment__team").get()
@@ -73,7 +74,7 @@ print(json.dumps({{
     "worker": list(Worker.objects.values_list("identity", "queues")),
     "run_team": run.experiment.team.name,
     "experiments": list(Experiment.objects.filter(team=team).values_list("name", flat=True)),
-    "points": list(MetricPoint.objects.filter(run=run).values_list("name", "step", "value")),
+    "points": [(n, s, v) for n, (steps, values, _) in series.points_of(run.pk) for s, v in zip(steps.tolist(), values.tolist())],
     "templates": list(SweepTemplate.objects.filter(team=team).values_list("name", flat=True)),
     "types_before": types,
     "types_after": {{ct.model: [ct.app_label, ct.pk] for ct in ContentType.objects.filter(model__in={list(MOVED)!r})}},
@@ -167,3 +168,87 @@ def test_migrate_from_the_last_migration_before_the_move_keeps_the_data(database
     assert {f"{verb}_{model}" for model in MOVED for verb in ("add", "change", "delete", "view")} <= set(
         found["permissions"]
     )
+
+
+BEFORE_CHUNKS = ("experiments", "0017_run_archived")
+
+# Migrate to 0017, log points the old way (a row each: NaN and infinity were stored as null),
+# migrate to the end (the points move into chunks and summaries), read them back through today's
+# code, migrate back to 0017 and read the rows again.
+CHUNKS_SCENARIO = f"""
+import json, os, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
+django.setup()
+from datetime import datetime, timedelta, timezone
+from django.core.management import call_command
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+before = {BEFORE_CHUNKS!r}
+call_command("migrate", *before, verbosity=0)
+old = MigrationExecutor(connection).loader.project_state(before).apps
+model = lambda app, name: old.get_model(app, name)
+start = datetime(2026, 3, 4, 5, 6, 7, 891011, tzinfo=timezone.utc)
+alice = model("auth", "User").objects.create(username="alice")
+team = model("accounts", "Team").objects.create(name="red")
+experiment = model("experiments", "Experiment").objects.create(team=team, owner=alice, name="sweep", spec={{}})
+runs = [
+    model("experiments", "Run").objects.create(
+        experiment=experiment, config={{"steps": 3000}}, preset="grpo", staleness="on-policy", seed=seed
+    )
+    for seed in (0, 1)
+]
+Point = model("experiments", "MetricPoint")
+long_name = "m" * 100
+rows = [
+    Point(run=runs[0], name="loss", step=step, value=1.0 / step, wall_time=start + timedelta(microseconds=step))
+    for step in range(1, 2600)
+] + [
+    Point(run=runs[0], name="loss", step=3000, value=None, wall_time=start),
+    Point(run=runs[1], name=long_name, step=-5, value=-2.5, wall_time=start),
+    Point(run=runs[1], name=long_name, step=2**30, value=None, wall_time=start),
+    Point(run=runs[1], name="eval/accuracy", step=0, value=0.25, wall_time=start),
+]
+Point.objects.bulk_create(rows)
+def points():
+    return sorted(
+        [r.run_id, r.name, r.step, r.value, r.wall_time.isoformat()]
+        for r in model("experiments", "MetricPoint").objects.all()
+    )
+logged = points()
+
+call_command("migrate", verbosity=0)
+from experiments import packing, series
+from experiments.models import MetricChunk, MetricSummary
+moved = sorted(
+    [run.pk, name, step, series.shown(value), packing.wall_time(us).isoformat()]
+    for run in runs
+    for name, (steps, values, times) in series.points_of(run.pk)
+    for step, value, us in zip(steps.tolist(), values.tolist(), times.tolist())
+)
+summaries = {{
+    f"{{s.run_id}}:{{s.name}}": [s.count, s.last_step, s.last, s.finite, s.min, s.max]
+    for s in MetricSummary.objects.all()
+}}
+chunks = MetricChunk.objects.filter(run_id=runs[0].pk, name="loss").count()
+call_command("migrate", *before, verbosity=0)
+old = MigrationExecutor(connection).loader.project_state(before).apps
+print(json.dumps({{
+    "logged": logged, "moved": moved, "back": points(), "summaries": summaries, "chunks": chunks,
+    "runs": [run.pk for run in runs],
+}}))
+"""
+
+
+def test_migrating_points_into_chunks_keeps_every_point_and_back(database_url, tmp_path):
+    found = json.loads(python(CHUNKS_SCENARIO, tmp_path, database_url))
+    assert len(found["logged"]) == 2603
+    assert found["moved"] == found["logged"], "every point, value and wall time (µs) as it was"
+    assert found["back"] == found["logged"], "and back again"
+    assert found["chunks"] == 3  # steps 1–1023, 1024–2047, 2048–2599 and 3000
+    first, second = found["runs"]
+    assert found["summaries"] == {
+        f"{first}:loss": [2600, 3000, None, 2599, 1.0 / 2599, 1.0],
+        f"{second}:{'m' * 100}": [2, 2**30, None, 1, -2.5, -2.5],
+        f"{second}:eval/accuracy": [1, 0, 0.25, 1, 0.25, 0.25],
+    }

@@ -4,9 +4,9 @@ metric equal to the simulated run of the same config and seed at every step."""
 from __future__ import annotations
 
 import pytest
-from support import TINY_CONFIG, queue_sweep, wait_for
+from support import TINY_CONFIG, last_step, logged, queue_sweep, wait_for
 
-from experiments.models import MetricPoint, PolicyVersion, RolloutJob, Run
+from experiments.models import PolicyVersion, RolloutJob, Run
 from rlcore.sinks import EVAL_METRICS, MISMATCH_METRICS, STEP_METRICS
 from rlcore.staleness import behavior_version
 
@@ -20,12 +20,7 @@ STALENESS = [{"sync_offset": 2}, {"sync_interval": 3}]
 
 
 def curves(run: Run) -> dict[tuple[str, int], float]:
-    return {
-        (name, step): value
-        for name, step, value in MetricPoint.objects.filter(run=run, name__in=COMPARED).values_list(
-            "name", "step", "value"
-        )
-    }
+    return {(name, step): value for name, step, value in logged(run) if name in COMPARED}
 
 
 def wait_until_over(runs, timeout_s: float) -> None:
@@ -150,7 +145,7 @@ def kill_mid_job(workers, timeout_s: float = 120):
 
 
 def assert_one_point_per_name_and_step(run: Run) -> None:
-    points = list(MetricPoint.objects.filter(run=run).values_list("name", "step"))
+    points = [(name, step) for name, step, _ in logged(run)]
     assert len(points) == len(set(points))
 
 
@@ -165,7 +160,7 @@ def test_killed_rollout_and_training_workers_lose_nothing_and_change_no_value(st
     run, twin = experiment.runs.get(), twin_experiment.runs.get()
     killed_job, doomed, [survivor] = kill_mid_job(rollout_workers)
     wait_for(
-        lambda: MetricPoint.objects.filter(run=run, name="loss", step__gte=10).exists(),
+        lambda: (last_step(run, "loss") or -1) >= 10,
         240,
         "10 steps of the distributed run",
     )
@@ -209,7 +204,7 @@ def test_async_runs_stay_within_max_staleness_and_survive_a_killed_rollout_worke
     for run in runs:
         run.refresh_from_db()
         assert run.status == Run.SUCCEEDED, run.error
-        lags = dict(MetricPoint.objects.filter(run=run, name="staleness/max").values_list("step", "value"))
+        lags = {step: value for _, step, value in logged(run, "staleness/max")}
         assert sorted(lags) == list(range(1, 17))
         assert max(lags.values()) <= 2, "no batch older than max_staleness versions"
         assert lags[1] == 0, "step 1 can only train on θ0's batch"
@@ -222,11 +217,9 @@ def test_async_runs_stay_within_max_staleness_and_survive_a_killed_rollout_worke
             (step, lo, hi, step) for step in (8, 16) for lo, hi in ((0, 7), (7, 13), (13, 20))
         ]
         assert not evals.exclude(status=RolloutJob.DONE).exists()
-        accuracy = MetricPoint.objects.filter(run=run, name="eval/accuracy")
-        assert sorted(accuracy.values_list("step", flat=True)) == [0, 8, 16]
-        assert run.summary["eval/accuracy"] == accuracy.get(step=16).value, (
-            "the summary has the last evaluation"
-        )
+        accuracy = {step: value for _, step, value in logged(run, "eval/accuracy")}
+        assert sorted(accuracy) == [0, 8, 16]
+        assert run.summary["eval/accuracy"] == accuracy[16], "the summary has the last evaluation"
         assert_one_point_per_name_and_step(run)
     killed_job.refresh_from_db()
     assert killed_job.status == RolloutJob.DONE
@@ -252,7 +245,7 @@ def test_an_async_run_splits_its_staleness_and_measures_its_bfloat16_mismatch(st
     assert run.status == Run.SUCCEEDED, run.error
 
     def series(name):
-        return dict(MetricPoint.objects.filter(run=run, name=name).values_list("step", "value"))
+        return {step: value for _, step, value in logged(run, name)}
 
     flight, queue, lag = series("staleness/in_flight"), series("staleness/in_queue"), series("staleness/mean")
     assert sorted(flight) == sorted(queue) == list(range(1, 9))

@@ -9,10 +9,10 @@ import shutil
 import pytest
 from django.conf import settings
 from django.core.management import call_command
-from django.db.models import Count
-from support import TINY_CONFIG, queue_sweep, wait_for
+from support import TINY_CONFIG, last_step, queue_sweep, wait_for
 
-from experiments.models import MetricPoint, Run
+from experiments import packing, series
+from experiments.models import MetricChunk, MetricSummary, Run
 from experiments.sweeps import create_experiment, expand
 from rlcore import models
 from rlcore.sinks import STEP_METRICS, WARM_START
@@ -30,7 +30,7 @@ def test_sigkilled_worker_run_is_reaped_requeued_and_resumed(start_worker, team,
     run = experiment.runs.get()
     first = start_worker()
     wait_for(
-        lambda: MetricPoint.objects.filter(run=run, name="loss", step__gte=5).exists(),
+        lambda: (last_step(run, "loss") or -1) >= 5,
         240,
         "5 steps on the first worker",
     )
@@ -52,17 +52,20 @@ def test_sigkilled_worker_run_is_reaped_requeued_and_resumed(start_worker, team,
     wait_for(lambda: Run.objects.get(pk=run.pk).status not in Run.ACTIVE, 240, "the second attempt to end")
     run.refresh_from_db()
     assert (run.status, run.attempt, run.worker) == (Run.SUCCEEDED, 2, second.identity), run.error
-    points = MetricPoint.objects.filter(run=run)
-    assert points.values("name", "step").annotate(n=Count("id")).filter(n__gt=1).count() == 0
+    points = [
+        (name, step, us)
+        for name, (steps, _, times) in series.points_of(run.pk)
+        for step, us in zip(steps.tolist(), times.tolist(), strict=True)
+    ]
+    assert len({(name, step) for name, step, _ in points}) == len(points), "one point per (name, step)"
     for name in STEP_METRICS:
-        assert sorted(points.filter(name=name).values_list("step", flat=True)) == list(range(1, STEPS + 1)), (
-            name
-        )
+        assert sorted(step for n, step, _ in points if n == name) == list(range(1, STEPS + 1)), name
     assert (
         f"run {run.pk} attempt 1" not in second.log() and f"run {run.pk} attempt 2: succeeded" in second.log()
     )
     # Resumed, not restarted: the steps before the checkpoint keep the points attempt 1 wrote.
-    assert points.get(name="loss", step=1).wall_time < run.started
+    (loss_1,) = [us for name, step, us in points if (name, step) == ("loss", 1)]
+    assert packing.wall_time(loss_1) < run.started
 
 
 def test_the_worker_reaps_lost_runs_by_itself(start_worker, team, alice, worker_env):
@@ -117,7 +120,8 @@ def test_a_cancel_pending_when_the_worker_dies_in_the_warm_start_is_final(start_
         assert run.error == f"worker {first.identity} stopped sending heartbeats"
         assert f"run {run.pk} lost ({run.error}); now cancelled, attempt 1" in second.log()
         assert f"run {run.pk} attempt 2" not in second.log()
-        assert not MetricPoint.objects.filter(run=run).exists(), "never trained"
+        assert not MetricChunk.objects.filter(run=run).exists(), "never trained"
+        assert not MetricSummary.objects.filter(run=run).exists()
     finally:
         # The killed worker's half-built model (a temporary folder beside the cache entry).
         for leftover in settings.LAB_CACHE_DIR.glob(f"{cached}-*"):

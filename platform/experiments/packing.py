@@ -1,0 +1,220 @@
+"""How a chunk of a metric's series is packed, and the summary of a series: pure functions of
+numpy arrays, no database (the metric storage, `experiments.series`, and its migration use them).
+
+A chunk holds the points of one (run, metric) whose steps share `step >> CHUNK_BITS`. Each of its
+three columns is zlib-compressed after a byte shuffle (the i-th bytes of all elements together,
+as Blosc and HDF5's shuffle filter do: neighbouring values share their high bytes):
+- steps: offsets from the chunk's first possible step, as 16-bit integers;
+- values: float64 as logged, NaN and ±infinity kept;
+- wall times: microseconds since the Unix epoch, as differences from the previous point.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+
+CHUNK_BITS = 10
+CHUNK_STEPS = 1 << CHUNK_BITS  # steps a chunk spans: ≤ 1,024 points per (run, metric, chunk)
+TAIL = 10  # a summary keeps the last TAIL finite values: the mean of the last k ≤ TAIL
+ZLIB_LEVEL = 6
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+STEP_MIN, STEP_MAX = -(2**62), 2**62  # steps beyond are refused (a chunk's base must fit 64 bits)
+
+
+def chunk_of(step: int) -> int:
+    return step >> CHUNK_BITS
+
+
+def check_step(step: int) -> int:
+    if not STEP_MIN <= step < STEP_MAX:
+        raise ValueError(f"a metric's step must be in [-2**62, 2**62), not {step}")
+    return step
+
+
+def _shuffle(array: np.ndarray) -> bytes:
+    return array.view(np.uint8).reshape(-1, array.itemsize).T.tobytes()
+
+
+def _unshuffle(data: bytes, dtype: str) -> np.ndarray:
+    size = np.dtype(dtype).itemsize
+    raw = np.frombuffer(zlib.decompress(data), dtype=np.uint8)
+    return raw.reshape(size, -1).T.copy().view(dtype).ravel()
+
+
+def _pack(array: np.ndarray) -> bytes:
+    return zlib.compress(_shuffle(np.ascontiguousarray(array)), ZLIB_LEVEL)
+
+
+def pack_steps(chunk: int, steps: np.ndarray) -> bytes:
+    return _pack((steps - (chunk << CHUNK_BITS)).astype("<u2"))
+
+
+def unpack_steps(chunk: int, data: bytes) -> np.ndarray:
+    return _unshuffle(data, "<u2").astype(np.int64) + (chunk << CHUNK_BITS)
+
+
+def pack_values(values: np.ndarray) -> bytes:
+    return _pack(values.astype("<f8"))
+
+
+def unpack_values(data: bytes) -> np.ndarray:
+    return _unshuffle(data, "<f8").astype(np.float64)
+
+
+def pack_times(micros: np.ndarray) -> bytes:
+    return _pack(np.diff(micros.astype(np.int64), prepend=np.int64(0)).astype("<i8"))
+
+
+def unpack_times(data: bytes) -> np.ndarray:
+    return np.cumsum(_unshuffle(data, "<i8")).astype(np.int64)
+
+
+def micros(wall: datetime) -> int:
+    """A wall time as whole microseconds since the Unix epoch (exact, unlike `timestamp()`)."""
+    delta = wall - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def wall_time(us: int) -> datetime:
+    return EPOCH + timedelta(microseconds=int(us))
+
+
+def merge(old: tuple[np.ndarray, ...] | None, new: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """Points (steps, values, times) of `old` and `new` sorted by step, a step in both taking
+    `new`'s value and time (a re-executed step replaces the point: never two of one step)."""
+    if old is None or len(old[0]) == 0:
+        arrays = new
+    else:
+        arrays = tuple(np.concatenate([n, o]) for n, o in zip(new, old, strict=True))
+    # np.unique keeps the first of equal steps: new ones come first.
+    _, first = np.unique(arrays[0], return_index=True)
+    return tuple(a[first] for a in arrays)
+
+
+def sorted_points(steps, values, times) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Arrays of one metric's points sorted by step, the last of equal steps kept."""
+    steps = np.asarray(steps, dtype=np.int64)
+    values = np.asarray(values, dtype=np.float64)
+    times = np.asarray(times, dtype=np.int64)
+    reverse = slice(None, None, -1)
+    return merge(None, (steps[reverse], values[reverse], times[reverse]))
+
+
+SUMMARY_FIELDS = (
+    "count",
+    "last_step",
+    "last",
+    "finite",
+    "first_step",
+    "first",
+    "last_finite_step",
+    "last_finite",
+    "min",
+    "max",
+    "total",
+    "area",
+    "tail",
+)
+
+
+def _number(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def summarise(steps: np.ndarray, values: np.ndarray) -> dict:
+    """The summary of a whole series sorted by step (`SUMMARY_FIELDS`): the point count and last
+    step, the value at that step (None if not finite); over its finite values only: their count,
+    first and last (with steps), min, max, total, area (trapezoids over step) and the last `TAIL`."""
+    with np.errstate(over="ignore", invalid="ignore"):  # a sum or area that overflows is None
+        return _summarise(steps, values)
+
+
+def _summarise(steps: np.ndarray, values: np.ndarray) -> dict:
+    finite = np.isfinite(values)
+    fs, fv = steps[finite].astype(np.float64), values[finite]
+    summary = {
+        "count": len(steps),
+        "last_step": int(steps[-1]),
+        "last": _number(values[-1]),
+        "finite": int(finite.sum()),
+        "first_step": None,
+        "first": None,
+        "last_finite_step": None,
+        "last_finite": None,
+        "min": None,
+        "max": None,
+        "total": None,
+        "area": None,
+        "tail": [],
+    }
+    if len(fv):
+        summary.update(
+            first_step=int(steps[finite][0]),
+            first=float(fv[0]),
+            last_finite_step=int(steps[finite][-1]),
+            last_finite=float(fv[-1]),
+            min=float(fv.min()),
+            max=float(fv.max()),
+            total=_number(fv.sum()),
+            area=_number(np.trapezoid(fv, fs)) if len(fv) > 1 else 0.0,
+            tail=fv[-TAIL:].tolist(),
+        )
+    return summary
+
+
+def extend(summary: dict, steps: np.ndarray, values: np.ndarray) -> dict:
+    """`summary` of a series with points (sorted, every step after its `last_step`) appended."""
+    if not len(steps):
+        return summary
+    new = summarise(steps, values)
+    out = {
+        **summary,
+        "count": summary["count"] + new["count"],
+        "last_step": new["last_step"],
+        "last": new["last"],
+    }
+    if not new["finite"]:
+        return out
+    if not summary["finite"]:
+        return {**out, **{k: new[k] for k in SUMMARY_FIELDS if k not in ("count", "last_step", "last")}}
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _extend(summary, new, out)
+
+
+def _extend(summary: dict, new: dict, out: dict) -> dict:
+    joint = np.array([summary["last_finite"], new["first"]])
+    bridge = np.trapezoid(joint, np.array([summary["last_finite_step"], new["first_step"]], dtype=np.float64))
+    total = None if summary["total"] is None or new["total"] is None else summary["total"] + new["total"]
+    area = None if None in (summary["area"], new["area"]) else summary["area"] + float(bridge) + new["area"]
+    return {
+        **out,
+        "finite": summary["finite"] + new["finite"],
+        "last_finite_step": new["last_finite_step"],
+        "last_finite": new["last_finite"],
+        "min": min(summary["min"], new["min"]),
+        "max": max(summary["max"], new["max"]),
+        "total": _number(total) if total is not None else None,
+        "area": _number(area) if area is not None else None,
+        "tail": (list(summary["tail"]) + new["tail"])[-TAIL:],
+    }
+
+
+def auc(summary: dict) -> float | None:
+    """The area under the finite points over their step span (the first value if one step):
+    `dashboards.curves.final_value`'s "auc" over steps."""
+    if not summary["finite"] or summary["area"] is None:
+        return None
+    span = summary["last_finite_step"] - summary["first_step"]
+    return summary["first"] if span == 0 else summary["area"] / span
+
+
+def mean_last(summary: dict, k: int = TAIL) -> float | None:
+    if not 1 <= k <= TAIL:
+        raise ValueError(f"k must be in 1..{TAIL} for a summary's mean of the last k (got {k})")
+    tail = summary["tail"][-k:]
+    return float(np.mean(tail)) if tail else None
