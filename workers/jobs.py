@@ -70,6 +70,12 @@ def make(job: RolloutJob, worker: str, produce: Callable[[], Made]) -> str:
         reason = str(exc) if final else f"{type(exc).__name__}: {exc}"
         retry_db(job.fail)(worker, attempt, reason, final)
         return f"rollout job {job.pk} attempt {attempt}: failed"
+    except BaseException:
+        # Not an error the job can be failed with (a shutdown, or a library's own BaseException such
+        # as a Rust panic): the heartbeats stop all the same, so the reaper re-queues the job rather
+        # than this process beating for it forever.
+        leases.release(job)
+        raise
     leases.release(job)
     cpu_s = time.process_time() - cpu_start
     if not retry_db(job.finish)(worker, attempt, made.version, made.path, made.sha256, made.result, cpu_s):

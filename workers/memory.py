@@ -53,6 +53,13 @@ def resident_bytes() -> int | None:
     return None if statm is None else statm[1]
 
 
+# How C and C++ code words an allocation or a mapping the address-space limit refused: torch's
+# allocator ("can't allocate memory"), torch and safetensors mapping a weights file ("unable to
+# mmap …: Cannot allocate memory (12)"), the dynamic loader opening an extension module ("failed to
+# map segment from shared object").
+OUT_OF_MEMORY_WORDS = ("can't allocate memory", "cannot allocate memory", "failed to map segment")
+
+
 def _is_out_of_memory(exc: BaseException) -> bool:
     """An allocation refused under the address-space limit, as Python, torch or the OS report it
     (C code that gets no memory can also return an error without setting one: a SystemError, seen
@@ -61,7 +68,28 @@ def _is_out_of_memory(exc: BaseException) -> bool:
         return True
     if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
         return True
-    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+    if isinstance(exc, RuntimeError | ImportError | OSError):
+        text = str(exc).lower()
+        return any(words in text for words in OUT_OF_MEMORY_WORDS)
+    return False
+
+
+def import_model_libraries() -> None:
+    """Import what loading, training and sampling a model imports, before a run's ceiling holds.
+
+    `import transformers` alone imports next to nothing (its modules load lazily): the first job
+    of a worker imported some 1,500 modules (accelerate, safetensors, scipy, the model's code…)
+    inside its ceiling, ≈130 MiB resident and ≈250 MiB of address space. Those are the worker's,
+    not the run's, and an import under the address-space limit fails anywhere (in the import
+    system, in an extension module's initialisation), leaving modules half-initialised for every
+    later job of the worker. Imported once per process; later calls cost nothing."""
+    import transformers.generation.utils  # noqa: F401
+    from transformers import (  # noqa: F401
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GenerationMixin,
+        LlamaForCausalLM,  # the built-in tiny model's architecture
+    )
 
 
 class MemoryCeiling:
@@ -106,8 +134,25 @@ class MemoryCeiling:
             target=self._watch, args=(threading.main_thread().ident,), name="memory-ceiling", daemon=True
         )
         watchdog.start()
+        added_mb = 0.0
         try:
-            result = fn(*args, **kwargs)
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                # The address space back first: handling what the call did (an exception's message,
+                # its traceback, the log) allocates too, and under the limit it could fail anywhere.
+                if previous_limit is not None:
+                    resource.setrlimit(resource.RLIMIT_AS, previous_limit)
+                added_mb = self._added_mb()
+                self._stop.set()
+                watchdog.join()
+                signal.signal(SIGNAL, previous_handler)
+                log.info(
+                    "the run used at most %s MiB above the worker's %s MiB (ceiling %s MiB)",
+                    math.ceil(self.peak / MIB),
+                    self.base // MIB,
+                    self.limit_mb,
+                )
         except _OverCeiling:
             raise OverMemoryCeiling(self.reason()) from None
         except Exception as exc:
@@ -117,21 +162,9 @@ class MemoryCeiling:
                 raise OverMemoryCeiling(
                     f"memory: an allocation failed under the ceiling of {self.limit_mb:,} MiB "
                     f"(LAB_RUN_MEMORY_MB; the address space may grow by {ADDRESS_SPACE_FACTOR}× it) "
-                    f"with {self._added_mb():,.0f} MiB used: {type(exc).__name__}: {exc}"
+                    f"with {added_mb:,.0f} MiB used: {type(exc).__name__}: {exc}"
                 ) from exc
             raise
-        finally:
-            self._stop.set()
-            watchdog.join()
-            log.info(
-                "the run used at most %s MiB above the worker's %s MiB (ceiling %s MiB)",
-                math.ceil(self.peak / MIB),
-                self.base // MIB,
-                self.limit_mb,
-            )
-            if previous_limit is not None:
-                resource.setrlimit(resource.RLIMIT_AS, previous_limit)
-            signal.signal(SIGNAL, previous_handler)
         if self.over:  # the signal came as the call returned: still over budget
             raise OverMemoryCeiling(self.reason())
         return result
@@ -163,8 +196,12 @@ class MemoryCeiling:
                     signal.pthread_kill(main_thread, SIGNAL)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        """Raise in the main thread only inside the training call, where `call` catches it."""
+        """Raise in the main thread only inside the training call, where `call` catches it, and
+        not while it imports a module: interrupted there, the module would stay half-initialised
+        in `sys.modules` for every later job of the worker (the watchdog asks again soon)."""
         while frame is not None:
             if frame.f_code is self._target:
                 raise _OverCeiling
+            if frame.f_code.co_filename.startswith("<frozen importlib"):
+                return
             frame = frame.f_back

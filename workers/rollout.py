@@ -23,7 +23,7 @@ from rlcore.rollout import HFEngine
 from workers.buffer import batch_path, newest_version, weight_store
 from workers.db_outage import retry_db
 from workers.jobs import CannotMake, Made, claim, evaluate_part, make
-from workers.memory import MemoryCeiling
+from workers.memory import MemoryCeiling, import_model_libraries
 
 log = logging.getLogger(__name__)
 
@@ -215,13 +215,13 @@ def queued_behind(job: RolloutJob) -> bool:
 
 def execute(job_id: int, attempt: int, worker: str) -> str:
     """Claim `attempt` of job `job_id` and make what it asks for."""
+    # The run's memory ceiling holds around its rollout jobs too (the trainer's eval parts are
+    # made inside its own ceiling); the libraries every job loads are not the job's. Imported
+    # before the claim: the first time takes seconds, and a claimed job has no heartbeat yet.
+    import_model_libraries()
     job = claim(job_id, attempt, worker)
     if job is None:
         return f"rollout job {job_id} attempt {attempt}: not queued any more, nothing to do"
-    # The run's memory ceiling holds around its rollout jobs too (the trainer's eval parts are
-    # made inside its own ceiling); the libraries every job loads are not the job's.
-    import transformers  # noqa: F401
-
     on_cpu = job.run.config.get("device", "auto") == "cpu" or not torch.cuda.is_available()
     ceiling = MemoryCeiling(settings.LAB_RUN_MEMORY_MB, limit_address_space=on_cpu)
     return make(job, worker, lambda: ceiling.call(_make_here, job))

@@ -22,7 +22,7 @@ from experiments.models import RolloutJob, Run
 from lab.celery import app
 from workers.buffer import clear_buffer
 from workers.db_outage import UNREACHABLE, note_unreachable, reachable_for, retry_db
-from workers.memory import MemoryCeiling, OverMemoryCeiling
+from workers.memory import MemoryCeiling, OverMemoryCeiling, import_model_libraries
 from workers.sink import CheckpointLedger, DatabaseSink, finite_or_none
 from workers.source import BufferDamaged, DatabaseSource
 
@@ -62,8 +62,7 @@ def _train(run: Run, worker: str) -> str:
     source = None
     try:
         config = run.run_config()
-        import transformers  # noqa: F401  (every run loads it: imported before the run's memory is measured)
-
+        import_model_libraries()  # every run loads them: imported before the run's memory is measured
         from rlcore.models import resolve_device
         from rlcore.trainer import train
 

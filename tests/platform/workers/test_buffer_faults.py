@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from support import TINY_CONFIG, queue_sweep, wait_for
+from support import TINY_CONFIG, last_step, queue_sweep, wait_for
 from test_distributed import curves, wait_until_over
 
-from experiments.models import MetricPoint, RolloutJob, Run
+from experiments.models import RolloutJob, Run
 from workers.buffer import weight_store
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -63,17 +63,13 @@ def test_batch_files_damaged_or_deleted_before_they_are_taken_are_made_again(sta
     start_worker(queue="rollout")
     trainer = start_worker()
     twin, run = twin_and_run(team, alice)
-    wait_for(lambda: MetricPoint.objects.filter(run=run, name="loss", step__gte=10).exists(), 240, "10 steps")
+    wait_for(lambda: (last_step(run, "loss") or -1) >= 10, 240, "10 steps")
     spoiled = []
     for _ in range(50):  # until the pause finds batches made ahead of the trainer
         with Paused(trainer):
-            logged = (
-                MetricPoint.objects.filter(run=run, name="loss")
-                .order_by("-step")
-                .values_list("step", flat=True)
-            )
+            logged = last_step(run, "loss")
             ahead = RolloutJob.objects.filter(
-                run=run, kind=RolloutJob.BATCH, status=RolloutJob.DONE, step__gt=logged.first()
+                run=run, kind=RolloutJob.BATCH, status=RolloutJob.DONE, step__gt=logged
             ).order_by("step")
             for i, job in enumerate(ahead):  # every one the trainer may not have taken yet
                 path = Path(job.path)
@@ -101,7 +97,7 @@ def test_weights_damaged_after_the_trainer_moved_past_them_are_published_again(s
     rollout_worker = start_worker(queue="rollout")
     start_worker()
     twin, run = twin_and_run(team, alice)
-    wait_for(lambda: MetricPoint.objects.filter(run=run, name="loss", step__gte=10).exists(), 240, "10 steps")
+    wait_for(lambda: (last_step(run, "loss") or -1) >= 10, 240, "10 steps")
     with Paused(rollout_worker):
         # The trainer runs out of batches made ahead and waits for the oldest queued job.
         waited_on = wait_for(
