@@ -162,10 +162,12 @@ class DatabaseSink:
             connection.close()
 
     def close(self) -> None:
-        """Stop the flush thread and write what is left (from the calling thread)."""
+        """Stop the flush thread, write what is left and pack the run's newest chunks (from the
+        calling thread)."""
         self._closing.set()
         self._thread.join()
         self.flush()
+        retry_db(series.seal)(self.run.pk)
 
 
 class CheckpointLedger:

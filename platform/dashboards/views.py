@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
-from dashboards import compare, curves, export, points, query, statistics
+from dashboards import compare, curves, export, payloads, points, query, statistics
 from experiments import collapse, series
 from experiments.models import Experiment, Run
 
@@ -60,10 +60,17 @@ def _comparison(request: HttpRequest, runs, table: str, name: str) -> HttpRespon
             raise query.QueryError("format", f"format must be json or csv (got {output!r})")
     except query.QueryError as exc:
         return _bad_query(exc)
-    payload = compare.compare(runs, asked)
     if output == "json":
-        summary = {"summary": payload["summary"], "throughput": payload["throughput"]}
-        return JsonResponse(payload if table == "curves" else summary)
+
+        def body() -> bytes:
+            payload = compare.compare(runs, asked)
+            if table == "summary":
+                payload = {"summary": payload["summary"], "throughput": payload["throughput"]}
+            return JsonResponse(payload).content
+
+        content = payloads.cached((table, asked, payloads.state(runs)), body)
+        return HttpResponse(content, content_type="application/json")
+    payload = compare.compare(runs, asked)
     text = export.curves_csv(payload) if table == "curves" else export.summary_csv(payload)
     response = HttpResponse(text, content_type="text/csv")
     metric = re.sub(r"[^A-Za-z0-9_.-]+", "-", asked.metric).strip("-")

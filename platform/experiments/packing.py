@@ -1,12 +1,13 @@
 """How a chunk of a metric's series is packed, and the summary of a series: pure functions of
 numpy arrays, no database (the metric storage, `experiments.series`, and its migration use them).
 
-A chunk holds the points of one (run, metric) whose steps share `step >> CHUNK_BITS`. Each of its
-three columns is zlib-compressed after a byte shuffle (the i-th bytes of all elements together,
+A chunk holds the points of one (run, metric) whose steps share `step >> CHUNK_BITS`. Packed, each
+of its three columns is zlib-compressed after a byte shuffle (the i-th bytes of all elements together,
 as Blosc and HDF5's shuffle filter do: neighbouring values share their high bytes):
 - steps: offsets from the chunk's first possible step, as 16-bit integers;
 - values: float64 as logged, NaN and ±infinity kept;
 - wall times: microseconds since the Unix epoch, as differences from the previous point.
+A series' newest chunk is kept raw while its points arrive (`encode`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,34 @@ def pack_times(micros: np.ndarray) -> bytes:
 
 def unpack_times(data: bytes) -> np.ndarray:
     return np.cumsum(_unshuffle(data, "<i8")).astype(np.int64)
+
+
+def encode(
+    chunk: int, steps: np.ndarray, values: np.ndarray, times: np.ndarray, packed: bool
+) -> tuple[bytes, ...]:
+    """A chunk's (step, value, time) columns: packed, or raw (the same arrays uncompressed, times
+    absolute) for a series' newest chunk while points still arrive, which costs no compression on
+    every flush (`experiments.series` packs it once the series moves on, or the run's sink closes)."""
+    if packed:
+        return pack_steps(chunk, steps), pack_values(values), pack_times(times)
+    offsets = (steps - (chunk << CHUNK_BITS)).astype("<u2")
+    return offsets.tobytes(), values.astype("<f8").tobytes(), times.astype("<i8").tobytes()
+
+
+def decode(chunk: int, packed: bool, step_data, value_data, time_data=None) -> tuple[np.ndarray, ...]:
+    """`encode`'s arrays back (without the times when `time_data` is None)."""
+    if packed:
+        columns = [unpack_steps(chunk, step_data), unpack_values(value_data)]
+        if time_data is not None:
+            columns.append(unpack_times(time_data))
+        return tuple(columns)
+    columns = [
+        np.frombuffer(step_data, dtype="<u2").astype(np.int64) + (chunk << CHUNK_BITS),
+        np.frombuffer(value_data, dtype="<f8").astype(np.float64),
+    ]
+    if time_data is not None:
+        columns.append(np.frombuffer(time_data, dtype="<i8").astype(np.int64))
+    return tuple(columns)
 
 
 def micros(wall: datetime) -> int:

@@ -43,12 +43,13 @@ def _upsert(model, key: tuple[str, ...], columns: tuple[str, ...], rows: list[tu
         cursor.executemany(sql, rows)
 
 
-def _decode(chunk: int, step_data, value_data, time_data=None) -> tuple[np.ndarray, ...]:
-    steps = packing.unpack_steps(chunk, step_data)
-    values = packing.unpack_values(value_data)
-    if time_data is None:
-        return steps, values
-    return steps, values, packing.unpack_times(time_data)
+CHUNK_FIELDS = ("chunk", "packed", "step_data", "value_data")  # then "time_data" where times are read
+
+
+def _decode(chunk: int, packed: bool, step_data, value_data, time_data=None) -> tuple[np.ndarray, ...]:
+    return packing.decode(
+        chunk, packed, bytes(step_data), bytes(value_data), None if time_data is None else bytes(time_data)
+    )
 
 
 def _by_name(points: Iterable[tuple[str, int, float | None, datetime]]) -> dict[str, Arrays]:
@@ -64,47 +65,57 @@ def _by_name(points: Iterable[tuple[str, int, float | None, datetime]]) -> dict[
 def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]]) -> None:
     """Store (name, step, value, wall time) points of run `run_id`: each merged into its chunk (a
     step already there takes the new value and time), and each metric's summary brought up to
-    date (extended when every new step comes after its last one, else summed up again). Run it
-    in a transaction: chunks are read, merged and written back."""
+    date (extended when every new step comes after its last one, else summed up again). A series'
+    newest chunk stays raw while it grows and is packed once the series moves past it (or `seal`).
+    Run it in a transaction: chunks are read, merged and written back."""
     new = _by_name(points)
     if not new:
         return
-    wanted = {
-        (name, int(c)) for name, (steps, _, _) in new.items() for c in np.unique(steps >> packing.CHUNK_BITS)
-    }
-    stored = {
-        (name, chunk): _decode(chunk, *data)
-        for name, chunk, *data in MetricChunk.objects.filter(
-            run_id=run_id, name__in=list(new), chunk__in=sorted({c for _, c in wanted})
-        ).values_list("name", "chunk", "step_data", "value_data", "time_data")
-        if (name, chunk) in wanted
-    }
-    rows = []
-    for name, (steps, values, times) in new.items():
-        keys = steps >> packing.CHUNK_BITS
-        bounds = np.flatnonzero(np.diff(keys)) + 1
-        for part in np.split(np.arange(len(steps)), bounds):
-            chunk = int(keys[part[0]])
-            merged = packing.merge(stored.get((name, chunk)), (steps[part], values[part], times[part]))
-            rows.append(
-                (
-                    run_id,
-                    name,
-                    chunk,
-                    len(merged[0]),
-                    packing.pack_steps(chunk, merged[0]),
-                    packing.pack_values(merged[1]),
-                    packing.pack_times(merged[2]),
-                )
-            )
-    _upsert(MetricChunk, ("run_id", "name", "chunk"), ("count", "step_data", "value_data", "time_data"), rows)
-
     summaries = {
         row["name"]: row
         for row in MetricSummary.objects.filter(run_id=run_id, name__in=list(new)).values(
             "name", *packing.SUMMARY_FIELDS
         )
     }
+    newest, wanted = {}, set()
+    for name, (steps, _, _) in new.items():
+        before = summaries.get(name)
+        newest[name] = packing.chunk_of(
+            max(int(steps[-1]), before["last_step"] if before else int(steps[-1]))
+        )
+        wanted |= {(name, int(c)) for c in np.unique(steps >> packing.CHUNK_BITS)}
+        if before is not None and packing.chunk_of(before["last_step"]) < newest[name]:
+            wanted.add((name, packing.chunk_of(before["last_step"])))  # the raw chunk it moves past
+    stored = {
+        (name, chunk): _decode(chunk, *data)
+        for name, chunk, *data in MetricChunk.objects.filter(
+            run_id=run_id, name__in=list(new), chunk__in=sorted({c for _, c in wanted})
+        ).values_list("name", *CHUNK_FIELDS, "time_data")
+        if (name, chunk) in wanted
+    }
+    parts: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
+    for name, (steps, values, times) in new.items():
+        keys = steps >> packing.CHUNK_BITS
+        for part in np.split(np.arange(len(steps)), np.flatnonzero(np.diff(keys)) + 1):
+            parts[(name, int(keys[part[0]]))] = (steps[part], values[part], times[part])
+    rows = []
+    for name, chunk in sorted(wanted):
+        merged = stored.get((name, chunk))
+        if (name, chunk) in parts:
+            merged = packing.merge(merged, parts[(name, chunk)])
+        if merged is None:
+            continue
+        packed = chunk < newest[name]
+        rows.append(
+            (run_id, name, chunk, len(merged[0]), packed, *packing.encode(chunk, *merged, packed=packed))
+        )
+    _upsert(
+        MetricChunk,
+        ("run_id", "name", "chunk"),
+        ("count", "packed", "step_data", "value_data", "time_data"),
+        rows,
+    )
+
     updated = []
     for name, (steps, values, _) in new.items():
         before = summaries.get(name)
@@ -124,12 +135,25 @@ def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]
     )
 
 
+def seal(run_id: int) -> int:
+    """Pack the run's raw chunks (its sink closes: no more points come); returns how many."""
+    rows = MetricChunk.objects.filter(run_id=run_id, packed=False).values_list(
+        "pk", *CHUNK_FIELDS, "time_data"
+    )
+    sealed = 0
+    for pk, chunk, _, *data in rows:
+        arrays = packing.decode(chunk, False, *(bytes(d) for d in data))
+        step_data, value_data, time_data = packing.encode(chunk, *arrays, packed=True)
+        sealed += MetricChunk.objects.filter(pk=pk, packed=False).update(
+            packed=True, step_data=step_data, value_data=value_data, time_data=time_data
+        )
+    return sealed
+
+
 def series(run_id: int, name: str) -> Arrays:
     """(steps, values, wall times in µs) of one metric of one run, sorted by step."""
     rows = MetricChunk.objects.filter(run_id=run_id, name=name).order_by("chunk")
-    parts = [
-        _decode(c, *data) for c, *data in rows.values_list("chunk", "step_data", "value_data", "time_data")
-    ]
+    parts = [_decode(*data) for data in rows.values_list(*CHUNK_FIELDS, "time_data")]
     if not parts:
         return np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64)
     return tuple(np.concatenate(columns) for columns in zip(*parts, strict=True))
@@ -140,15 +164,15 @@ def by_run(run_ids: list[int], name: str, with_time: bool = False) -> Points:
     query over the runs' chunks; a value that is not finite (NaN, ±infinity) is NaN."""
     if not run_ids:
         return {}
-    fields = ["run_id", "chunk", "step_data", "value_data"] + (["time_data"] if with_time else [])
+    fields = ["run_id", *CHUNK_FIELDS] + (["time_data"] if with_time else [])
     rows = (
         MetricChunk.objects.filter(run_id__in=run_ids, name=name)
         .order_by("run_id", "chunk")
         .values_list(*fields)
     )
     parts: dict[int, list[tuple[np.ndarray, ...]]] = defaultdict(list)
-    for run_id, chunk, *data in rows:
-        parts[run_id].append(_decode(chunk, *data))
+    for run_id, *data in rows:
+        parts[run_id].append(_decode(*data))
     out: Points = {}
     for run_id, decoded in parts.items():
         columns = [np.concatenate(c) for c in zip(*decoded, strict=True)]
@@ -165,14 +189,12 @@ def points_of(run_id: int, name: str = "") -> Iterable[tuple[str, Arrays]]:
     if name:
         rows = rows.filter(name=name)
     current, parts = None, []
-    for metric, chunk, *data in rows.values_list(
-        "name", "chunk", "step_data", "value_data", "time_data"
-    ).iterator():
+    for metric, *data in rows.values_list("name", *CHUNK_FIELDS, "time_data").iterator():
         if metric != current and parts:
             yield current, tuple(np.concatenate(c) for c in zip(*parts, strict=True))
             parts = []
         current = metric
-        parts.append(_decode(chunk, *data))
+        parts.append(_decode(*data))
     if parts:
         yield current, tuple(np.concatenate(c) for c in zip(*parts, strict=True))
 
@@ -198,8 +220,8 @@ def recent(run_id: int, n: int) -> tuple[list[int], dict[str, dict[int, float | 
         if len(steps) >= n and sorted(steps)[-n] >= (chunk + 1) << packing.CHUNK_BITS:
             break  # every step of this chunk and older ones is older than the n found
         rows = MetricChunk.objects.filter(run_id=run_id, chunk=chunk)
-        for name, *data in rows.values_list("name", "step_data", "value_data"):
-            for step, value in zip(*(a.tolist() for a in _decode(chunk, *data)), strict=True):
+        for name, *data in rows.values_list("name", *CHUNK_FIELDS):
+            for step, value in zip(*(a.tolist() for a in _decode(*data)), strict=True):
                 found[name][step] = value
                 steps.add(step)
     latest = sorted(steps)[-n:] if n else []

@@ -55,14 +55,24 @@ def move_points(apps, schema_editor):
     Summary.objects.bulk_create(summaries)
 
 
+def stored_as_is(apps, schema_editor):
+    """PostgreSQL would try to compress the chunks' columns again (pglz) on every write: they are
+    packed already, or a growing raw chunk rewritten each flush."""
+    if schema_editor.connection.vendor == "postgresql":
+        for column in ("step_data", "value_data", "time_data"):
+            schema_editor.execute(
+                f"ALTER TABLE experiments_metricchunk ALTER COLUMN {column} SET STORAGE EXTERNAL"
+            )
+
+
 def move_back(apps, schema_editor):
     Point = apps.get_model("experiments", "MetricPoint")
     Chunk = apps.get_model("experiments", "MetricChunk")
     points = []
     for row in Chunk.objects.order_by("run_id", "name", "chunk").iterator(chunk_size=1000):
-        steps = packing.unpack_steps(row.chunk, bytes(row.step_data))
-        values = packing.unpack_values(bytes(row.value_data))
-        times = packing.unpack_times(bytes(row.time_data))
+        steps, values, times = packing.decode(
+            row.chunk, row.packed, bytes(row.step_data), bytes(row.value_data), bytes(row.time_data)
+        )
         for step, value, us in zip(steps.tolist(), values.tolist(), times.tolist(), strict=True):
             value = value if np.isfinite(value) else None
             points.append(
@@ -94,6 +104,12 @@ class Migration(migrations.Migration):
                 ("name", models.CharField(max_length=100)),
                 ("chunk", models.BigIntegerField(help_text="the steps' step >> CHUNK_BITS")),
                 ("count", models.IntegerField(help_text="points in the chunk")),
+                (
+                    "packed",
+                    models.BooleanField(
+                        default=True, help_text="false: raw, the series' newest chunk while it grows"
+                    ),
+                ),
                 ("step_data", models.BinaryField()),
                 ("value_data", models.BinaryField()),
                 ("time_data", models.BinaryField()),
@@ -173,6 +189,7 @@ class Migration(migrations.Migration):
             model_name="metricsummary",
             constraint=models.UniqueConstraint(fields=("run", "name"), name="one_summary_per_run_name"),
         ),
+        migrations.RunPython(stored_as_is, migrations.RunPython.noop),
         migrations.RunPython(move_points, move_back),
         migrations.DeleteModel(
             name="MetricPoint",

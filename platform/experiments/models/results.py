@@ -19,6 +19,9 @@ class MetricChunk(models.Model):
     name = models.CharField(max_length=100)
     chunk = models.BigIntegerField(help_text="the steps' step >> CHUNK_BITS")
     count = models.IntegerField(help_text="points in the chunk")
+    packed = models.BooleanField(
+        default=True, help_text="false: raw, the series' newest chunk while it grows"
+    )
     step_data = models.BinaryField()
     value_data = models.BinaryField()
     time_data = models.BinaryField()

@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 from sample_experiments import accuracy, make_finished_experiment, reward, step_time, tokens_per_s
 from support import log_points, logged, new_team_member
 
@@ -192,8 +193,30 @@ def test_the_metric_points_come_from_one_query(alice_client, experiment):
         if '"experiments_metricchunk"' in q["sql"] and '"experiments_run"' not in q["sql"]
     ]
     assert len(point_queries) == 1 and "reward/mean" in str(queries.captured_queries)
-    # Session, user, experiment, runs (with their last reward and KL), points: none per run.
+    # Session, user, experiment, the runs' state (the key of the kept answer: runs, points
+    # logged), runs (with their last reward and KL), points: none per run.
+    assert len(queries) == 7, [q["sql"] for q in queries]
+
+
+def test_an_answer_is_kept_until_a_run_logs_a_point_or_changes(alice_client, experiment):
+    first = data(alice_client, experiment, metric="reward/mean")
+    with CaptureQueriesContext(connection) as queries:
+        assert data(alice_client, experiment, metric="reward/mean") == first
+    assert not [q for q in queries if "experiments_metricchunk" in q["sql"]], "kept: no points read"
     assert len(queries) == 5, [q["sql"] for q in queries]
+
+    run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=0)
+    last = MetricSummary.objects.get(run=run, name="reward/mean").last_step
+    log_points(run, [("reward/mean", last + 1, 123.0, timezone.now())])
+    moved = data(alice_client, experiment, metric="reward/mean")
+    assert (
+        moved != first
+        and group(moved, "grpo", "on-policy")["points"] == group(first, "grpo", "on-policy")["points"] + 1
+    )
+    Run.objects.filter(pk=run.pk).update(archived=timezone.now())
+    assert group(data(alice_client, experiment, metric="reward/mean"), "grpo", "on-policy")["n_runs"] == (
+        group(moved, "grpo", "on-policy")["n_runs"] - 1
+    ), "an archived run leaves at once"
 
 
 def test_csv_downloads_of_curves_and_summary_parse(alice_client, experiment):

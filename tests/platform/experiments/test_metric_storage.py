@@ -179,3 +179,17 @@ def test_summaries_follow_a_series_logged_out_of_order(make_run):
     order = np.argsort(steps)
     summary = MetricSummary.objects.filter(run=run, name="m").values(*packing.SUMMARY_FIELDS).get()
     _summary_equal(summary, packing.summarise(steps[order], values[order]))
+
+
+def test_a_series_newest_chunk_stays_raw_while_it_grows_and_is_packed_when_passed_or_sealed(make_run):
+    run = make_run()
+    log_points(run, [("loss", step, step / 7, START) for step in range(1, 1000)])
+    assert list(MetricChunk.objects.filter(run=run).values_list("chunk", "packed")) == [(0, False)]
+    log_points(run, [("loss", 1500, 2.0, START)])  # past chunk 0, which is packed now
+    assert list(MetricChunk.objects.filter(run=run).values_list("chunk", "packed")) == [(0, True), (1, False)]
+    before = series.series(run.pk, "loss")
+    assert series.seal(run.pk) == 1 and series.seal(run.pk) == 0
+    assert not MetricChunk.objects.filter(run=run, packed=False).exists()
+    after = series.series(run.pk, "loss")
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    assert after[0].tolist() == [*range(1, 1000), 1500]

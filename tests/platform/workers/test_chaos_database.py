@@ -205,12 +205,13 @@ def logged_steps(postgres, run_id: int) -> list[tuple[str, int, int]]:
     from experiments import packing
 
     rows = postgres.query(
-        "SELECT name, chunk, step_data FROM experiments_metricchunk WHERE run_id = %s", (run_id,)
+        "SELECT name, chunk, packed, step_data, value_data FROM experiments_metricchunk WHERE run_id = %s",
+        (run_id,),
     )
     found = Counter(
         (name, step)
-        for name, chunk, data in rows
-        for step in packing.unpack_steps(chunk, bytes(data)).tolist()
+        for name, chunk, packed, steps, values in rows
+        for step in packing.decode(chunk, packed, bytes(steps), bytes(values))[0].tolist()
     )
     return [(name, step, n) for (name, step), n in found.items()]
 

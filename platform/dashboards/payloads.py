@@ -1,0 +1,68 @@
+"""The comparison's JSON, kept per process for as long as what it was computed from stands: a
+dashboard is polled every few seconds, and a comparison of finished runs asks for the same answer
+each time. The key is the query and the state of every run it reads (`state`): a run that logs a
+point beats its heartbeat in the same transaction, so any new point, retry, archiving or rename
+changes the key and the comparison is computed again."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable
+
+from django.db.models import Max, QuerySet, Sum
+
+from experiments.models import MetricSummary, Run
+
+MAX_BYTES = 64 * 2**20  # of JSON kept per process; the least recently used goes first
+_kept: OrderedDict[tuple, bytes] = OrderedDict()
+_size = 0
+
+
+def state(runs: QuerySet[Run]) -> tuple:
+    """What can change in what the comparison of `runs` reads, in two queries: each run's status,
+    attempt, archiving, heartbeat, end, provenance and its experiment's name, and how many points
+    it logged up to which step."""
+    fields = (
+        "pk",
+        "status",
+        "attempt",
+        "archived",
+        "heartbeat",
+        "finished",
+        "experiment__name",
+        "provenance",
+    )
+    rows = tuple(
+        (*row[:-1], json.dumps(row[-1], sort_keys=True)) for row in runs.order_by("pk").values_list(*fields)
+    )
+    logged = tuple(
+        MetricSummary.objects.filter(run__in=runs.values("pk"))
+        .values("run_id")
+        .annotate(points=Sum("count"), last=Max("last_step"))
+        .order_by("run_id")
+        .values_list("run_id", "points", "last")
+    )
+    return rows, logged
+
+
+def cached(key: tuple, compute: Callable[[], bytes]) -> bytes:
+    """`compute()`'s bytes for `key`, computed once while the key stands."""
+    global _size
+    if key in _kept:
+        _kept.move_to_end(key)
+        return _kept[key]
+    content = compute()
+    _kept[key] = content
+    _size += len(content)
+    while _size > MAX_BYTES and len(_kept) > 1:
+        _, dropped = _kept.popitem(last=False)
+        _size -= len(dropped)
+    return content
+
+
+def forget() -> None:
+    """Drop everything kept (tests that change runs behind the models' back)."""
+    global _size
+    _kept.clear()
+    _size = 0
