@@ -106,34 +106,36 @@ def reference_upsert(connection, run_id: int, points: list[tuple]) -> None:
 
 
 class TimedFlushes:
-    """Around `experiments.series.append` as the sink calls it: times it, then stores the same
-    points the row-per-point way and times that (the reference), flush by flush."""
+    """Around `experiments.series.Writer.write` as the sink calls it: times it, then stores the
+    same points the row-per-point way and times that (the reference), flush by flush."""
 
     def __init__(self, connection):
         from experiments import series
 
-        self.connection, self.series = connection, series
-        self.append = series.append
+        self.connection, self.writer = connection, series.Writer
+        self.write = series.Writer.write
         self.seconds = self.reference_seconds = 0.0
         self.points = self.flushes = 0
 
-    def __call__(self, run_id, points):
-        points = list(points)
-        started = time.perf_counter()
-        self.append(run_id, points)
-        self.seconds += time.perf_counter() - started
-        started = time.perf_counter()
-        reference_upsert(self.connection, run_id, points)
-        self.reference_seconds += time.perf_counter() - started
-        self.points += len(points)
-        self.flushes += 1
-
     def __enter__(self):
-        self.series.append = self
+        timed = self
+
+        def write(writer, points):
+            points = list(points)
+            started = time.perf_counter()
+            timed.write(writer, points)
+            timed.seconds += time.perf_counter() - started
+            started = time.perf_counter()
+            reference_upsert(timed.connection, writer.run_id, points)
+            timed.reference_seconds += time.perf_counter() - started
+            timed.points += len(points)
+            timed.flushes += 1
+
+        self.writer.write = write
         return self
 
     def __exit__(self, *exc):
-        self.series.append = self.append
+        self.writer.write = self.write
 
 
 def ingest(n_runs: int, steps: int, flush_every: int):
@@ -179,14 +181,18 @@ def tables(connection) -> dict[str, str]:
 
 
 def settle(connection) -> None:
-    """Bring the freshly written tables to their steady state before timing: what autovacuum does
-    shortly after a burst of inserts (statistics, and on PostgreSQL the visibility map that lets
-    an index answer alone), so it does not compete for the 2 cores during the timings."""
+    """Bring the freshly written tables to their steady state before measuring: their live rows
+    only (PostgreSQL's `VACUUM FULL`, SQLite's `VACUUM`: the row versions a growing chunk's parts
+    and the summaries' updates leave behind are space autovacuum hands back for reuse in a
+    table being written, not what the points take), and statistics, so neither competes for the
+    2 cores during the timings."""
     with connection.cursor() as cursor:
-        for table in tables(connection).values():
-            cursor.execute(
-                f"VACUUM ANALYZE {table}" if connection.vendor == "postgresql" else f"ANALYZE {table}"
-            )
+        if connection.vendor == "postgresql":
+            for table in tables(connection).values():
+                cursor.execute(f"VACUUM (FULL, ANALYZE) {table}")
+        else:
+            cursor.execute("VACUUM")
+            cursor.execute("ANALYZE")
 
 
 def disk_bytes(connection, table: str) -> int:
@@ -349,9 +355,10 @@ def report(
         "",
         f"{args.runs} runs ({len(PRESETS)} presets × {len(STALENESS)} staleness settings × "
         f"{args.runs // (len(PRESETS) * len(STALENESS))} seeds) × {args.steps:,} steps × {len(METRICS)} metrics "
-        f"= {n_points:,} points, written through the worker's `DatabaseSink` in {ingest_s:.0f} s "
+        f"= {n_points:,} points, written through the worker's `DatabaseSink` (its `series.Writer`) in {ingest_s:.0f} s "
         f"({flushes.flushes:,} flushes, one every {args.flush_every} steps or sooner; each flush's points also upserted a row each into the reference "
-        "table), then `VACUUM ANALYZE` (`ANALYZE` on SQLite) of the tables, as autovacuum would.",
+        "table), then `VACUUM (FULL, ANALYZE)` of the tables (`VACUUM` and `ANALYZE` on SQLite): bytes are "
+        "the live rows' (table, TOAST and indexes).",
         "",
         "| storage | points per second of flush | bytes per point on disk |",
         "|---|---|---|",

@@ -45,6 +45,7 @@ class DatabaseSink:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._points: dict[tuple[str, int], tuple[float, datetime]] = {}
+        self._series = series.Writer(run.pk)
         self._samples: dict[int, list[Sample]] = {}
         self._progress = run.progress
         self._latest = -1  # the newest step logged in this attempt
@@ -124,9 +125,7 @@ class DatabaseSink:
                 # this worker's (reaped, re-queued), what it still reports is dropped, not mixed in.
                 if not self.run.beat(self.worker, progress, phase, detail):
                     return
-                series.append(
-                    self.run.pk, ((name, step, value, wall) for (name, step), (value, wall) in points.items())
-                )
+                self._series.write((name, step, value, wall) for (name, step), (value, wall) in points.items())
                 Completion.objects.filter(run=self.run, step__in=list(samples)).delete()
                 Completion.objects.bulk_create(
                     Completion(
@@ -141,12 +140,15 @@ class DatabaseSink:
                 )
         except Exception:
             # Keep what was not written (newer values win) and try again on the next tick.
+            self._series.forget()
             with self._lock:
                 for key, value in points.items():
                     self._points.setdefault(key, value)
                 for step, batch in samples.items():
                     self._samples.setdefault(step, batch)
             raise
+        else:
+            self._series.committed()
 
     def _flush_loop(self) -> None:
         try:
@@ -168,6 +170,7 @@ class DatabaseSink:
         self._thread.join()
         self.flush()
         retry_db(series.seal)(self.run.pk)
+        self._series.forget()
 
 
 class CheckpointLedger:

@@ -150,7 +150,7 @@ SUMMARY_FIELDS = (
 )
 
 
-def _number(value: float) -> float | None:
+def finite_or_none(value: float) -> float | None:
     value = float(value)
     return value if math.isfinite(value) else None
 
@@ -169,7 +169,7 @@ def _summarise(steps: np.ndarray, values: np.ndarray) -> dict:
     summary = {
         "count": len(steps),
         "last_step": int(steps[-1]),
-        "last": _number(values[-1]),
+        "last": finite_or_none(values[-1]),
         "finite": int(finite.sum()),
         "first_step": None,
         "first": None,
@@ -189,8 +189,8 @@ def _summarise(steps: np.ndarray, values: np.ndarray) -> dict:
             last_finite=float(fv[-1]),
             min=float(fv.min()),
             max=float(fv.max()),
-            total=_number(fv.sum()),
-            area=_number(np.trapezoid(fv, fs)) if len(fv) > 1 else 0.0,
+            total=finite_or_none(fv.sum()),
+            area=finite_or_none(np.trapezoid(fv, fs)) if len(fv) > 1 else 0.0,
             tail=fv[-TAIL:].tolist(),
         )
     return summary
@@ -227,8 +227,8 @@ def _extend(summary: dict, new: dict, out: dict) -> dict:
         "last_finite": new["last_finite"],
         "min": min(summary["min"], new["min"]),
         "max": max(summary["max"], new["max"]),
-        "total": _number(total) if total is not None else None,
-        "area": _number(area) if area is not None else None,
+        "total": finite_or_none(total) if total is not None else None,
+        "area": finite_or_none(area) if area is not None else None,
         "tail": (list(summary["tail"]) + new["tail"])[-TAIL:],
     }
 

@@ -9,13 +9,18 @@ finite is a gap (NaN in arrays, null in JSON, empty in CSV)."""
 
 from __future__ import annotations
 
+import functools
+import math
+import sys
+from array import array
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
 from django.db import connection
-from django.db.models import F, FloatField, OuterRef, Subquery
+from django.db.models import F, FloatField, Max, OuterRef, Q, Subquery
 from django.db.models.functions import Cast, NullIf
 
 from experiments import packing
@@ -27,23 +32,35 @@ Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 Points = dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 
 
+UPSERT_ROWS = 500  # rows per statement (SQLite takes at most 32,766 parameters in one)
+
+
 def _upsert(model, key: tuple[str, ...], columns: tuple[str, ...], rows: list[tuple]) -> None:
-    """INSERT … ON CONFLICT (key) DO UPDATE: one parameterised statement over all rows (PostgreSQL
-    and SQLite alike), without a model instance per row."""
-    if not rows:
-        return
+    """INSERT … VALUES (…), (…) … ON CONFLICT (key) DO UPDATE: one statement for up to
+    `UPSERT_ROWS` rows (PostgreSQL and SQLite alike), without a model instance per row."""
+    table = model._meta.db_table
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), UPSERT_ROWS):
+            batch = rows[start : start + UPSERT_ROWS]
+            sql = _upsert_sql(connection.vendor, table, key, columns, len(batch))
+            cursor.execute(sql, [value for row in batch for value in row])
+
+
+@functools.lru_cache(maxsize=256)
+def _upsert_sql(vendor: str, table: str, key: tuple[str, ...], columns: tuple[str, ...], n: int) -> str:
     quote = connection.ops.quote_name
     names = (*key, *columns)
-    sql = (
-        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(map(quote, names))}) "
-        f"VALUES ({', '.join(['%s'] * len(names))}) ON CONFLICT ({', '.join(map(quote, key))}) "
+    row = f"({', '.join(['%s'] * len(names))})"
+    return (
+        f"INSERT INTO {quote(table)} ({', '.join(map(quote, names))}) VALUES {', '.join([row] * n)} "
+        f"ON CONFLICT ({', '.join(map(quote, key))}) "
         f"DO UPDATE SET {', '.join(f'{quote(c)} = excluded.{quote(c)}' for c in columns)}"
     )
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, rows)
 
 
 CHUNK_FIELDS = ("chunk", "packed", "step_data", "value_data")  # then "time_data" where times are read
+CHUNK_KEY = ("run_id", "name", "chunk", "part")
+CHUNK_COLUMNS = ("count", "packed", "step_data", "value_data", "time_data")  # written besides the key
 
 
 def _decode(chunk: int, packed: bool, step_data, value_data, time_data=None) -> tuple[np.ndarray, ...]:
@@ -60,6 +77,31 @@ def _by_name(points: Iterable[tuple[str, int, float | None, datetime]]) -> dict[
         values.append(float("nan") if value is None else float(value))
         times.append(packing.micros(wall))
     return {name: packing.sorted_points(*arrays) for name, arrays in columns.items()}
+
+
+def _stored(run_id: int, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], tuple[np.ndarray, ...]]:
+    """The points of each (name, chunk) in `wanted` as stored: its parts merged in order."""
+    names = sorted({name for name, _ in wanted})
+    rows = (
+        MetricChunk.objects.filter(run_id=run_id, name__in=names, chunk__in=sorted({c for _, c in wanted}))
+        .order_by("name", "chunk", "part")
+        .values_list("name", *CHUNK_FIELDS, "time_data")
+    )
+    stored: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
+    for name, chunk, *data in rows:
+        if (name, chunk) in wanted:
+            stored[(name, chunk)] = packing.merge(stored.get((name, chunk)), _decode(chunk, *data))
+    return stored
+
+
+def _compact(run_id: int, rows: list[tuple]) -> None:
+    """Write each row as its chunk's part 0 and delete the chunk's other parts."""
+    _upsert(MetricChunk, CHUNK_KEY, CHUNK_COLUMNS, rows)
+    doomed = Q()
+    for _, name, chunk, *_ in rows:
+        doomed |= Q(name=name, chunk=chunk, part__gt=0)
+    if rows:
+        MetricChunk.objects.filter(doomed, run_id=run_id).delete()
 
 
 def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]]) -> None:
@@ -86,13 +128,7 @@ def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]
         wanted |= {(name, int(c)) for c in np.unique(steps >> packing.CHUNK_BITS)}
         if before is not None and packing.chunk_of(before["last_step"]) < newest[name]:
             wanted.add((name, packing.chunk_of(before["last_step"])))  # the raw chunk it moves past
-    stored = {
-        (name, chunk): _decode(chunk, *data)
-        for name, chunk, *data in MetricChunk.objects.filter(
-            run_id=run_id, name__in=list(new), chunk__in=sorted({c for _, c in wanted})
-        ).values_list("name", *CHUNK_FIELDS, "time_data")
-        if (name, chunk) in wanted
-    }
+    stored = _stored(run_id, wanted)
     parts: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
     for name, (steps, values, times) in new.items():
         keys = steps >> packing.CHUNK_BITS
@@ -107,14 +143,9 @@ def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]
             continue
         packed = chunk < newest[name]
         rows.append(
-            (run_id, name, chunk, len(merged[0]), packed, *packing.encode(chunk, *merged, packed=packed))
+            (run_id, name, chunk, 0, len(merged[0]), packed, *packing.encode(chunk, *merged, packed=packed))
         )
-    _upsert(
-        MetricChunk,
-        ("run_id", "name", "chunk"),
-        ("count", "packed", "step_data", "value_data", "time_data"),
-        rows,
-    )
+    _compact(run_id, rows)
 
     updated = []
     for name, (steps, values, _) in new.items():
@@ -125,34 +156,213 @@ def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]
             whole = series(run_id, name)
             summary = packing.summarise(whole[0], whole[1])
         updated.append(summary | {"name": name})
+    _upsert_summaries(run_id, updated)
+
+
+def _upsert_summaries(run_id: int, summaries: list[dict]) -> None:
     adapt = connection.ops.adapt_json_value
     fields = packing.SUMMARY_FIELDS
     _upsert(
         MetricSummary,
         ("run_id", "name"),
         fields,
-        [(run_id, s["name"], *(adapt(s[f], None) if f == "tail" else s[f] for f in fields)) for s in updated],
+        [
+            (run_id, s["name"], *(adapt(s[f], None) if f == "tail" else s[f] for f in fields))
+            for s in summaries
+        ],
+    )
+
+
+@dataclass
+class Newest:
+    """What a `Writer` knows of one series: its newest chunk's points as stored and its summary."""
+
+    chunk: int
+    steps: array  # offsets from the chunk's first step ("H")
+    values: array  # "d"
+    times: array  # µs ("q")
+    summary: dict
+    parts: int  # rows the chunk is stored in: part 0, then one per flush that added to it
+
+
+RAW_NATIVE = sys.byteorder == "little"  # raw chunks are little-endian, as array's bytes are here
+
+
+class Writer:
+    """The one writer of a run's series (the run's sink, under its heartbeat lock): it knows each
+    series' newest chunk and summary from its own writes, so a flush of steps after the last ones
+    reads nothing, compresses nothing and rewrites nothing: its new points go in as the newest
+    chunk's next part (raw), its summary is extended point by point, and a chunk it moves past is
+    written whole, packed, as its part 0, its other parts deleted. Anything else (a series it has not written yet, a step logged again or out of
+    order) goes through `append`, and what it wrote is read back as the new starting point.
+
+    `write` runs in the caller's transaction; the caller calls `committed()` once it commits, or
+    `forget()` if it failed (what it knew may not be stored)."""
+
+    def __init__(self, run_id: int):
+        self.run_id = run_id
+        self.known: dict[str, Newest] = {}
+        self._pending: dict[str, Newest] = {}
+
+    def write(self, points: Iterable[tuple[str, int, float | None, datetime]]) -> None:
+        grouped: dict[str, list[tuple[int, float, int]]] = defaultdict(list)
+        walls: dict[datetime, int] = {}  # a flush's points share a few wall times
+        for name, step, value, wall in points:
+            us = walls.get(wall)
+            if us is None:
+                us = walls[wall] = packing.micros(wall)
+            grouped[name].append(
+                (packing.check_step(int(step)), math.nan if value is None else float(value), us)
+            )
+        fast, slow = {}, []
+        for name, rows in grouped.items():
+            known = self.known.get(name)
+            steps = [row[0] for row in rows]
+            ordered = all(a < b for a, b in zip(steps, steps[1:], strict=False))
+            if known is not None and RAW_NATIVE and ordered and steps[0] > known.summary["last_step"]:
+                fast[name] = rows
+            else:
+                slow += [(name, step, value, packing.wall_time(us)) for step, value, us in rows]
+        compacted, segments, summaries, pending = [], [], [], {}
+        for name, rows in fast.items():
+            newest, passed, added = self._extend(self.known[name], rows)
+            pending[name] = newest
+            compacted += [(self.run_id, name, *row) for row in passed]
+            segments.append((self.run_id, name, *added))
+            summaries.append(newest.summary | {"name": name})
+        _compact(self.run_id, compacted)
+        _upsert(MetricChunk, CHUNK_KEY, CHUNK_COLUMNS, segments)
+        _upsert_summaries(self.run_id, summaries)
+        if slow:
+            append(self.run_id, slow)
+            pending |= self._read_newest({name for name, *_ in slow})
+        self._pending = pending
+
+    def committed(self) -> None:
+        self.known |= self._pending
+        self._pending = {}
+
+    def forget(self) -> None:
+        self.known, self._pending = {}, {}
+
+    @staticmethod
+    def _extend(known: Newest, rows: list[tuple[int, float, int]]) -> tuple[Newest, list[tuple], tuple]:
+        """The series with `rows` (sorted, after its last step) appended; the rows of the chunks it
+        moved past (whole, packed, as their part 0); and the row of the newest chunk's next part
+        (the new points in it, raw)."""
+        # In place: a write that fails is followed by `forget()`, which drops what it knew.
+        chunk, parts, summary = known.chunk, known.parts, known.summary
+        steps, values, times = known.steps, known.values, known.times
+        start = len(steps)  # where the new points of the newest chunk begin
+        tail = summary["tail"]
+        passed = []
+        isfinite = math.isfinite
+        for step, value, us in rows:
+            if step >> packing.CHUNK_BITS != chunk:
+                arrays = _arrays(chunk, steps, values, times)
+                passed.append((chunk, 0, len(steps), True, *packing.encode(chunk, *arrays, packed=True)))
+                chunk, parts, start = step >> packing.CHUNK_BITS, 0, 0
+                steps, values, times = array("H"), array("d"), array("q")
+            steps.append(step - (chunk << packing.CHUNK_BITS))
+            values.append(value)
+            times.append(us)
+            finite = isfinite(value)
+            summary["count"] += 1
+            summary["last_step"], summary["last"] = step, value if finite else None
+            if not finite:
+                continue
+            if summary["finite"]:
+                area, total = summary["area"], summary["total"]
+                if area is not None:
+                    area += (step - summary["last_finite_step"]) * (value + summary["last_finite"]) / 2
+                    summary["area"] = area if isfinite(area) else None
+                if total is not None:
+                    total += value
+                    summary["total"] = total if isfinite(total) else None
+                if value < summary["min"]:
+                    summary["min"] = value
+                if value > summary["max"]:
+                    summary["max"] = value
+            else:
+                summary.update(first_step=step, first=value, min=value, max=value, total=value, area=0.0)
+            summary["finite"] += 1
+            summary["last_finite_step"], summary["last_finite"] = step, value
+            tail.append(value)
+        del tail[: -packing.TAIL]
+        added = (
+            chunk,
+            parts,
+            len(steps) - start,
+            False,
+            steps[start:].tobytes(),
+            values[start:].tobytes(),
+            times[start:].tobytes(),
+        )
+        known.chunk, known.parts = chunk, parts + 1
+        known.steps, known.values, known.times = steps, values, times
+        return known, passed, added
+
+    def _read_newest(self, names: set[str]) -> dict[str, Newest]:
+        """Each series' newest chunk and summary as stored now (in the writer's transaction)."""
+        summaries = {
+            row["name"]: row
+            for row in MetricSummary.objects.filter(run_id=self.run_id, name__in=names).values(
+                "name", *packing.SUMMARY_FIELDS
+            )
+        }
+        wanted = {(name, packing.chunk_of(s["last_step"])) for name, s in summaries.items()}
+        parts = {
+            name: n
+            for name, chunk, n in MetricChunk.objects.filter(
+                run_id=self.run_id, name__in=names, chunk__in=sorted({c for _, c in wanted})
+            )
+            .values("name", "chunk")
+            .annotate(n=Max("part"))
+            .values_list("name", "chunk", "n")
+            .order_by()
+            if (name, chunk) in wanted
+        }
+        newest = {}
+        for (name, chunk), (steps, values, times) in _stored(self.run_id, wanted).items():
+            newest[name] = Newest(
+                chunk,
+                array("H", (steps - (chunk << packing.CHUNK_BITS)).astype(np.uint16).tobytes()),
+                array("d", values.tobytes()),
+                array("q", times.tobytes()),
+                {k: v for k, v in summaries[name].items() if k != "name"},
+                parts[name] + 1,
+            )
+        return newest
+
+
+def _arrays(chunk: int, steps: array, values: array, times: array) -> tuple[np.ndarray, ...]:
+    offsets = np.frombuffer(steps, dtype=np.uint16).astype(np.int64)
+    return (
+        offsets + (chunk << packing.CHUNK_BITS),
+        np.frombuffer(values),
+        np.frombuffer(times, dtype=np.int64),
     )
 
 
 def seal(run_id: int) -> int:
-    """Pack the run's raw chunks (its sink closes: no more points come); returns how many."""
-    rows = MetricChunk.objects.filter(run_id=run_id, packed=False).values_list(
-        "pk", *CHUNK_FIELDS, "time_data"
+    """Pack the run's chunks that are raw or in parts (its sink closes: no more points come), each
+    into its part 0; returns how many."""
+    wanted = set(MetricChunk.objects.filter(run_id=run_id, packed=False).values_list("name", "chunk"))
+    rows = (
+        [
+            (run_id, name, chunk, 0, len(arrays[0]), True, *packing.encode(chunk, *arrays, packed=True))
+            for (name, chunk), arrays in _stored(run_id, wanted).items()
+        ]
+        if wanted
+        else []
     )
-    sealed = 0
-    for pk, chunk, _, *data in rows:
-        arrays = packing.decode(chunk, False, *(bytes(d) for d in data))
-        step_data, value_data, time_data = packing.encode(chunk, *arrays, packed=True)
-        sealed += MetricChunk.objects.filter(pk=pk, packed=False).update(
-            packed=True, step_data=step_data, value_data=value_data, time_data=time_data
-        )
-    return sealed
+    _compact(run_id, rows)
+    return len(rows)
 
 
 def series(run_id: int, name: str) -> Arrays:
     """(steps, values, wall times in µs) of one metric of one run, sorted by step."""
-    rows = MetricChunk.objects.filter(run_id=run_id, name=name).order_by("chunk")
+    rows = MetricChunk.objects.filter(run_id=run_id, name=name).order_by("chunk", "part")
     parts = [_decode(*data) for data in rows.values_list(*CHUNK_FIELDS, "time_data")]
     if not parts:
         return np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64)
@@ -167,7 +377,7 @@ def by_run(run_ids: list[int], name: str, with_time: bool = False) -> Points:
     fields = ["run_id", *CHUNK_FIELDS] + (["time_data"] if with_time else [])
     rows = (
         MetricChunk.objects.filter(run_id__in=run_ids, name=name)
-        .order_by("run_id", "chunk")
+        .order_by("run_id", "chunk", "part")
         .values_list(*fields)
     )
     parts: dict[int, list[tuple[np.ndarray, ...]]] = defaultdict(list)
@@ -185,7 +395,7 @@ def by_run(run_ids: list[int], name: str, with_time: bool = False) -> Points:
 
 def points_of(run_id: int, name: str = "") -> Iterable[tuple[str, Arrays]]:
     """Every metric of the run (or metric `name` only) in name order: (name, its arrays)."""
-    rows = MetricChunk.objects.filter(run_id=run_id).order_by("name", "chunk")
+    rows = MetricChunk.objects.filter(run_id=run_id).order_by("name", "chunk", "part")
     if name:
         rows = rows.filter(name=name)
     current, parts = None, []
@@ -219,7 +429,7 @@ def recent(run_id: int, n: int) -> tuple[list[int], dict[str, dict[int, float | 
     for chunk in chunks:
         if len(steps) >= n and sorted(steps)[-n] >= (chunk + 1) << packing.CHUNK_BITS:
             break  # every step of this chunk and older ones is older than the n found
-        rows = MetricChunk.objects.filter(run_id=run_id, chunk=chunk)
+        rows = MetricChunk.objects.filter(run_id=run_id, chunk=chunk).order_by("name", "part")
         for name, *data in rows.values_list("name", *CHUNK_FIELDS):
             for step, value in zip(*(a.tolist() for a in _decode(*data)), strict=True):
                 found[name][step] = value

@@ -69,7 +69,7 @@ def move_back(apps, schema_editor):
     Point = apps.get_model("experiments", "MetricPoint")
     Chunk = apps.get_model("experiments", "MetricChunk")
     points = []
-    for row in Chunk.objects.order_by("run_id", "name", "chunk").iterator(chunk_size=1000):
+    for row in Chunk.objects.order_by("run_id", "name", "chunk", "part").iterator(chunk_size=1000):
         steps, values, times = packing.decode(
             row.chunk, row.packed, bytes(row.step_data), bytes(row.value_data), bytes(row.time_data)
         )
@@ -103,6 +103,13 @@ class Migration(migrations.Migration):
                 ),
                 ("name", models.CharField(max_length=100)),
                 ("chunk", models.BigIntegerField(help_text="the steps' step >> CHUNK_BITS")),
+                (
+                    "part",
+                    models.IntegerField(
+                        default=0,
+                        help_text="0: the chunk (packed once passed); 1…: points a later flush added, raw",
+                    ),
+                ),
                 ("count", models.IntegerField(help_text="points in the chunk")),
                 (
                     "packed",
@@ -124,7 +131,7 @@ class Migration(migrations.Migration):
                 ),
             ],
             options={
-                "ordering": ["run", "name", "chunk"],
+                "ordering": ["run", "name", "chunk", "part"],
             },
         ),
         migrations.CreateModel(
@@ -182,7 +189,7 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name="metricchunk",
             constraint=models.UniqueConstraint(
-                fields=("run", "name", "chunk"), name="one_chunk_per_run_name_chunk"
+                fields=("run", "name", "chunk", "part"), name="one_chunk_part_per_run_name"
             ),
         ),
         migrations.AddConstraint(

@@ -8,16 +8,22 @@ from django.db import models
 class MetricChunk(models.Model):
     """Up to `CHUNK_STEPS` points of one metric of one run: those whose steps share
     `step >> CHUNK_BITS` (`chunk`), their steps, values and wall times packed as
-    `experiments.packing` says. Written and read through `experiments.series` only.
+    `experiments.packing` says. While a chunk is a series' newest it grows by parts: part 0, then
+    one raw part per flush with the points it added (after every step before it); once the series
+    moves past it (or the run's sink closes) it is stored whole and packed as part 0 alone.
+    Written and read through `experiments.series` only.
 
-    The unique index (run, name, chunk) is the only index besides the key: it leads with the
-    run, so it serves the run's foreign key too."""
+    The unique index (run, name, chunk, part) is the only index besides the key: it leads with
+    the run, so it serves the run's foreign key too."""
 
     run = models.ForeignKey(
         "experiments.Run", on_delete=models.CASCADE, related_name="metric_chunks", db_index=False
     )
     name = models.CharField(max_length=100)
     chunk = models.BigIntegerField(help_text="the steps' step >> CHUNK_BITS")
+    part = models.IntegerField(
+        default=0, help_text="0: the chunk (packed once passed); 1…: points a later flush added, raw"
+    )
     count = models.IntegerField(help_text="points in the chunk")
     packed = models.BooleanField(
         default=True, help_text="false: raw, the series' newest chunk while it grows"
@@ -27,9 +33,11 @@ class MetricChunk(models.Model):
     time_data = models.BinaryField()
 
     class Meta:
-        ordering = ["run", "name", "chunk"]
+        ordering = ["run", "name", "chunk", "part"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "name", "chunk"], name="one_chunk_per_run_name_chunk")
+            models.UniqueConstraint(
+                fields=["run", "name", "chunk", "part"], name="one_chunk_part_per_run_name"
+            )
         ]
 
     def __str__(self) -> str:

@@ -365,13 +365,13 @@ def test_metric_chunks_have_one_unique_index_and_a_step_logged_again_replaces_it
     summary = MetricSummary.objects.first()
     with pytest.raises(IntegrityError), transaction.atomic():
         MetricSummary.objects.create(run=summary.run, name=summary.name, count=1, last_step=0, finite=1)
-    for model, key in ((MetricChunk, "chunk"), (MetricSummary, None)):
+    for model, key in ((MetricChunk, ["chunk", "part"]), (MetricSummary, [])):
         with connection.cursor() as cursor:
             constraints = connection.introspection.get_constraints(cursor, model._meta.db_table)
         indexes = [
             c["columns"] for c in constraints.values() if (c["index"] or c["unique"]) and not c["primary_key"]
         ]
-        assert indexes == [["run_id", "name", key] if key else ["run_id", "name"]], model
+        assert indexes == [["run_id", "name", *key]], model
 
     run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=0)
     before = logged(run)

@@ -193,3 +193,48 @@ def test_a_series_newest_chunk_stays_raw_while_it_grows_and_is_packed_when_passe
     after = series.series(run.pk, "loss")
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     assert after[0].tolist() == [*range(1, 1000), 1500]
+
+
+def test_a_writer_stores_what_append_stores_flush_by_flush(make_run):
+    """The sink's `Writer`: new steps extend what it knows without reading; a step again, an
+    older one or a new series go through `append`; after a failed write it starts from the database."""
+    mine, reference = make_run("writer"), make_run("append")
+    writer = series.Writer(mine.pk)
+    rng = np.random.default_rng(5)
+    flushes = [list(range(lo, lo + 7)) for lo in range(0, 2300, 7)]
+    flushes[40] = [3, 100, 2, 150]  # a resumed attempt's steps again, out of order
+    for i, steps in enumerate(flushes):
+        values = rng.normal(size=len(steps))
+        values[rng.random(len(steps)) < 0.1] = np.nan
+        points = [
+            (name, s, float(v), START + timedelta(microseconds=s))
+            for s, v in zip(steps, values, strict=True)
+            for name in ("a", "b")
+        ]
+        if i == 100:
+            points.append(("late", 5, 1.0, START))
+        with transaction.atomic():
+            writer.write(points)
+        if i == 200:
+            writer.forget()  # as after a failed flush
+        else:
+            writer.committed()
+        log_points(reference, points)
+    for name in ("a", "b", "late"):
+        got, want = series.series(mine.pk, name), series.series(reference.pk, name)
+        assert all(np.array_equal(g, w, equal_nan=True) for g, w in zip(got, want, strict=True)), name
+        _summary_equal(
+            MetricSummary.objects.filter(run=mine, name=name).values(*packing.SUMMARY_FIELDS).get(),
+            MetricSummary.objects.filter(run=reference, name=name).values(*packing.SUMMARY_FIELDS).get(),
+        )
+
+    def layout(run):
+        return list(MetricChunk.objects.filter(run=run).values_list("name", "chunk", "part", "packed"))
+
+    newest = [row for row in layout(mine) if row[1] == 2]
+    assert [row[2:] for row in newest if row[0] == "a"] == [(p, False) for p in range(len(newest) // 2)]
+    assert len(newest) > 2, "the newest chunk grew by parts, one a flush"
+    passed = [row for row in layout(mine) if row[0] in ("a", "b") and row[1] < 2]
+    assert passed and all(row[2:] == (0, True) for row in passed), "the chunks it moved past: packed, whole"
+    series.seal(mine.pk), series.seal(reference.pk)
+    assert layout(mine) == layout(reference) == [(n, c, 0, True) for n, c, _, _ in layout(reference)]
