@@ -19,7 +19,14 @@ comparison page is timed until drawn in headless Chromium against a live server.
 cores when the machine has more. The section, one per database engine, goes into
 `BENCHMARKS.md`; the exit code is 0 when every target holds.
 
+`--grid team` measures a team's whole history instead: `--team-runs` runs (experiments of 200) ×
+`--team-steps` steps × `--team-metrics` metrics, `--sink-runs` of them written flush by flush
+through `series.Writer` (the ingest rate of a worker's sink), the rest loaded whole (chunks packed
+at once); then bytes per point, the first and kept comparison of one experiment, and the Runs page
+sorted by last(eval/accuracy) over all runs (read from the summaries). Its own section.
+
     .venv/bin/python bench/dashboard.py
+    .venv/bin/python bench/dashboard.py --grid team
 """
 
 from __future__ import annotations
@@ -62,6 +69,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-payload-mb", type=float, default=2.0)
     parser.add_argument("--target-page-s", type=float, default=3.0)
     parser.add_argument("--page-loads", type=int, default=3)
+    parser.add_argument(
+        "--grid",
+        choices=("experiment", "team"),
+        default="experiment",
+        help="experiment: the --runs × --steps comparison; team: --team-runs runs' whole history",
+    )
+    parser.add_argument(
+        "--team-runs", type=int, default=1000, help="a multiple of 200 (experiments of 200 runs)"
+    )
+    parser.add_argument("--team-steps", type=int, default=10_000)
+    parser.add_argument("--team-metrics", type=int, default=20)
+    parser.add_argument(
+        "--sink-runs", type=int, default=2, help="team runs written flush by flush as a sink does"
+    )
+    parser.add_argument("--team-compare-s", type=float, default=1.0)
+    parser.add_argument("--team-list-ms", type=float, default=200.0)
     parser.add_argument(
         "--no-write", action="store_true", help="print the section, leave BENCHMARKS.md alone"
     )
@@ -402,12 +425,176 @@ def report(
     return "\n".join(lines), ok
 
 
+TEAM_SECTION = "## Metric storage at a team's size on {database} (`bench/dashboard.py --grid team`)"
+ACCURACY = "eval/accuracy"
+
+
+def team_points(rng, steps: int, n_metrics: int, start_us: int):
+    """One run's history: `ACCURACY` in [0, 1] and random walks, one point per step each, half a
+    second apart with a jitter of up to 50 ms (in µs)."""
+    import numpy as np
+
+    names = [ACCURACY] + [f"metric/{i:02d}" for i in range(1, n_metrics)]
+    walks = np.cumsum(rng.normal(0, 0.01, size=(n_metrics, steps)), axis=1)
+    walks[0] = np.clip(0.3 + walks[0] * 0.5 + np.linspace(0, 0.4, steps), 0, 1).round(4)
+    times = start_us + np.arange(steps, dtype=np.int64) * 500_000 + rng.integers(0, 50_000, size=steps)
+    return names, np.arange(1, steps + 1, dtype=np.int64), walks, times
+
+
+def load_run(run_id: int, names, steps, values, times) -> None:
+    """A finished run's whole history at once: its chunks packed, its summaries (bulk load)."""
+    import numpy as np
+
+    from experiments import packing, series
+
+    chunks, summaries = [], []
+    keys = steps >> packing.CHUNK_BITS
+    bounds = np.flatnonzero(np.diff(keys)) + 1
+    for name, row in zip(names, values, strict=True):
+        for part in np.split(np.arange(len(steps)), bounds):
+            chunk = int(keys[part[0]])
+            data = packing.encode(chunk, steps[part], row[part], times[part], packed=True)
+            chunks.append((run_id, name, chunk, 0, len(part), True, *data))
+        summaries.append(packing.summarise(steps, row) | {"name": name})
+    series._upsert(series.MetricChunk, series.CHUNK_KEY, series.CHUNK_COLUMNS, chunks)
+    series._upsert_summaries(run_id, summaries)
+
+
+def team_grid(args) -> tuple[str, bool]:
+    """1,000 runs' whole history: ingest (flush by flush through `series.Writer` for `--sink-runs`
+    runs, then bulk), bytes per point, one experiment's comparison, the Runs list by accuracy."""
+    import numpy as np
+    from django.contrib.auth import get_user_model
+    from django.db import connection, transaction
+    from django.test import Client
+    from django.urls import reverse
+
+    from accounts.models import Membership, Team
+    from experiments import packing, series
+    from experiments.models import Run
+    from experiments.sweeps import create_experiment, expand
+    from rlcore.config import MAX_STEPS
+
+    user = get_user_model().objects.create_user("bench", password="bench-password-1")
+    team = Team.objects.create(name="bench")
+    Membership.objects.create(team=team, user=user, is_admin=True)
+    base = {"model": {"tiny": {}}, "steps": min(args.team_steps, MAX_STEPS), "device": "cpu"}
+    sweep = expand(base, list(PRESETS), list(STALENESS), list(range(10)))
+    experiments = [
+        create_experiment(team, user, f"team {e}", "", sweep) for e in range(args.team_runs // 200)
+    ]
+    runs = list(Run.objects.filter(experiment__in=experiments).order_by("pk"))
+    rng = np.random.default_rng(0)
+    start_us = packing.micros(datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+    sink_s = bulk_s = 0.0
+    sink_points = bulk_points = 0
+    for i, run in enumerate(runs):
+        names, steps, values, times = team_points(rng, args.team_steps, args.team_metrics, start_us)
+        started = time.perf_counter()
+        if i < args.sink_runs:
+            writer = series.Writer(run.pk)
+            for lo in range(0, len(steps), args.flush_every):
+                points = [
+                    (name, int(steps[j]), float(values[m, j]), packing.wall_time(times[j]))
+                    for j in range(lo, min(lo + args.flush_every, len(steps)))
+                    for m, name in enumerate(names)
+                ]
+                with transaction.atomic():
+                    writer.write(points)
+                writer.committed()
+            series.seal(run.pk)
+            sink_s += time.perf_counter() - started
+            sink_points += values.size
+        else:
+            with transaction.atomic():
+                load_run(run.pk, names, steps, values, times)
+            bulk_s += time.perf_counter() - started
+            bulk_points += values.size
+    Run.objects.filter(pk__in=[r.pk for r in runs]).update(status=Run.SUCCEEDED, progress=args.team_steps)
+    settle(connection)
+    n_points = len(runs) * args.team_steps * args.team_metrics
+    disk = {key: disk_bytes(connection, table) for key, table in tables(connection).items()}
+
+    client = Client()
+    client.force_login(user)
+    url = reverse("experiment-compare-data", args=[experiments[0].pk])
+    started = time.perf_counter()
+    response = client.get(url, {"metric": ACCURACY})
+    compare_first = time.perf_counter() - started
+    assert response.status_code == 200, response.content[:500]
+    compare_kept = []
+    for _ in range(args.calls):
+        started = time.perf_counter()
+        client.get(url, {"metric": ACCURACY})
+        compare_kept.append(time.perf_counter() - started)
+    listing = []
+    client.get(reverse("run-list"), {"sort": "accurate"})
+    for _ in range(args.calls):
+        started = time.perf_counter()
+        page = client.get(reverse("run-list"), {"sort": "accurate"})
+        listing.append(time.perf_counter() - started)
+    assert page.status_code == 200
+    shown = [run.pk for run in page.context["page"]]
+    best = (
+        Run.objects.annotate(a=series.summary("last_finite", ACCURACY))
+        .order_by("-a", "-pk")
+        .values_list("pk", flat=True)
+    )
+    assert shown == list(best[: len(shown)]), "the page's order is the summaries' order"
+
+    per_point = disk["chunks"] / n_points
+    list_ms = statistics.median(listing) * 1000
+    ok = (
+        compare_first <= args.team_compare_s
+        and list_ms <= args.team_list_ms
+        and per_point <= args.max_bytes_per_point
+    )
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        TEAM_SECTION.format(database=connection.vendor),
+        "",
+        f"Measured {now} on {len(os.sched_getaffinity(0))} cores ({platform.processor() or platform.machine()}); "
+        f"Python {platform.python_version()}, numpy {np.__version__}, database {connection.vendor}.",
+        "",
+        f"{len(runs):,} runs ({len(experiments)} experiments of 200: {len(PRESETS)} presets × {len(STALENESS)} "
+        f"staleness settings × 10 seeds) × {args.team_steps:,} steps × {args.team_metrics} metrics = "
+        f"{n_points:,} points (`{ACCURACY}` and random walks, a point per step, wall times 0.5 s apart with "
+        f"jitter). {args.sink_runs} runs written flush by flush ({args.flush_every} steps a flush) through "
+        f"`series.Writer`, as a worker's sink does: {sink_points / sink_s:,.0f} points/s; the other "
+        f"{len(runs) - args.sink_runs:,} loaded whole (`load_run`: chunks packed at once, summaries): "
+        f"{bulk_points / bulk_s:,.0f} points/s. Then `VACUUM (FULL, ANALYZE)` (SQLite: `VACUUM`, `ANALYZE`).",
+        "",
+        "| measure | value | target |",
+        "|---|---|---|",
+        f"| bytes per point on disk (chunks: table, TOAST, indexes) | {per_point:.2f} (+ "
+        f"{disk['summaries'] / n_points:.3f} for the summaries) | ≤ {args.max_bytes_per_point:g} |",
+        f"| comparison of one experiment (200 runs × {args.team_steps:,} steps of `{ACCURACY}`), first call "
+        f"(computed) | {compare_first:.2f} s | ≤ {args.team_compare_s:g} s |",
+        f"| the same, median of {args.calls} more (kept) | {statistics.median(compare_kept) * 1000:.0f} ms | |",
+        f"| Runs page sorted by last(`{ACCURACY}`) over all {len(runs):,} runs (`?sort=accurate`, first page of "
+        f"100, the whole view), median of {args.calls} | {list_ms:.0f} ms | ≤ {args.team_list_ms:g} ms |",
+        "",
+        f"**{'PASS' if ok else 'FAIL'}**.",
+        "",
+    ]
+    return "\n".join(lines), ok
+
+
 def main() -> int:
     args = parse_args()
     two_cores()
     # Playwright's sync API runs an event loop in this thread; the ORM calls around it stay synchronous.
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     setup_django()
+    if args.grid == "team":
+        with test_database():
+            section, ok = team_grid(args)
+        if not args.no_write:
+            from bench.report import write_section
+
+            write_section(section)
+        print(section)
+        return 0 if ok else 1
     with test_database() as connection:
         create_reference(connection)
         started = time.perf_counter()

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from accounts.models import Team
-from experiments import tagging
+from experiments import series, tagging
 from experiments.models import Experiment, Run, SavedView
 from experiments.views import paginate
 from rlcore.config import ExecutionConfig
@@ -37,7 +37,11 @@ RUN_ORDERS = {
     "oldest": ("pk",),
     "longest": (F("took").desc(nulls_last=True), "-pk"),
     "shortest": (F("took").asc(nulls_last=True), "-pk"),
+    # last(eval/accuracy), from each run's summary row of it: never its points.
+    "accurate": (F("last_accuracy").desc(nulls_last=True), "-pk"),
+    "least-accurate": (F("last_accuracy").asc(nulls_last=True), "-pk"),
 }
+ACCURACY_METRIC = "eval/accuracy"
 
 
 def _took():
@@ -120,6 +124,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
             request, f"sort must be one of {', '.join(RUN_ORDERS)} (got {sort[:50]!r}); newest first"
         )
         sort = "newest"
+    if "accurate" in sort:
+        runs = runs.annotate(last_accuracy=series.summary("last_finite", ACCURACY_METRIC))
     runs = (
         runs.annotate(took=_took()).order_by(*RUN_ORDERS[sort]).prefetch_related("tags", "experiment__tags")
     )

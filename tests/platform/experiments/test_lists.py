@@ -10,7 +10,9 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 from support import TINY_CONFIG, log_points
@@ -99,12 +101,32 @@ def test_the_runs_list_orders_by_duration_and_marks_measured_alone_and_contended
     assert order("oldest") == sorted(order("newest"))
     response = alice_client.get(reverse("run-list"), {"sort": "fastest"})
     assert (
-        "sort must be one of newest, oldest, longest, shortest (got &#x27;fastest&#x27;)"
+        "sort must be one of newest, oldest, longest, shortest, accurate, least-accurate (got &#x27;fastest&#x27;)"
         in response.content.decode()
     )
     html = alice_client.get(reverse("run-list")).content.decode()
     row = re.search(rf'aria-label="run {simulated.pk}".*?</tr>', html, re.S).group(0)
     assert "measured alone" in row and "contended" in row and "1.2 cores" in row
+
+
+def test_the_runs_list_orders_by_last_held_out_accuracy_from_the_summaries(alice_client, runs, make_run):
+    simulated, distributed = runs
+    never = make_run("never evaluated")
+    now = timezone.now()
+    log_points(simulated, [("eval/accuracy", 0, 0.9, now), ("eval/accuracy", 20, 0.25, now)])
+    log_points(distributed, [("eval/accuracy", 0, 0.1, now), ("eval/accuracy", 20, 0.5, now)])
+    log_points(distributed, [("eval/accuracy", 30, float("nan"), now)])  # the last finite one counts
+
+    def order(sort: str) -> list[int]:
+        return [run.pk for run in alice_client.get(reverse("run-list"), {"sort": sort}).context["page"]]
+
+    assert order("accurate") == [distributed.pk, simulated.pk, never.pk]
+    assert order("least-accurate") == [simulated.pk, distributed.pk, never.pk], "no accuracy: last either way"
+    with CaptureQueriesContext(connection) as queries:
+        order("accurate")
+    assert not [q for q in queries if "experiments_metricchunk" in q["sql"]], "summaries only"
+    html = alice_client.get(reverse("run-list"), {"sort": "accurate"}).content.decode()
+    assert '<option value="accurate" selected>highest last held-out accuracy first</option>' in html
 
 
 def test_the_run_page_says_where_its_time_went(alice_client, runs):
