@@ -58,6 +58,7 @@ bench: install
 	$(BIN)/python bench/rl_step.py
 	$(BIN)/python bench/update_cost.py
 	$(BIN)/python bench/dashboard.py
+	$(BIN)/python bench/dashboard.py --grid team
 	$(BIN)/python bench/run_query.py
 	$(BIN)/python bench/worker_threads.py
 	$(BIN)/python bench/async_speedup.py

@@ -193,17 +193,15 @@ def ingest(n_runs: int, steps: int, flush_every: int):
     return experiment, user
 
 
-def tables(connection) -> dict[str, str]:
+def tables(connection, reference: bool = True) -> dict[str, str]:
+    """The tables measured: the chunks, the summaries and (grid experiment) the reference."""
     from experiments.models import MetricChunk, MetricSummary
 
-    return {
-        "chunks": MetricChunk._meta.db_table,
-        "summaries": MetricSummary._meta.db_table,
-        "reference": REFERENCE,
-    }
+    measured = {"chunks": MetricChunk._meta.db_table, "summaries": MetricSummary._meta.db_table}
+    return measured | ({"reference": REFERENCE} if reference else {})
 
 
-def settle(connection) -> None:
+def settle(connection, reference: bool = True) -> None:
     """Bring the freshly written tables to their steady state before measuring: their live rows
     only (PostgreSQL's `VACUUM FULL`, SQLite's `VACUUM`: the row versions a growing chunk's parts
     and the summaries' updates leave behind are space autovacuum hands back for reuse in a
@@ -211,7 +209,7 @@ def settle(connection) -> None:
     2 cores during the timings."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            for table in tables(connection).values():
+            for table in tables(connection, reference).values():
                 cursor.execute(f"VACUUM (FULL, ANALYZE) {table}")
         else:
             cursor.execute("VACUUM")
@@ -511,9 +509,9 @@ def team_grid(args) -> tuple[str, bool]:
             bulk_s += time.perf_counter() - started
             bulk_points += values.size
     Run.objects.filter(pk__in=[r.pk for r in runs]).update(status=Run.SUCCEEDED, progress=args.team_steps)
-    settle(connection)
+    settle(connection, reference=False)
     n_points = len(runs) * args.team_steps * args.team_metrics
-    disk = {key: disk_bytes(connection, table) for key, table in tables(connection).items()}
+    disk = {key: disk_bytes(connection, table) for key, table in tables(connection, reference=False).items()}
 
     client = Client()
     client.force_login(user)

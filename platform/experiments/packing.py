@@ -4,7 +4,8 @@ numpy arrays, no database (the metric storage, `experiments.series`, and its mig
 A chunk holds the points of one (run, metric) whose steps share `step >> CHUNK_BITS`. Packed, each
 of its three columns is zlib-compressed after a byte shuffle (the i-th bytes of all elements together,
 as Blosc and HDF5's shuffle filter do: neighbouring values share their high bytes):
-- steps: offsets from the chunk's first possible step, as 16-bit integers;
+- steps: offsets from the chunk's first possible step, as 16-bit integers (consecutive ones as
+  their first and count only);
 - values: float64 as logged, NaN and ±infinity kept;
 - wall times: microseconds since the Unix epoch, as differences from the previous point.
 A series' newest chunk is kept raw while its points arrive (`encode`).
@@ -13,6 +14,7 @@ A series' newest chunk is kept raw while its points arrive (`encode`).
 from __future__ import annotations
 
 import math
+import struct
 import zlib
 from datetime import UTC, datetime, timedelta
 
@@ -50,11 +52,20 @@ def _pack(array: np.ndarray) -> bytes:
     return zlib.compress(_shuffle(np.ascontiguousarray(array)), ZLIB_LEVEL)
 
 
+RANGE = b"R"  # steps packed as (first offset, count) when consecutive; never a zlib stream's first byte
+
+
 def pack_steps(chunk: int, steps: np.ndarray) -> bytes:
-    return _pack((steps - (chunk << CHUNK_BITS)).astype("<u2"))
+    offsets = (steps - (chunk << CHUNK_BITS)).astype("<u2")
+    if len(offsets) and int(offsets[-1]) - int(offsets[0]) == len(offsets) - 1:  # sorted, unique: consecutive
+        return RANGE + struct.pack("<HH", int(offsets[0]), len(offsets))
+    return _pack(offsets)
 
 
 def unpack_steps(chunk: int, data: bytes) -> np.ndarray:
+    if data[:1] == RANGE:
+        first, count = struct.unpack("<HH", data[1:5])
+        return np.arange(first, first + count, dtype=np.int64) + (chunk << CHUNK_BITS)
     return _unshuffle(data, "<u2").astype(np.int64) + (chunk << CHUNK_BITS)
 
 

@@ -35,6 +35,17 @@ def test_a_chunk_unpacks_to_what_was_packed_bit_for_bit():
         assert np.array_equal(packing.unpack_times(packing.pack_times(times)), times)
 
 
+def test_consecutive_steps_pack_to_their_first_and_count():
+    for chunk, first, n in ((0, 1, 1023), (5, 0, 1024), (-2, 17, 1)):
+        steps = np.arange(first, first + n) + (chunk << packing.CHUNK_BITS)
+        data = packing.pack_steps(chunk, steps)
+        assert len(data) == 5 and np.array_equal(packing.unpack_steps(chunk, data), steps)
+    gap = np.array([0, 1, 3])
+    assert len(packing.pack_steps(0, gap)) > 5 and packing.unpack_steps(
+        0, packing.pack_steps(0, gap)
+    ).tolist() == [0, 1, 3]
+
+
 def test_wall_times_keep_their_microseconds():
     for wall in (START, datetime(1969, 12, 31, 23, 59, 59, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC)):
         assert packing.wall_time(packing.micros(wall)) == wall
