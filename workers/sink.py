@@ -125,7 +125,9 @@ class DatabaseSink:
                 # this worker's (reaped, re-queued), what it still reports is dropped, not mixed in.
                 if not self.run.beat(self.worker, progress, phase, detail):
                     return
-                self._series.write((name, step, value, wall) for (name, step), (value, wall) in points.items())
+                self._series.write(
+                    (name, step, value, wall) for (name, step), (value, wall) in points.items()
+                )
                 Completion.objects.filter(run=self.run, step__in=list(samples)).delete()
                 Completion.objects.bulk_create(
                     Completion(
