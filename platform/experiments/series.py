@@ -362,11 +362,7 @@ def seal(run_id: int) -> int:
 
 def series(run_id: int, name: str) -> Arrays:
     """(steps, values, wall times in µs) of one metric of one run, sorted by step."""
-    rows = MetricChunk.objects.filter(run_id=run_id, name=name).order_by("chunk", "part")
-    parts = [_decode(*data) for data in rows.values_list(*CHUNK_FIELDS, "time_data")]
-    if not parts:
-        return np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64)
-    return tuple(np.concatenate(columns) for columns in zip(*parts, strict=True))
+    return MetricChunk.series(run_id, name)
 
 
 def by_run(run_ids: list[int], name: str, with_time: bool = False) -> Points:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 from django.db import models
+
+from experiments import packing
 
 
 class MetricChunk(models.Model):
@@ -42,6 +45,21 @@ class MetricChunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}[{self.chunk}]×{self.count}"
+
+    @classmethod
+    def series(cls, run_id: int, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(steps, values, wall times in µs) of one metric of one run, sorted by step: its chunks'
+        parts in order (`experiments.series` keeps them disjoint and ascending)."""
+        rows = cls.objects.filter(run_id=run_id, name=name).order_by("chunk", "part")
+        parts = [
+            packing.decode(chunk, packed, bytes(steps), bytes(values), bytes(times))
+            for chunk, packed, steps, values, times in rows.values_list(
+                "chunk", "packed", "step_data", "value_data", "time_data"
+            )
+        ]
+        if not parts:
+            return np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64)
+        return tuple(np.concatenate(columns) for columns in zip(*parts, strict=True))
 
 
 class MetricSummary(models.Model):

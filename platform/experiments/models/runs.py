@@ -21,8 +21,9 @@ from execution.models import needed_queues
 from experiments.collapse import METRIC as COLLAPSE_METRIC
 from experiments.collapse import Collapse, find_collapse
 from experiments.models.jobs import RolloutJob
-from experiments.models.results import Completion, MetricSummary
+from experiments.models.results import Completion, MetricChunk, MetricSummary
 from experiments.models.turns import TakingTurns
+from experiments.packing import finite_or_none
 from experiments.text import public_error, variant_label
 from rlcore.config import RunConfig, error_list
 from rlcore.sinks import SUMMARY_LATEST
@@ -334,11 +335,9 @@ class Run(TakingTurns, Leased):
 
     def collapse(self) -> Collapse | None:
         """Where the run collapsed, from its logged held-out accuracy (None if it did not)."""
-        from experiments import series  # it reads the models of this package
-
-        steps, values, _ = series.series(self.pk, COLLAPSE_METRIC)
+        steps, values, _ = MetricChunk.series(self.pk, COLLAPSE_METRIC)
         return find_collapse(
-            (step, series.shown(value)) for step, value in zip(steps.tolist(), values.tolist(), strict=True)
+            (step, finite_or_none(value)) for step, value in zip(steps.tolist(), values.tolist(), strict=True)
         )
 
     def collapse_summary(self) -> dict[str, float]:
@@ -357,18 +356,16 @@ class Run(TakingTurns, Leased):
         `eval/accuracy_initial` (step 0), the latest `eval/accuracy`, `reward/mean` and `kl/init`,
         and the collapse keys. Empty when nothing was logged.
         """
-        from experiments import series  # it reads the models of this package
-
         logged = {s.name: s for s in MetricSummary.objects.filter(run=self)}
         if not logged:
             return {}
         last_step = max(s.last_step for s in logged.values())
-        accuracy_steps, accuracy, _ = series.series(self.pk, "eval/accuracy")
+        accuracy_steps, accuracy, _ = MetricChunk.series(self.pk, "eval/accuracy")
         initial = accuracy[accuracy_steps == 0]
         summary: dict[str, float | None] = {
             "steps": float(last_step),
             "completed": float(last_step == self.steps),
-            "eval/accuracy_initial": series.shown(initial[0]) if len(initial) else None,
+            "eval/accuracy_initial": finite_or_none(initial[0]) if len(initial) else None,
         }
         for name in SUMMARY_LATEST:
             if name in logged:
