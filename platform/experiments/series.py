@@ -405,10 +405,7 @@ def points_of(run_id: int, name: str = "") -> Iterable[tuple[str, Arrays]]:
         yield current, tuple(np.concatenate(c) for c in zip(*parts, strict=True))
 
 
-def shown(value: float) -> float | None:
-    """A stored value as pages and the API show it: None when not finite."""
-    value = float(value)
-    return value if np.isfinite(value) else None
+shown = packing.finite_or_none  # a stored value as pages and the API show it: None when not finite
 
 
 def recent(run_id: int, n: int) -> tuple[list[int], dict[str, dict[int, float | None]]]:
@@ -446,9 +443,3 @@ def summary(field: str, name: str) -> Subquery:
         mean = Cast(F("total"), FloatField()) / NullIf(F("finite"), 0)
         return Subquery(rows.annotate(mean=mean).values("mean")[:1], output_field=FloatField())
     return Subquery(rows.values(field)[:1])
-
-
-def points_count(runs) -> int:
-    """How many points the runs (a queryset) logged, from their summaries."""
-    counts = MetricSummary.objects.filter(run__in=runs).values_list("count", flat=True)
-    return sum(counts)
