@@ -445,7 +445,7 @@ def load_run(run_id: int, names, steps, values, times) -> None:
 
     from experiments import packing, series
 
-    chunks, summaries = [], []
+    chunks, summaries = [], {}
     keys = steps >> packing.CHUNK_BITS
     bounds = np.flatnonzero(np.diff(keys)) + 1
     for name, row in zip(names, values, strict=True):
@@ -453,7 +453,7 @@ def load_run(run_id: int, names, steps, values, times) -> None:
             chunk = int(keys[part[0]])
             data = packing.encode(chunk, steps[part], row[part], times[part], packed=True)
             chunks.append((run_id, name, chunk, 0, len(part), True, *data))
-        summaries.append(packing.summarise(steps, row) | {"name": name})
+        summaries[name] = packing.summarise(steps, row)
     series._upsert(series.MetricChunk, series.CHUNK_KEY, series.CHUNK_COLUMNS, chunks)
     series._upsert_summaries(run_id, summaries)
 

@@ -7,7 +7,6 @@ rides out a short outage; what cannot be stored stops the run with the reason (`
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from datetime import datetime
@@ -15,7 +14,7 @@ from datetime import datetime
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
-from experiments import series
+from experiments import packing, series
 from experiments.models import Checkpoint, Completion, Run
 from experiments.text import storable
 from rlcore.sinks import TRAINING, Sample
@@ -25,11 +24,6 @@ from workers.measure import Measurement
 FLUSH_INTERVAL_S = 0.5
 
 log = logging.getLogger(__name__)
-
-
-def finite_or_none(value: float) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 class StoringFailed(RuntimeError):
@@ -128,14 +122,15 @@ class DatabaseSink:
                 self._series.write(
                     (name, step, value, wall) for (name, step), (value, wall) in points.items()
                 )
-                Completion.objects.filter(run=self.run, step__in=list(samples)).delete()
+                if samples:
+                    Completion.objects.filter(run=self.run, step__in=list(samples)).delete()
                 Completion.objects.bulk_create(
                     Completion(
                         run=self.run,
                         step=step,
                         prompt=storable(s.prompt),
                         completion=storable(s.completion),
-                        reward=finite_or_none(s.reward),
+                        reward=packing.finite_or_none(s.reward),
                     )
                     for step, batch in samples.items()
                     for s in batch

@@ -17,13 +17,13 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from execution.models import Worker
-from experiments import dispatch
+from experiments import dispatch, packing
 from experiments.models import RolloutJob, Run
 from lab.celery import app
 from workers.buffer import clear_buffer
 from workers.db_outage import UNREACHABLE, note_unreachable, reachable_for, retry_db
 from workers.memory import MemoryCeiling, OverMemoryCeiling, import_model_libraries
-from workers.sink import CheckpointLedger, DatabaseSink, finite_or_none
+from workers.sink import CheckpointLedger, DatabaseSink
 from workers.source import BufferDamaged, DatabaseSource
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def _train(run: Run, worker: str) -> str:
             return f"run {run_id} attempt {attempt}: failed; re-queued as attempt {run.attempt}"
         return f"run {run_id} attempt {attempt}: failed"
     summary.update(measurement(run, sink, worker))
-    retry_db(run.finish)(worker, {name: finite_or_none(value) for name, value in summary.items()})
+    retry_db(run.finish)(worker, {name: packing.finite_or_none(value) for name, value in summary.items()})
     if run.status in (Run.SUCCEEDED, Run.CANCELLED):
         retry_db(RolloutJob.cancel_for)(run)
         clear_buffer(run)

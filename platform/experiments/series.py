@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import sys
 from array import array
 from collections import defaultdict
@@ -28,17 +29,29 @@ from experiments.models import MetricChunk, MetricSummary
 
 # (steps, values, wall times in µs since the epoch) of one metric, sorted by step.
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+# (steps, values, wall times in µs) of one metric as a flush brings them, in the order logged.
+Columns = tuple[list[int], list[float], list[int]]
 # Per run: (steps as floats, values with NaN for what is not finite, wall times in s or None).
 Points = dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 
 
-UPSERT_ROWS = 500  # rows per statement (SQLite takes at most 32,766 parameters in one)
+UPSERT_ROWS = 500  # rows per PostgreSQL statement
 
 
 def _upsert(model, key: tuple[str, ...], columns: tuple[str, ...], rows: list[tuple]) -> None:
-    """INSERT … VALUES (…), (…) … ON CONFLICT (key) DO UPDATE: one statement for up to
-    `UPSERT_ROWS` rows (PostgreSQL and SQLite alike), without a model instance per row."""
+    """INSERT … ON CONFLICT (key) DO UPDATE of `rows`, without a model instance per row: on
+    PostgreSQL one statement of up to `UPSERT_ROWS` rows (one round trip); on SQLite one
+    single-row statement run for every row by sqlite3's own `executemany` (in C; Django's cursor
+    would cost more per flush than the statements do), its errors raised as Django's."""
+    if not rows:
+        return
     table = model._meta.db_table
+    if connection.vendor == "sqlite":
+        sql = _upsert_sql(connection.vendor, table, key, columns, 1).replace("%s", "?")
+        connection.ensure_connection()
+        with connection.wrap_database_errors:
+            connection.connection.executemany(sql, rows)
+        return
     with connection.cursor() as cursor:
         for start in range(0, len(rows), UPSERT_ROWS):
             batch = rows[start : start + UPSERT_ROWS]
@@ -113,12 +126,7 @@ def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]
     new = _by_name(points)
     if not new:
         return
-    summaries = {
-        row["name"]: row
-        for row in MetricSummary.objects.filter(run_id=run_id, name__in=list(new)).values(
-            "name", *packing.SUMMARY_FIELDS
-        )
-    }
+    summaries = stored_summaries(run_id, new)
     newest, wanted = {}, set()
     for name, (steps, _, _) in new.items():
         before = summaries.get(name)
@@ -147,37 +155,41 @@ def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]
         )
     _compact(run_id, rows)
 
-    updated = []
+    updated = {}
     for name, (steps, values, _) in new.items():
         before = summaries.get(name)
         if before is not None and steps[0] > before["last_step"]:
-            summary = packing.extend(before, steps, values)
+            summary = packing.extend(before, steps, values)  # `before` is this call's own
         else:  # a step logged again, or one before the last: sum the whole series up again
             whole = series(run_id, name)
             summary = packing.summarise(whole[0], whole[1])
-        updated.append(summary | {"name": name})
+        updated[name] = summary
     _upsert_summaries(run_id, updated)
 
 
-def _upsert_summaries(run_id: int, summaries: list[dict]) -> None:
-    adapt = connection.ops.adapt_json_value
-    fields = packing.SUMMARY_FIELDS
-    _upsert(
-        MetricSummary,
-        ("run_id", "name"),
-        fields,
-        [
-            (run_id, s["name"], *(adapt(s[f], None) if f == "tail" else s[f] for f in fields))
-            for s in summaries
-        ],
+SUMMARY_VALUES = operator.itemgetter(*(f for f in packing.SUMMARY_FIELDS if f != "tail"))
+SUMMARY_COLUMNS = (*(f for f in packing.SUMMARY_FIELDS if f != "tail"), "tail")
+
+
+def _upsert_summaries(run_id: int, summaries: dict[str, dict]) -> None:
+    """Store {name: summary} of the run's metrics."""
+    rows = [(run_id, name, *SUMMARY_VALUES(s), packing.pack_tail(s["tail"])) for name, s in summaries.items()]
+    _upsert(MetricSummary, ("run_id", "name"), SUMMARY_COLUMNS, rows)
+
+
+def stored_summaries(run_id: int, names) -> dict[str, dict]:
+    """{name: summary as `packing.summarise` gives it} of the run's metrics among `names`."""
+    rows = MetricSummary.objects.filter(run_id=run_id, name__in=list(names)).values(
+        "name", *packing.SUMMARY_FIELDS
     )
+    return {row.pop("name"): row | {"tail": packing.unpack_tail(row["tail"])} for row in rows}
 
 
 @dataclass
 class Newest:
     """What a `Writer` knows of one series: its newest chunk's points as stored and its summary."""
 
-    chunk: int
+    chunk: int | None  # None: the series has no points yet
     steps: array  # offsets from the chunk's first step ("H")
     values: array  # "d"
     times: array  # µs ("q")
@@ -193,8 +205,10 @@ class Writer:
     series' newest chunk and summary from its own writes, so a flush of steps after the last ones
     reads nothing, compresses nothing and rewrites nothing: its new points go in as the newest
     chunk's next part (raw), its summary is extended point by point, and a chunk it moves past is
-    written whole, packed, as its part 0, its other parts deleted. Anything else (a series it has not written yet, a step logged again or out of
-    order) goes through `append`, and what it wrote is read back as the new starting point.
+    written whole, packed, as its part 0, its other parts deleted. A series it has not written yet
+    starts from what is stored of it (one read per flush that brings new names; nothing for a new
+    series). A step logged again or out of order goes through `append`, and what that wrote is read
+    back as the new starting point.
 
     `write` runs in the caller's transaction; the caller calls `committed()` once it commits, or
     `forget()` if it failed (what it knew may not be stored)."""
@@ -205,31 +219,49 @@ class Writer:
         self._pending: dict[str, Newest] = {}
 
     def write(self, points: Iterable[tuple[str, int, float | None, datetime]]) -> None:
-        grouped: dict[str, list[tuple[int, float, int]]] = defaultdict(list)
+        grouped: dict[str, list[tuple]] = {}
         walls: dict[datetime, int] = {}  # a flush's points share a few wall times
         for name, step, value, wall in points:
             us = walls.get(wall)
             if us is None:
                 us = walls[wall] = packing.micros(wall)
-            grouped[name].append(
-                (packing.check_step(int(step)), math.nan if value is None else float(value), us)
-            )
-        fast, slow = {}, []
+            rows = grouped.get(name)
+            if rows is None:
+                rows = grouped[name] = []
+            rows.append((step, value, us))
+        columns_of: dict[str, Columns] = {}
         for name, rows in grouped.items():
+            steps, values, times = zip(*rows, strict=True)
+            steps = list(map(int, steps))
+            if min(steps) < packing.STEP_MIN or max(steps) >= packing.STEP_MAX:
+                for step in steps:
+                    packing.check_step(step)
+            values = [math.nan if v is None else float(v) for v in values]
+            columns_of[name] = (steps, values, list(times))
+        unknown = [name for name in columns_of if name not in self.known]
+        if unknown and RAW_NATIVE:
+            self.known |= self._start(unknown)
+        fast, slow = {}, []
+        for name, columns in columns_of.items():
             known = self.known.get(name)
-            steps = [row[0] for row in rows]
-            ordered = all(a < b for a, b in zip(steps, steps[1:], strict=False))
-            if known is not None and RAW_NATIVE and ordered and steps[0] > known.summary["last_step"]:
-                fast[name] = rows
+            steps = columns[0]
+            last_step = None if known is None else known.summary["last_step"]
+            if (
+                RAW_NATIVE
+                and known is not None
+                and (last_step is None or steps[0] > last_step)
+                and (len(steps) == 1 or all(map(int.__lt__, steps, steps[1:])))
+            ):
+                fast[name] = columns
             else:
-                slow += [(name, step, value, packing.wall_time(us)) for step, value, us in rows]
-        compacted, segments, summaries, pending = [], [], [], {}
-        for name, rows in fast.items():
-            newest, passed, added = self._extend(self.known[name], rows)
+                slow += [(name, s, v, packing.wall_time(us)) for s, v, us in zip(*columns, strict=True)]
+        compacted, segments, summaries, pending = [], [], {}, {}
+        for name, columns in fast.items():
+            newest, passed, added = self._extend(self.known[name], *columns)
             pending[name] = newest
             compacted += [(self.run_id, name, *row) for row in passed]
             segments.append((self.run_id, name, *added))
-            summaries.append(newest.summary | {"name": name})
+            summaries[name] = newest.summary
         _compact(self.run_id, compacted)
         _upsert(MetricChunk, CHUNK_KEY, CHUNK_COLUMNS, segments)
         _upsert_summaries(self.run_id, summaries)
@@ -246,49 +278,33 @@ class Writer:
         self.known, self._pending = {}, {}
 
     @staticmethod
-    def _extend(known: Newest, rows: list[tuple[int, float, int]]) -> tuple[Newest, list[tuple], tuple]:
-        """The series with `rows` (sorted, after its last step) appended; the rows of the chunks it
+    def _extend(
+        known: Newest, steps: list[int], values: list[float], times: list[int]
+    ) -> tuple[Newest, list[tuple], tuple]:
+        """The series with points (sorted, after its last step) appended; the rows of the chunks it
         moved past (whole, packed, as their part 0); and the row of the newest chunk's next part
         (the new points in it, raw)."""
         # In place: a write that fails is followed by `forget()`, which drops what it knew.
-        chunk, parts, summary = known.chunk, known.parts, known.summary
-        steps, values, times = known.steps, known.values, known.times
-        start = len(steps)  # where the new points of the newest chunk begin
-        tail = summary["tail"]
-        passed = []
-        isfinite = math.isfinite
-        for step, value, us in rows:
-            if step >> packing.CHUNK_BITS != chunk:
-                arrays = _arrays(chunk, steps, values, times)
-                passed.append((chunk, 0, len(steps), True, *packing.encode(chunk, *arrays, packed=True)))
-                chunk, parts, start = step >> packing.CHUNK_BITS, 0, 0
-                steps, values, times = array("H"), array("d"), array("q")
-            steps.append(step - (chunk << packing.CHUNK_BITS))
-            values.append(value)
-            times.append(us)
-            finite = isfinite(value)
-            summary["count"] += 1
-            summary["last_step"], summary["last"] = step, value if finite else None
-            if not finite:
+        packing.extend(known.summary, steps, values)
+        if known.chunk is None:  # a new series
+            known.chunk = steps[0] >> packing.CHUNK_BITS
+        chunk, parts = known.chunk, known.parts
+        start = len(known.steps)  # where the new points of the newest chunk begin
+        passed, first = [], 0
+        for last in range(len(steps) + 1):  # the new points chunk by chunk
+            if last < len(steps) and steps[last] >> packing.CHUNK_BITS == chunk:
                 continue
-            if summary["finite"]:
-                area, total = summary["area"], summary["total"]
-                if area is not None:
-                    area += (step - summary["last_finite_step"]) * (value + summary["last_finite"]) / 2
-                    summary["area"] = area if isfinite(area) else None
-                if total is not None:
-                    total += value
-                    summary["total"] = total if isfinite(total) else None
-                if value < summary["min"]:
-                    summary["min"] = value
-                if value > summary["max"]:
-                    summary["max"] = value
-            else:
-                summary.update(first_step=step, first=value, min=value, max=value, total=value, area=0.0)
-            summary["finite"] += 1
-            summary["last_finite_step"], summary["last_finite"] = step, value
-            tail.append(value)
-        del tail[: -packing.TAIL]
+            base = chunk << packing.CHUNK_BITS
+            known.steps.extend([step - base for step in steps[first:last]])
+            known.values.extend(values[first:last])
+            known.times.extend(times[first:last])
+            if last == len(steps):
+                break
+            arrays = _arrays(chunk, known.steps, known.values, known.times)
+            passed.append((chunk, 0, len(known.steps), True, *packing.encode(chunk, *arrays, packed=True)))
+            chunk, parts, start, first = steps[last] >> packing.CHUNK_BITS, 0, 0, last
+            known.steps, known.values, known.times = array("H"), array("d"), array("q")
+        steps, values, times = known.steps, known.values, known.times
         added = (
             chunk,
             parts,
@@ -299,17 +315,22 @@ class Writer:
             times[start:].tobytes(),
         )
         known.chunk, known.parts = chunk, parts + 1
-        known.steps, known.values, known.times = steps, values, times
         return known, passed, added
+
+    def _start(self, names: list[str]) -> dict[str, Newest]:
+        """What is stored of series this writer has not written yet: a run resumed by another
+        worker has some; a new series has none and starts empty."""
+        newest = self._read_newest(set(names))
+        empty = {
+            name: Newest(None, array("H"), array("d"), array("q"), packing.empty_summary(), 0)
+            for name in names
+            if name not in newest
+        }
+        return newest | empty
 
     def _read_newest(self, names: set[str]) -> dict[str, Newest]:
         """Each series' newest chunk and summary as stored now (in the writer's transaction)."""
-        summaries = {
-            row["name"]: row
-            for row in MetricSummary.objects.filter(run_id=self.run_id, name__in=names).values(
-                "name", *packing.SUMMARY_FIELDS
-            )
-        }
+        summaries = stored_summaries(self.run_id, names)
         wanted = {(name, packing.chunk_of(s["last_step"])) for name, s in summaries.items()}
         parts = {
             name: n
@@ -329,7 +350,7 @@ class Writer:
                 array("H", (steps - (chunk << packing.CHUNK_BITS)).astype(np.uint16).tobytes()),
                 array("d", values.tobytes()),
                 array("q", times.tobytes()),
-                {k: v for k, v in summaries[name].items() if k != "name"},
+                summaries[name],
                 parts[name] + 1,
             )
         return newest

@@ -83,7 +83,9 @@ class MetricSummary(models.Model):
     max = models.FloatField(null=True)
     total = models.FloatField(null=True, help_text="sum of the finite values (null if it overflowed)")
     area = models.FloatField(null=True, help_text="trapezoids under the finite values over their steps")
-    tail = models.JSONField(default=list, help_text="the last TAIL finite values")
+    tail = models.BinaryField(
+        default=bytes, help_text="the last TAIL finite values, float64 little-endian (packing.pack_tail)"
+    )
 
     class Meta:
         ordering = ["run", "name"]
@@ -95,6 +97,12 @@ class MetricSummary(models.Model):
     @property
     def mean(self) -> float | None:
         return None if self.total is None or not self.finite else self.total / self.finite
+
+    def mean_last(self, k: int) -> float | None:
+        """The mean of the last `k` (1…TAIL) finite values."""
+        from experiments import packing
+
+        return packing.mean_last({"tail": packing.unpack_tail(self.tail)}, k)
 
 
 class Completion(models.Model):

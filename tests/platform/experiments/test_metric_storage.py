@@ -188,7 +188,7 @@ def test_summaries_follow_a_series_logged_out_of_order(make_run):
     for part in np.array_split(np.arange(len(steps)), 7):
         log_points(run, [("m", int(steps[i]), float(values[i]), START) for i in part])
     order = np.argsort(steps)
-    summary = MetricSummary.objects.filter(run=run, name="m").values(*packing.SUMMARY_FIELDS).get()
+    summary = series.stored_summaries(run.pk, ["m"])["m"]
     _summary_equal(summary, packing.summarise(steps[order], values[order]))
 
 
@@ -235,8 +235,8 @@ def test_a_writer_stores_what_append_stores_flush_by_flush(make_run):
         got, want = series.series(mine.pk, name), series.series(reference.pk, name)
         assert all(np.array_equal(g, w, equal_nan=True) for g, w in zip(got, want, strict=True)), name
         _summary_equal(
-            MetricSummary.objects.filter(run=mine, name=name).values(*packing.SUMMARY_FIELDS).get(),
-            MetricSummary.objects.filter(run=reference, name=name).values(*packing.SUMMARY_FIELDS).get(),
+            series.stored_summaries(mine.pk, [name])[name],
+            series.stored_summaries(reference.pk, [name])[name],
         )
 
     def layout(run):
