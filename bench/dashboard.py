@@ -520,6 +520,16 @@ def team_grid(args) -> tuple[str, bool]:
     response = client.get(url, {"metric": ACCURACY})
     compare_first = time.perf_counter() - started
     assert response.status_code == 200, response.content[:500]
+    other = None  # another experiment's first call: computed too, in a process past its first request
+    if len(experiments) > 1:
+        started = time.perf_counter()
+        assert (
+            client.get(
+                reverse("experiment-compare-data", args=[experiments[1].pk]), {"metric": ACCURACY}
+            ).status_code
+            == 200
+        )
+        other = time.perf_counter() - started
     compare_kept = []
     for _ in range(args.calls):
         started = time.perf_counter()
@@ -566,9 +576,16 @@ def team_grid(args) -> tuple[str, bool]:
         "|---|---|---|",
         f"| bytes per point on disk (chunks: table, TOAST, indexes) | {per_point:.2f} (+ "
         f"{disk['summaries'] / n_points:.3f} for the summaries) | ≤ {args.max_bytes_per_point:g} |",
-        f"| comparison of one experiment (200 runs × {args.team_steps:,} steps of `{ACCURACY}`), first call "
-        f"(computed) | {compare_first:.2f} s | ≤ {args.team_compare_s:g} s |",
-        f"| the same, median of {args.calls} more (kept) | {statistics.median(compare_kept) * 1000:.0f} ms | |",
+        f"| comparison of one experiment (200 runs × {args.team_steps:,} steps of `{ACCURACY}`), the process's first "
+        f"call (computed) | {compare_first:.2f} s | ≤ {args.team_compare_s:g} s |",
+        *(
+            [
+                f"| another experiment's first call (computed; the process past its first request) | {other:.2f} s | |"
+            ]
+            if other is not None
+            else []
+        ),
+        f"| the first experiment again, median of {args.calls} more (kept) | {statistics.median(compare_kept) * 1000:.0f} ms | |",
         f"| Runs page sorted by last(`{ACCURACY}`) over all {len(runs):,} runs (`?sort=accurate`, first page of "
         f"100, the whole view), median of {args.calls} | {list_ms:.0f} ms | ≤ {args.team_list_ms:g} ms |",
         "",

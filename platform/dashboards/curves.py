@@ -116,7 +116,13 @@ def time_x(wall_times_s: np.ndarray) -> np.ndarray:
 
 def common_grid(series: Sequence[Series]) -> np.ndarray:
     """Every x any seed logged (exact for steps), or `MAX_GRID` even points over the span if more."""
-    xs = np.unique(np.concatenate([s.x for s in series])) if series else np.empty(0)
+    if not series:
+        return np.empty(0)
+    first = series[0].x
+    if all(len(s.x) == len(first) and np.array_equal(s.x, first) for s in series[1:]):
+        xs = first  # the seeds logged the same steps (the usual case): no sort of them all
+    else:
+        xs = np.unique(np.concatenate([s.x for s in series]))
     if len(xs) > MAX_GRID:
         return np.linspace(xs[0], xs[-1], MAX_GRID)
     return xs

@@ -247,3 +247,11 @@ def test_decisions_are_made_at_the_precision_shown():
     assert (shown.mean, shown.lo, shown.hi) == (-0.02, -0.02, -0.02) and curves.holds_within(shown, 0.02)
     assert curves.tolerance(["on-policy", "stale"], {"stale": shown}, 0.02) == "stale"
     assert [curves.decision_digits(d) for d in (0.02, 0.0, 0.0025, 0.1, 1e-7)] == [3, 3, 4, 3, 7]
+
+
+def test_the_common_grid_is_every_step_any_seed_logged():
+    same = [curves.Series.of([1, 2, 5], [0.1, 0.2, 0.3]) for _ in range(3)]
+    assert curves.common_grid(same).tolist() == [1, 2, 5]
+    apart = [*same, curves.Series.of([2, 3, 7], [0.0, 0.0, 0.0]), curves.Series.of([1, 2], [1.0, 1.0])]
+    assert curves.common_grid(apart).tolist() == [1, 2, 3, 5, 7]
+    assert curves.common_grid([]).tolist() == []
