@@ -233,9 +233,7 @@ class Writer:
         for name, rows in grouped.items():
             steps, values, times = zip(*rows, strict=True)
             steps = list(map(int, steps))
-            if min(steps) < packing.STEP_MIN or max(steps) >= packing.STEP_MAX:
-                for step in steps:
-                    packing.check_step(step)
+            packing.check_step(min(steps)), packing.check_step(max(steps))
             values = [math.nan if v is None else float(v) for v in values]
             columns_of[name] = (steps, values, list(times))
         unknown = [name for name in columns_of if name not in self.known]
