@@ -11,6 +11,8 @@ import functools
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,7 @@ from django.db.models import QuerySet
 from dashboards import claims, curves, findings, statistics, throughput, variants
 from dashboards.points import json_numbers
 from dashboards.query import ComparisonQuery
-from experiments import series
+from experiments import packing, series
 from experiments.models import Experiment, MetricSummary, Run
 from rlcore.presets import preset_names, preset_sort_key
 from rlcore.sinks import ASYNC_METRICS, EVAL_METRICS, MISMATCH_METRICS, STEP_METRICS
@@ -192,113 +194,217 @@ def line_label(key: str, experiment: Experiment, several: bool) -> str:
     return f"{key} · #{experiment.pk} {experiment.name}" if several else key
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What the compared runs are and where each goes: `runs` (archived ones left out; each with
+    its last KL and reward, mean step time and tokens per second from the summaries), their
+    `experiments`, `presets` in site order, each staleness label's `lags` and the labels in order
+    of staleness, the varied config `fields`, the `lines` (a preset and its variant, per
+    experiment) and each cell's runs (`members`, by experiment, line key and staleness label)."""
+
+    runs: list[Run]
+    experiments: list[Experiment]
+    presets: list[str]
+    lags: dict[str, dict[str, Any]]
+    staleness: list[str]
+    fields: list[str]
+    lines: list[dict[str, Any]]
+    members: dict[tuple[int, str, str], list[Run]]
+
+    @classmethod
+    def of(cls, runs: QuerySet[Run]) -> Layout:
+        listed = list(
+            runs.filter(archived=None)
+            .select_related("experiment")
+            .order_by("experiment_id", "pk")
+            .annotate(
+                **{f"last_{name}": series.summary("last", name) for name in SCATTER_METRICS},
+                mean_step_s=series.summary("mean", STEP_TIME_METRIC),
+                mean_tokens_per_s=series.summary("mean", TOKEN_RATE_METRIC),
+            )
+        )
+        experiments = list({run.experiment_id: run.experiment for run in listed}.values())
+        several = len(experiments) > 1
+        presets = sorted({run.preset for run in listed}, key=preset_sort_key)
+        lags = mean_lags(listed)
+        members: dict[tuple[int, str, str], list[Run]] = defaultdict(list)
+        for run in listed:
+            members[(run.experiment_id, run.line, run.staleness)].append(run)
+        return cls(
+            runs=listed,
+            experiments=experiments,
+            presets=presets,
+            lags=lags,
+            staleness=sorted(lags, key=lambda label: (lags[label]["mean_lag"], label)),
+            fields=variants.varied_fields(listed),
+            lines=variants.lines(listed, experiments, presets, lambda k, e: line_label(k, e, several)),
+            members=dict(members),
+        )
+
+    def cells(self) -> Iterator[tuple[dict[str, Any], str, dict[str, Any], list[Run]]]:
+        """Each cell with runs in the page's order (line, then staleness): its line, staleness
+        label, the fields that name it in every table (`key`) and its runs."""
+        for line in self.lines:
+            for setting in self.staleness:
+                group_runs = self.members.get((line["experiment"], line["key"], setting), [])
+                if group_runs:
+                    yield (
+                        line,
+                        setting,
+                        {
+                            **line,
+                            "staleness": setting,
+                            "n_runs": len(group_runs),
+                            "active": any(run.is_active for run in group_runs),
+                        },
+                        group_runs,
+                    )
+
+    def field_values(self) -> list[dict[str, Any]]:
+        return variants.field_values(self.fields, self.runs, self.presets, self.staleness)
+
+
+def stored_finals(run_ids: list[int], query: ComparisonQuery) -> dict[int, float] | None:
+    """Each run's final value of the query's metric read from its `MetricSummary` row (one row per
+    run, no point read): what `curves.final_value` gives over the run's finite points by step,
+    for runs with at least one. None when the query needs the points: x other than step (the
+    order and spacing of the points differ), or the mean of more than the last `packing.TAIL`.
+    "auc" is the summary's trapezoid sum, accumulated as the points arrived: equal to the one
+    over the points up to float rounding (the other rules are the same floats)."""
+    if query.x != "step" or (query.rule == "mean_last_k" and query.k > packing.TAIL):
+        return None
+    rows = MetricSummary.objects.filter(run_id__in=run_ids, name=query.metric, finite__gt=0)
+    if query.rule in ("last", "best"):
+        field = "last_finite" if query.rule == "last" else "max"
+        return dict(rows.values_list("run_id", field))
+    if query.rule == "mean_last_k":
+        return {
+            run_id: packing.mean_last({"tail": packing.unpack_tail(tail)}, query.k)
+            for run_id, tail in rows.values_list("run_id", "tail")
+        }
+    fields = ("finite", "area", "first", "first_step", "last_finite_step")
+    return {row["run_id"]: _nan_if_none(packing.auc(row)) for row in rows.values("run_id", *fields)}
+
+
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _summary_row(key: dict[str, Any], group_runs: list[Run], finals: dict[int, float]) -> dict[str, Any]:
+    """A cell's row of the summary table: the mean of its runs' final values with its interval."""
+    result = curves.summarise(list(finals.values()))
+    return {
+        **key,
+        "n_seeds": result.n_seeds,
+        "n_active": sum(run.is_active for run in group_runs),
+        "value": curves.scalar(result.mean),
+        **curves.interval_fields(result),
+        "std": curves.scalar(result.std),
+        "n_collapsed": sum(bool(run.collapsed) for run in group_runs),
+    }
+
+
+def _points(layout: Layout, query: ComparisonQuery) -> dict[int, curves.Series]:
+    """Each run's points of the query's metric as a series over the query's x (runs with a
+    finite point only)."""
+    run_ids = [run.pk for run in layout.runs]
+    points = series.by_run(run_ids, query.metric, with_time=query.x == "time")
+    lengths = series.by_run(run_ids, LENGTH_METRIC) if query.x == "tokens" else {}
+    made = {run.pk: _series(run, query, points[run.pk], lengths) for run in layout.runs if run.pk in points}
+    return {pk: s for pk, s in made.items() if len(s)}
+
+
+def summary_table(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
+    """The summary table alone, as `compare` gives it (`summary`, `throughput`, with the
+    `experiments` and varied `fields` its CSV names): per cell the final value ± interval and the
+    throughput. The final values come from the summaries (`stored_finals`) and the points are
+    read only when the query needs them."""
+    layout = Layout.of(runs)
+    finals = stored_finals([run.pk for run in layout.runs], query)
+    if finals is None:
+        finals = {pk: curves.final_value(s, query.rule, query.k) for pk, s in _points(layout, query).items()}
+    costs = {run.pk: throughput.Cost.of(run) for run in layout.runs}
+    summary, rates = [], []
+    for _, _, key, group_runs in layout.cells():
+        summary.append(
+            _summary_row(key, group_runs, {r.pk: finals[r.pk] for r in group_runs if r.pk in finals})
+        )
+        rates.append({**key, **throughput.cell_throughput(group_runs, costs, query.contended)})
+    return {
+        "experiments": [{"id": e.pk, "name": e.name} for e in layout.experiments],
+        "fields": layout.field_values(),
+        "summary": summary,
+        "throughput": rates,
+    }
+
+
 def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
     """The comparison payload of `runs` (see the module docstring).
 
     A line is a preset within one experiment: runs of different experiments are never averaged
     together as seeds, since their configs may differ in more than preset and staleness.
-    Archived runs are left out.
+    Archived runs are left out. Final values come from the summaries where the query allows
+    (`stored_finals`), else from the points.
     """
-    runs = list(
-        runs.filter(archived=None)
-        .select_related("experiment")
-        .order_by("experiment_id", "pk")
-        .annotate(
-            **{f"last_{name}": series.summary("last", name) for name in SCATTER_METRICS},
-            mean_step_s=series.summary("mean", STEP_TIME_METRIC),
-            mean_tokens_per_s=series.summary("mean", TOKEN_RATE_METRIC),
-        )
-    )
-    run_ids = [run.pk for run in runs]
-    points = series.by_run(run_ids, query.metric, with_time=query.x == "time")
-    lengths = series.by_run(run_ids, LENGTH_METRIC) if query.x == "tokens" else {}
-
-    experiments = list({run.experiment_id: run.experiment for run in runs}.values())
-    several = len(experiments) > 1
-    presets = sorted({run.preset for run in runs}, key=preset_sort_key)
-    lags = mean_lags(runs)
-    staleness = sorted(lags, key=lambda label: (lags[label]["mean_lag"], label))
-    fields = variants.varied_fields(runs)
-    lines = variants.lines(runs, experiments, presets, lambda k, e: line_label(k, e, several))
-    members: dict[tuple[int, str, str], list[Run]] = defaultdict(list)
-    for run in runs:
-        members[(run.experiment_id, run.line, run.staleness)].append(run)
+    layout = Layout.of(runs)
+    runs, lines, staleness, lags = layout.runs, layout.lines, layout.staleness, layout.lags
+    points = _points(layout, query)
+    stored = stored_finals([run.pk for run in runs], query)
 
     costs = {run.pk: throughput.Cost.of(run) for run in runs}
     groups, summary, rates, run_rows = [], [], [], []
     finals_by_cell: dict[tuple[int, str, str], dict[int, float]] = {}
     finals_by_run: dict[int, float] = {}
-    for line in lines:
-        for setting in staleness:
-            group_runs = members.get((line["experiment"], line["key"], setting), [])
-            if not group_runs:
-                continue
-            key = {
+    for line, setting, key, group_runs in layout.cells():
+        seeds = {run.pk: points[run.pk] for run in group_runs if run.pk in points}
+        # A bootstrap band over fewer than MIN_CI_SEEDS seeds is no CI: their min–max, said so.
+        band = "minmax" if query.band == "ci" and len(seeds) < curves.MIN_CI_SEEDS else query.band
+        full = curves.aggregate(list(seeds.values()), band)
+        shown = curves.downsample(full)
+        groups.append(
+            {
+                **key,
+                "n_seeds": len(seeds),
+                "x": json_numbers(shown.x),
+                "mean": json_numbers(shown.mean),
+                "lo": None if shown.lo is None else json_numbers(shown.lo),
+                "hi": None if shown.hi is None else json_numbers(shown.hi),
+                "n": shown.n.tolist(),
+                "band": band,
+                "points": len(full.x),
+                "downsampled": len(shown.x) < len(full.x),
+            }
+        )
+        finals = {
+            pk: stored.get(pk, math.nan) if stored is not None else curves.final_value(s, query.rule, query.k)
+            for pk, s in seeds.items()
+        }
+        finals_by_run |= finals
+        finals_by_cell[(line["experiment"], line["key"], setting)] = {
+            run.seed: finals[run.pk] for run in group_runs if run.pk in finals
+        }
+        summary.append(_summary_row(key, group_runs, finals))
+        rates.append({**key, **throughput.cell_throughput(group_runs, costs, query.contended)})
+        run_rows += [
+            {
+                "id": run.pk,
                 **line,
                 "staleness": setting,
-                "n_runs": len(group_runs),
-                "active": any(run.is_active for run in group_runs),
+                "seed": run.seed,
+                "status": run.status,
+                "collapsed": run.collapsed,
+                "collapsed_step": run.summary.get("collapsed_step"),
+                "final": curves.scalar(finals.get(run.pk, math.nan)),
+                **{name: getattr(run, f"last_{name}") for name in SCATTER_METRICS},
+                "execution": run.execution_mode,
+                "duration_s": run.duration_s,
+                **throughput.run_fields(costs[run.pk]),
             }
-            seeds = {
-                run.pk: _series(run, query, points[run.pk], lengths) for run in group_runs if run.pk in points
-            }
-            seeds = {pk: s for pk, s in seeds.items() if len(s)}
-            # A bootstrap band over fewer than MIN_CI_SEEDS seeds is no CI: their min–max, said so.
-            band = "minmax" if query.band == "ci" and len(seeds) < curves.MIN_CI_SEEDS else query.band
-            full = curves.aggregate(list(seeds.values()), band)
-            shown = curves.downsample(full)
-            groups.append(
-                {
-                    **key,
-                    "n_seeds": len(seeds),
-                    "x": json_numbers(shown.x),
-                    "mean": json_numbers(shown.mean),
-                    "lo": None if shown.lo is None else json_numbers(shown.lo),
-                    "hi": None if shown.hi is None else json_numbers(shown.hi),
-                    "n": shown.n.tolist(),
-                    "band": band,
-                    "points": len(full.x),
-                    "downsampled": len(shown.x) < len(full.x),
-                }
-            )
-            finals = {pk: curves.final_value(s, query.rule, query.k) for pk, s in seeds.items()}
-            finals_by_run |= finals
-            result = curves.summarise(list(finals.values()))
-            finals_by_cell[(line["experiment"], line["key"], setting)] = {
-                run.seed: finals[run.pk] for run in group_runs if run.pk in finals
-            }
-            summary.append(
-                {
-                    **key,
-                    "n_seeds": result.n_seeds,
-                    "n_active": sum(run.is_active for run in group_runs),
-                    "value": curves.scalar(result.mean),
-                    **curves.interval_fields(result),
-                    "std": curves.scalar(result.std),
-                    "n_collapsed": sum(bool(run.collapsed) for run in group_runs),
-                }
-            )
-            rates.append({**key, **throughput.cell_throughput(group_runs, costs, query.contended)})
-            run_rows += [
-                {
-                    "id": run.pk,
-                    **line,
-                    "staleness": setting,
-                    "seed": run.seed,
-                    "status": run.status,
-                    "collapsed": run.collapsed,
-                    "collapsed_step": run.summary.get("collapsed_step"),
-                    "final": curves.scalar(finals.get(run.pk, math.nan)),
-                    **{name: getattr(run, f"last_{name}") for name in SCATTER_METRICS},
-                    "execution": run.execution_mode,
-                    "duration_s": run.duration_s,
-                    **throughput.run_fields(costs[run.pk]),
-                }
-                for run in group_runs
-            ]
+            for run in group_runs
+        ]
     cell_runs = {
         cell: (sum(run.is_active for run in members_of), len(members_of))
-        for cell, members_of in members.items()
+        for cell, members_of in layout.members.items()
     }
     return {
         "warnings": provenance_warnings(runs),
@@ -309,13 +415,13 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         "k": query.k,
         "delta": query.delta,
         "active": any(run.status in Run.ACTIVE for run in runs),
-        "experiments": [{"id": e.pk, "name": e.name} for e in experiments],
-        "presets": presets,
-        "fields": variants.field_values(fields, runs, presets, staleness),
+        "experiments": [{"id": e.pk, "name": e.name} for e in layout.experiments],
+        "presets": layout.presets,
+        "fields": layout.field_values(),
         "lines": lines,
         "staleness": staleness,
         "lags": lags,
-        "colours": preset_colours(presets),
+        "colours": preset_colours(layout.presets),
         "palette": PALETTE,
         "groups": groups,
         "summary": summary,
@@ -336,7 +442,9 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             cell_runs,
             {(run.experiment_id, run.line): comparable_config(run.config) for run in runs},
         ),
-        "contrasts": variants.contrasts(finals_by_cell, lines, staleness, fields, query.delta, cell_runs),
+        "contrasts": variants.contrasts(
+            finals_by_cell, lines, staleness, layout.fields, query.delta, cell_runs
+        ),
         "statistics": statistics.cached_panel(finals_by_cell, lines, staleness),
     }
 

@@ -20,11 +20,12 @@ _size = 0
 
 
 def state(runs: QuerySet[Run]) -> tuple:
-    """What can change in what the comparison of `runs` reads, in two queries: each run's status,
-    attempt, archiving, heartbeat, end, provenance and its experiment's name, and how many points
+    """What can change in what the comparison of `runs` reads, in two queries: each run's creation
+    (a key used again is another run), status, attempt, archiving, heartbeat, end, provenance and its experiment's name, and how many points
     it logged up to which step."""
     fields = (
         "pk",
+        "created",  # a primary key used again (SQLite after the newest rows' deletion) is another run
         "status",
         "attempt",
         "archived",

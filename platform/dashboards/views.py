@@ -51,8 +51,9 @@ def _bad_query(exc: query.QueryError) -> JsonResponse:
 
 
 def _comparison(request: HttpRequest, runs, table: str, name: str) -> HttpResponse:
-    """`compare` of `runs` for the query string: JSON, or with `format=csv` the curves or summary
-    table as a CSV file whose name starts with `name`."""
+    """`compare` of `runs` for the query string (`table` "summary": `compare.summary_table`, no
+    curves): JSON, or with `format=csv` the curves or summary table as a CSV file whose name
+    starts with `name`."""
     try:
         asked = query.ComparisonQuery.parse(request.GET)
         output = request.GET.get("format", "json")
@@ -63,15 +64,19 @@ def _comparison(request: HttpRequest, runs, table: str, name: str) -> HttpRespon
     if output == "json":
 
         def body() -> bytes:
-            payload = compare.compare(runs, asked)
             if table == "summary":
-                payload = {"summary": payload["summary"], "throughput": payload["throughput"]}
-            return JsonResponse(payload).content
+                payload = compare.summary_table(runs, asked)
+                return JsonResponse(
+                    {"summary": payload["summary"], "throughput": payload["throughput"]}
+                ).content
+            return JsonResponse(compare.compare(runs, asked)).content
 
         content = payloads.cached((table, asked, payloads.state(runs)), body)
         return HttpResponse(content, content_type="application/json")
-    payload = compare.compare(runs, asked)
-    text = export.curves_csv(payload) if table == "curves" else export.summary_csv(payload)
+    if table == "curves":
+        text = export.curves_csv(compare.compare(runs, asked))
+    else:
+        text = export.summary_csv(compare.summary_table(runs, asked))
     response = HttpResponse(text, content_type="text/csv")
     metric = re.sub(r"[^A-Za-z0-9_.-]+", "-", asked.metric).strip("-")
     response["Content-Disposition"] = (

@@ -192,10 +192,73 @@ def test_the_metric_points_come_from_one_query(alice_client, experiment):
         for q in queries
         if '"experiments_metricchunk"' in q["sql"] and '"experiments_run"' not in q["sql"]
     ]
-    assert len(point_queries) == 1 and "reward/mean" in str(queries.captured_queries)
+    assert len(point_queries) == 1 and "reward/mean" in str(queries.captured_queries), [
+        q["sql"] for q in queries
+    ]
     # Session, user, experiment, the runs' state (the key of the kept answer: runs, points
-    # logged), runs (with their last reward and KL), points: none per run.
-    assert len(queries) == 7, [q["sql"] for q in queries]
+    # logged), runs (with their last reward and KL), points, final values (from the summaries):
+    # none per run.
+    assert len(queries) == 8, [q["sql"] for q in queries]
+
+
+@pytest.mark.parametrize("rule, k", [("last", 10), ("best", 10), ("mean_last_k", 3), ("auc", 10)])
+def test_the_summary_table_reads_one_summary_row_per_run_and_no_point(alice_client, experiment, rule, k):
+    params = {"metric": "reward/mean", "rule": rule, "k": k}
+    whole = data(alice_client, experiment, **params)
+    url = reverse("experiment-compare-summary", args=[experiment.pk])
+    with CaptureQueriesContext(connection) as queries:
+        response = alice_client.get(url, params)
+    assert response.status_code == 200
+    assert not [q for q in queries if "experiments_metricchunk" in q["sql"]], "no point read"
+    assert response.json() == {"summary": whole["summary"], "throughput": whole["throughput"]}
+    assert all(row["n_seeds"] == 2 and row["value"] is not None for row in whole["summary"])
+    csv_rows = list(
+        csv.DictReader(io.StringIO(alice_client.get(url, params | {"format": "csv"}).content.decode()))
+    )
+    assert [float(r["value"]) for r in csv_rows] == [row["value"] for row in whole["summary"]]
+
+
+@pytest.mark.parametrize(
+    "params", [{"x": "time"}, {"x": "samples", "rule": "auc"}, {"rule": "mean_last_k", "k": 20}]
+)
+def test_a_summary_table_that_needs_the_points_reads_them_and_agrees_with_the_comparison(
+    alice_client, experiment, params
+):
+    params = {"metric": "reward/mean", **params}
+    whole = data(alice_client, experiment, **params)
+    url = reverse("experiment-compare-summary", args=[experiment.pk])
+    with CaptureQueriesContext(connection) as queries:
+        table = alice_client.get(url, params).json()
+    assert [q for q in queries if "experiments_metricchunk" in q["sql"]], "x or k beyond the summaries"
+    assert table == {"summary": whole["summary"], "throughput": whole["throughput"]}
+
+
+def test_final_values_from_the_summaries_equal_those_from_the_points(experiment):
+    """Every rule over steps, for a run whose points came in pieces, out of order, logged again,
+    with NaN and ±infinity among them: the summary's final value is the points'."""
+    from dashboards import compare, curves
+    from dashboards.query import ComparisonQuery
+    from experiments import series
+
+    run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=0)
+    now = timezone.now()
+    name = "odd/metric"
+    log_points(run, [(name, s, 0.1 * s - 1.0, now) for s in (5, 1, 9, 3)])
+    log_points(run, [(name, 12, float("nan"), now), (name, 13, float("inf"), now), (name, 14, 2.5, now)])
+    log_points(run, [(name, 9, -7.25, now), (name, 2000, float("-inf"), now), (name, 1500, 1e300, now)])
+    log_points(run, [(name, s, (s % 7) / 3, now) for s in range(20, 40)])
+    steps, values, _ = series.series(run.pk, name)
+    points = curves.Series.of(steps, values)
+    for rule, k in [("last", 10), ("best", 10), ("auc", 10)] + [("mean_last_k", k) for k in (1, 3, 10)]:
+        stored = compare.stored_finals([run.pk], ComparisonQuery(metric=name, rule=rule, k=k))
+        expected = curves.final_value(points, rule, k)
+        if rule == "auc":
+            assert stored[run.pk] == pytest.approx(expected, rel=1e-12), rule
+        else:
+            assert stored == {run.pk: expected}, (rule, k)
+    assert compare.stored_finals([run.pk], ComparisonQuery(metric=name, x="time")) is None
+    assert compare.stored_finals([run.pk], ComparisonQuery(metric=name, rule="mean_last_k", k=11)) is None
+    assert compare.stored_finals([run.pk], ComparisonQuery(metric="never/logged")) == {}
 
 
 def test_an_answer_is_kept_until_a_run_logs_a_point_or_changes(alice_client, experiment):
