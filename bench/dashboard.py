@@ -441,18 +441,13 @@ def team_points(rng, steps: int, n_metrics: int, start_us: int):
 
 def load_run(run_id: int, names, steps, values, times) -> None:
     """A finished run's whole history at once: its chunks packed, its summaries (bulk load)."""
-    import numpy as np
-
     from experiments import packing, series
 
     chunks, summaries = [], {}
-    keys = steps >> packing.CHUNK_BITS
-    bounds = np.flatnonzero(np.diff(keys)) + 1
     for name, row in zip(names, values, strict=True):
-        for part in np.split(np.arange(len(steps)), bounds):
-            chunk = int(keys[part[0]])
+        for chunk, part in packing.split(steps):
             data = packing.encode(chunk, steps[part], row[part], times[part], packed=True)
-            chunks.append((run_id, name, chunk, 0, len(part), True, *data))
+            chunks.append((run_id, name, chunk, 0, part.stop - part.start, True, *data))
         summaries[name] = packing.summarise(steps, row)
     series._upsert(series.MetricChunk, series.CHUNK_KEY, series.CHUNK_COLUMNS, chunks)
     series._upsert_summaries(run_id, summaries)

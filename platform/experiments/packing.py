@@ -13,11 +13,13 @@ A series' newest chunk is kept raw while its points arrive (`encode`).
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 import sys
 import zlib
 from array import array
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -32,6 +34,14 @@ STEP_MIN, STEP_MAX = -(2**62), 2**62  # steps beyond are refused (a chunk's base
 
 def chunk_of(step: int) -> int:
     return step >> CHUNK_BITS
+
+
+def split(steps: np.ndarray) -> Iterator[tuple[int, slice]]:
+    """Each chunk of `steps` (sorted) with the slice of its points: (chunk, positions)."""
+    keys = steps >> CHUNK_BITS
+    bounds = [0, *(np.flatnonzero(np.diff(keys)) + 1).tolist(), len(steps)]
+    for lo, hi in itertools.pairwise(bounds):
+        yield int(keys[lo]), slice(lo, hi)
 
 
 def check_step(step: int) -> int:

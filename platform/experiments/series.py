@@ -139,9 +139,8 @@ def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]
     stored = _stored(run_id, wanted)
     parts: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
     for name, (steps, values, times) in new.items():
-        keys = steps >> packing.CHUNK_BITS
-        for part in np.split(np.arange(len(steps)), np.flatnonzero(np.diff(keys)) + 1):
-            parts[(name, int(keys[part[0]]))] = (steps[part], values[part], times[part])
+        for chunk, part in packing.split(steps):
+            parts[(name, chunk)] = (steps[part], values[part], times[part])
     rows = []
     for name, chunk in sorted(wanted):
         merged = stored.get((name, chunk))

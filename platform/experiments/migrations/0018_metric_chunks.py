@@ -31,15 +31,13 @@ def move_points(apps, schema_editor):
         values = np.array([np.nan if p[3] is None else p[3] for p in points], dtype=np.float64)
         times = np.array([packing.micros(p[4]) for p in points], dtype=np.int64)
         summaries.append(Summary(run_id=run_id, name=name, **packing.summarise(steps, values)))
-        keys = steps >> packing.CHUNK_BITS
-        for part in np.split(np.arange(len(steps)), np.flatnonzero(np.diff(keys)) + 1):
-            chunk = int(keys[part[0]])
+        for chunk, part in packing.split(steps):
             chunks.append(
                 Chunk(
                     run_id=run_id,
                     name=name,
                     chunk=chunk,
-                    count=len(part),
+                    count=part.stop - part.start,
                     step_data=packing.pack_steps(chunk, steps[part]),
                     value_data=packing.pack_values(values[part]),
                     time_data=packing.pack_times(times[part]),

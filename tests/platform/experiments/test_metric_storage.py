@@ -46,6 +46,21 @@ def test_consecutive_steps_pack_to_their_first_and_count():
     ).tolist() == [0, 1, 3]
 
 
+def test_sorted_steps_split_into_their_chunks():
+    steps = np.array([-1025, -1, 0, 5, 1023, 1024, 3000, 2**40], dtype=np.int64)
+    parts = list(packing.split(steps))
+    assert [chunk for chunk, _ in parts] == [-2, -1, 0, 1, 2, 2**30]
+    assert [steps[part].tolist() for _, part in parts] == [
+        [-1025],
+        [-1],
+        [0, 5, 1023],
+        [1024],
+        [3000],
+        [2**40],
+    ]
+    assert list(packing.split(np.array([7], dtype=np.int64))) == [(0, slice(0, 1))]
+
+
 def test_wall_times_keep_their_microseconds():
     for wall in (START, datetime(1969, 12, 31, 23, 59, 59, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC)):
         assert packing.wall_time(packing.micros(wall)) == wall
