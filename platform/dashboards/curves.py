@@ -5,6 +5,7 @@ and their edge cases: docs/algorithms.md §12."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -139,15 +140,23 @@ def align(series: Sequence[Series], grid: np.ndarray) -> np.ndarray:
     return values
 
 
+@functools.lru_cache(maxsize=64)
+def resample_counts(n_seeds: int, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """`[BOOTSTRAP_RESAMPLES, n_seeds]` multinomial draw counts of a fresh `default_rng(seed)`:
+    the same for every group of as many seeds, so drawn once per process (read-only)."""
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=BOOTSTRAP_RESAMPLES).astype(float)
+    counts.flags.writeable = False
+    return counts
+
+
 def bootstrap_ci(values: np.ndarray, seed: int = BOOTSTRAP_SEED) -> tuple[np.ndarray, np.ndarray]:
     """95% percentile bootstrap CI of the mean over seeds, per column of `values: [S, G]` (NaN = absent).
 
     Each resample draws S seeds with replacement (multinomial counts `[R, S]`), shared by all
     columns; a resample's mean at a column averages only the drawn seeds present there.
     """
-    n_seeds = values.shape[0]
-    rng = np.random.default_rng(seed)
-    counts = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=BOOTSTRAP_RESAMPLES).astype(float)
+    counts = resample_counts(values.shape[0], seed)
     present = np.isfinite(values)
     with np.errstate(invalid="ignore", divide="ignore"):
         means = (counts @ np.where(present, values, 0.0)) / (counts @ present)

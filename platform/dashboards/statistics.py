@@ -19,6 +19,7 @@ the global RNG). Every estimate carries its method, reps and seed (`Estimate.rec
 from __future__ import annotations
 
 import copy
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -134,6 +135,37 @@ def _alternating_draws(
     return table[:, :split].reshape(reps, *shape_x), table[:, split:].reshape(reps, *shape_y)
 
 
+@functools.lru_cache(maxsize=32)
+def fresh_draws(seed: int, n: int, shape: tuple[int, ...], reps: int) -> np.ndarray:
+    """`_draws` from a fresh `RandomState(seed)`: the same table for every cell of as many runs,
+    so it is drawn once per process (read-only)."""
+    table = _draws(np.random.RandomState(seed), n, shape, reps)
+    table.flags.writeable = False
+    return table
+
+
+@functools.lru_cache(maxsize=32)
+def _fresh_alternating_draws(
+    seed: int, shape_x: tuple[int, int], shape_y: tuple[int, int], reps: int
+) -> tuple[np.ndarray, np.ndarray]:
+    tables = _alternating_draws(np.random.RandomState(seed), shape_x, shape_y, reps)
+    for table in tables:
+        table.flags.writeable = False
+    return tables
+
+
+@functools.lru_cache(maxsize=32)
+def _draw_counts(seed: int, shape: tuple[int, int], reps: int) -> np.ndarray:
+    """`[reps, N·M]`: how often each (run, task) of `shape` (N runs × M tasks, flattened as
+    `scores.ravel()`) is drawn in each rep of `fresh_draws`, as floats."""
+    n, m = shape
+    index = fresh_draws(seed, n, shape, reps)  # [reps, N, M]: the run drawn at each place
+    keys = (index * m + np.arange(m)) + (np.arange(reps) * n * m)[:, None, None]
+    counts = np.bincount(keys.ravel(), minlength=reps * n * m).reshape(reps, n * m).astype(float)
+    counts.flags.writeable = False
+    return counts
+
+
 def _resample(scores: np.ndarray, index: np.ndarray) -> np.ndarray:
     """`scores[index[r, i, m], m]`: each task's column resampled by its own run indices."""
     return scores[index, np.arange(scores.shape[1])]
@@ -156,8 +188,7 @@ def bootstrap_many(
     the same resamples (as separate calls with the same seed would draw them). A statistic maps
     `[R, N, M]` resamples to `[R]` values."""
     a = _scores(scores)
-    rs = np.random.RandomState(seed)
-    resamples = _resample(a, _draws(rs, a.shape[0], a.shape, reps))
+    resamples = _resample(a, fresh_draws(seed, a.shape[0], a.shape, reps))
     out = []
     for statistic in statistics:
         lo, hi = _interval(statistic(resamples), size)
@@ -222,13 +253,12 @@ def interval_poi(x: Any, y: Any, reps: int = POI_REPS, seed: int = SEED, size: f
     in each rep (rliable's `StratifiedIndependentBootstrap`)."""
     a, b = _scores(x), _scores(y)
     _same_tasks(a, b)
-    rs = np.random.RandomState(seed)
     if a.shape == b.shape:
         # One block draw is the same stream as X then Y rep after rep, when their bounds agree.
-        both = _draws(rs, a.shape[0], (2, *a.shape), reps)
+        both = fresh_draws(seed, a.shape[0], (2, *a.shape), reps)
         ix, iy = both[:, 0], both[:, 1]
     else:
-        ix, iy = _alternating_draws(rs, a.shape, b.shape, reps)
+        ix, iy = _fresh_alternating_draws(seed, a.shape, b.shape, reps)
     samples = _poi_rows(_resample(a, ix), _resample(b, iy))
     lo, hi = _interval(samples, size)
     n = min(a.shape[0], b.shape[0])
@@ -259,9 +289,11 @@ def interval_profile(
     """The profile at each τ with its stratified percentile bootstrap CIs: (values, lo, hi)."""
     a = _scores(scores)
     t = np.asarray(taus, dtype=float)
-    rs = np.random.RandomState(seed)
-    resamples = _resample(a, _draws(rs, a.shape[0], a.shape, reps)).reshape(reps, -1)
-    samples = (resamples[:, None, :] > t[None, :, None]).mean(axis=2)
+    # A resample's share above τ counts each run as often as it was drawn: the draw counts of
+    # every (run, task) times whether it scores above τ, over the runs × tasks (whole numbers:
+    # the same share as the mean over the resampled scores, to the bit).
+    above = (a.ravel()[:, None] > t[None, :]).astype(float)
+    samples = (_draw_counts(seed, a.shape, reps) @ above) / a.size
     lo, hi = _interval(samples, size)
     return profile(a, t), lo, hi
 

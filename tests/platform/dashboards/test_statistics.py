@@ -47,7 +47,22 @@ def test_the_draws_do_not_depend_on_how_they_are_chunked(monkeypatch):
     scores = INPUTS["six_seeds_three_tasks"]
     whole = statistics.interval_iqm(scores, reps=500, seed=3)
     monkeypatch.setattr(statistics, "_CHUNK", 37)
+    statistics.fresh_draws.cache_clear()  # drawn again, in chunks of 37
     assert statistics.interval_iqm(scores, reps=500, seed=3) == whole
+    statistics.fresh_draws.cache_clear()
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 1), (10, 1), (6, 3)])
+def test_a_profile_from_draw_counts_is_the_mean_over_the_resampled_scores_to_the_bit(shape):
+    scores = np.random.default_rng(7).normal(size=shape).round(1)  # ties between runs too
+    taus = np.linspace(scores.min() - 0.1, scores.max(), 13)
+    index = statistics._draws(np.random.RandomState(5), shape[0], shape, 300)
+    resampled = statistics._resample(scores, index).reshape(300, -1)
+    shares = (resampled[:, None, :] > taus[None, :, None]).mean(axis=2)
+    lo, hi = np.percentile(shares, [2.5, 97.5], axis=0)
+    _, got_lo, got_hi = statistics.interval_profile(scores, taus, reps=300, seed=5)
+    assert got_lo.tolist() == lo.tolist() and got_hi.tolist() == hi.tolist()
+    assert not statistics.fresh_draws(5, shape[0], shape, 300).flags.writeable, "a shared table"
 
 
 def test_iqm_trims_a_quarter_from_each_end_and_names_its_method():
