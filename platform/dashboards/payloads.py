@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
+import orjson
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Max, QuerySet, Sum
 
 from experiments.models import MetricSummary, Run
@@ -45,6 +48,17 @@ def state(runs: QuerySet[Run]) -> tuple:
         .values_list("run_id", "points", "last")
     )
     return rows, logged
+
+
+def json_bytes(payload: Any) -> bytes:
+    """`payload` as compact JSON (orjson: a comparison's ~200,000 numbers in a tenth of the time
+    `json` takes; numpy numbers as numbers, other keys as strings, anything else as Django's
+    encoder writes it)."""
+    return orjson.dumps(
+        payload,
+        option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+        default=DjangoJSONEncoder().default,
+    )
 
 
 def cached(key: tuple, compute: Callable[[], bytes]) -> bytes:

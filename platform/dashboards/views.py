@@ -66,10 +66,10 @@ def _comparison(request: HttpRequest, runs, table: str, name: str) -> HttpRespon
         def body() -> bytes:
             if table == "summary":
                 payload = compare.summary_table(runs, asked)
-                return JsonResponse(
+                return payloads.json_bytes(
                     {"summary": payload["summary"], "throughput": payload["throughput"]}
-                ).content
-            return JsonResponse(compare.compare(runs, asked)).content
+                )
+            return payloads.json_bytes(compare.compare(runs, asked))
 
         content = payloads.cached((table, asked, payloads.state(runs)), body)
         return HttpResponse(content, content_type="application/json")
