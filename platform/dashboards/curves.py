@@ -161,8 +161,21 @@ def bootstrap_ci(values: np.ndarray, seed: int = BOOTSTRAP_SEED) -> tuple[np.nda
     with np.errstate(invalid="ignore", divide="ignore"):
         means = (counts @ np.where(present, values, 0.0)) / (counts @ present)
     tail = (1 - CI_LEVEL) / 2 * 100
-    lo, hi = np.nanpercentile(means, [tail, 100 - tail], axis=0)
+    lo, hi = nan_percentile_columns(means, [tail, 100 - tail])
     return lo, hi
+
+
+def nan_percentile_columns(values: np.ndarray, q: Sequence[float]) -> np.ndarray:
+    """`np.nanpercentile(values, q, axis=0)` to the bit, fast: numpy's goes column by column in
+    Python, so only the columns with a NaN go that way and the others all at once through
+    `np.percentile` (the same interpolation of the same order statistics)."""
+    gaps = np.isnan(values).any(axis=0)
+    if not gaps.any():
+        return np.percentile(values, q, axis=0)
+    out = np.empty((len(q), values.shape[1]))
+    out[:, ~gaps] = np.percentile(values[:, ~gaps], q, axis=0)
+    out[:, gaps] = np.nanpercentile(values[:, gaps], q, axis=0)
+    return out
 
 
 def aggregate(series: Sequence[Series], band: str, grid: np.ndarray | None = None) -> Curve:

@@ -4,6 +4,8 @@ worked out by hand."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 
@@ -56,6 +58,24 @@ def test_bootstrap_ci_is_reproducible_and_brackets_the_mean():
     assert lo[1] == hi[1] == 10.0, "seeds that agree have a CI of zero width"
     _, other_hi = curves.bootstrap_ci(values, seed=1)
     assert other_hi[0] == pytest.approx(5.00625), "another seed draws other resamples"
+
+
+def test_percentiles_of_columns_with_and_without_gaps_are_numpys_nanpercentile_to_the_bit():
+    rng = np.random.default_rng(3)
+    q = [2.5000000000000022, 97.5]
+    for rows, columns in [(1, 1), (2, 7), (1000, 40), (37, 300)]:
+        values = rng.normal(size=(rows, columns)).round(int(rng.integers(0, 3)))
+        values[rng.random(values.shape) < 0.1] = -0.0
+        for gaps in (0.0, 0.3):
+            holed = np.where(rng.random(values.shape) < gaps, np.nan, values)
+            holed[:, 0] = np.nan if gaps else holed[:, 0]  # a column with no value at all
+            with np.errstate(all="ignore"), pytest.warns(RuntimeWarning) if gaps else nullcontext():
+                expected = np.nanpercentile(holed, q, axis=0)
+                got = curves.nan_percentile_columns(holed, q)
+            assert (
+                np.array_equal(got, expected, equal_nan=True)
+                and (np.signbit(got) == np.signbit(expected)).all()
+            ), (rows, columns, gaps)
 
 
 def test_ci_band_uses_the_bootstrap_per_grid_point():
