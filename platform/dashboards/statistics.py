@@ -314,6 +314,11 @@ CACHED_PANELS = 64
 _panels: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
 
 
+def forget() -> None:
+    """Drop the panels kept (a benchmark timing the comparison computed whole)."""
+    _panels.clear()
+
+
 def cached_panel(
     finals: dict[tuple[int, str, str], dict[int, float]], lines: list[dict[str, Any]], staleness: list[str]
 ) -> dict[str, Any]:
