@@ -36,21 +36,26 @@ def line_names(runs: list[Run]) -> dict[int, str]:
 
 
 def cell_data(runs: list[Run], metric: str, rule: str, k: int, delta: float) -> claims.Data:
-    """The runs' final values of `metric` by `rule` (on the step axis) per (line, staleness) cell,
-    with each cell's runs (queued or running, all) and its on-policy label."""
+    """The runs' final values of `metric` by `rule` (on the step axis, as the comparison takes them:
+    from the summaries, `compare.stored_finals`) per (line, staleness) cell, with each cell's runs
+    (queued or running, all) and its on-policy label."""
     names = line_names(runs)
-    points = series.by_run([run.pk for run in runs], metric)
+    run_ids = [run.pk for run in runs]
+    stored = compare.stored_finals(run_ids, query.ComparisonQuery(metric=metric, rule=rule, k=k))
+    if stored is None:  # the mean of more values than a summary keeps: from the points
+        stored = {
+            run_id: curves.final_value(curves.Series.of(steps, values), rule, k)
+            for run_id, (steps, values, _) in series.by_run(run_ids, metric).items()
+        }
     finals: dict[claims.Cell, dict[int, float]] = defaultdict(dict)
     counts: dict[claims.Cell, list[int]] = defaultdict(lambda: [0, 0])
     for run in runs:
         cell = (names[run.pk], run.staleness)
         counts[cell][0] += run.is_active
         counts[cell][1] += 1
-        if run.pk in points:
-            steps, values, _ = points[run.pk]
-            value = curves.final_value(curves.Series.of(steps, values), rule, k)
-            if math.isfinite(value):
-                finals[cell][run.seed] = value
+        value = stored.get(run.pk, math.nan)
+        if math.isfinite(value):
+            finals[cell][run.seed] = value
     on_policy = findings.baseline({run.staleness for run in runs}) or findings.ON_POLICY
     return claims.Data(
         dict(finals), {c: (a, n) for c, (a, n) in counts.items()}, on_policy, curves.decision_digits(delta)

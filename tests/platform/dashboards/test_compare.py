@@ -693,3 +693,18 @@ def test_findings_of_a_grid_with_the_narrow_clip_but_not_the_wide_one_say_what_i
     found = data(alice_client, experiment, metric="eval/accuracy")["findings"]
     assert found[2]["verdict"] == "missing cells"
     assert "rec-oneside-nois-wide" in found[2]["text"]
+
+
+@pytest.mark.parametrize("rule, k", [("auc", 10), ("mean_last_k", 4), ("mean_last_k", 15)])
+def test_claims_test_the_final_values_the_comparison_shows(alice_client, experiment, rule, k):
+    from dashboards import stated
+
+    payload = data(alice_client, experiment, rule=rule, k=k)
+    shown = {(r["line"], r["staleness"], r["seed"]): r["final"] for r in payload["runs"]}
+    runs = list(experiment.runs.select_related("experiment"))
+    with CaptureQueriesContext(connection) as queries:
+        cells = stated.cell_data(runs, "reward/mean", rule, k, 0.02)
+    read_points = [q for q in queries if "experiments_metricchunk" in q["sql"]]
+    assert bool(read_points) == (k > 10), "the summaries keep the last 10 values"
+    tested = {(line, s, seed): v for (line, s), values in cells.finals.items() for seed, v in values.items()}
+    assert tested == shown and len(tested) == 8
