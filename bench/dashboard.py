@@ -291,7 +291,7 @@ def measure(experiment, user, calls: int) -> list[dict]:
             response = client.get(url, {"metric": metric})
             times.append(time.perf_counter() - started)
             assert response.status_code == 200, response.content[:500]
-            payloads.forget()  # nothing kept: the whole comparison computed again
+            payloads.forget()  # nothing kept of this comparison: computed again
             panels.forget()
             started = time.perf_counter()
             assert client.get(url, {"metric": metric}).status_code == 200
@@ -398,8 +398,9 @@ def report(
         "Each metric: the first call of `GET /experiments/<id>/compare/data?metric=…` (defaults: x step, "
         "band std, rule last; the comparison computed), then the median of "
         f"{args.calls} calls (as a polled dashboard asks: the answer kept while no run changes) and the "
-        f'median of {args.calls} "computed" calls with nothing kept (the JSON and the statistics panel '
-        "forgotten before each: a new metric, experiment or run state) through "
+        f'median of {args.calls} "computed" calls (the kept JSON and statistics panel forgotten before '
+        "each, as for a new metric, experiment or run state; the fixed-seed bootstrap tables stay drawn, "
+        "as in any process past its first comparison) through "
         'Django\'s test client; "read" is the median time of reading that metric of all runs from the '
         'chunks (`experiments.series.by_run`), "row read" from the reference table as the view read it '
         'before (PostgreSQL: one binary array per run; SQLite: a tuple per point). "shown" is the '

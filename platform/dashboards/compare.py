@@ -282,8 +282,10 @@ def stored_finals(run_ids: list[int], query: ComparisonQuery) -> dict[int, float
             run_id: packing.mean_last({"tail": packing.unpack_tail(tail)}, query.k)
             for run_id, tail in rows.values_list("run_id", "tail")
         }
-    fields = ("finite", "area", "first", "first_step", "last_finite_step")
-    return {row["run_id"]: _nan_if_none(packing.auc(row)) for row in rows.values("run_id", *fields)}
+    if query.rule == "auc":
+        fields = ("finite", "area", "first", "first_step", "last_finite_step")
+        return {row["run_id"]: _nan_if_none(packing.auc(row)) for row in rows.values("run_id", *fields)}
+    raise ValueError(f"rule must be one of {', '.join(curves.RULES)} (got {query.rule!r})")
 
 
 def _nan_if_none(value: float | None) -> float:
@@ -344,7 +346,9 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
     A line is a preset within one experiment: runs of different experiments are never averaged
     together as seeds, since their configs may differ in more than preset and staleness.
     Archived runs are left out. Final values come from the summaries where the query allows
-    (`stored_finals`), else from the points.
+    (`stored_finals`), else from the points. The points and the summaries are two reads: a run
+    that logs in between shows its new point in its final value and not yet in its curve, until
+    the next call (its state, the kept answer's key, changed with that point).
     """
     layout = Layout.of(runs)
     runs, lines, staleness, lags = layout.runs, layout.lines, layout.staleness, layout.lags

@@ -7,6 +7,7 @@ changes the key and the comparison is computed again."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ from experiments.models import MetricSummary, Run
 MAX_BYTES = 64 * 2**20  # of JSON kept per process; the least recently used goes first
 _kept: OrderedDict[tuple, bytes] = OrderedDict()
 _size = 0
+_lock = threading.Lock()  # an ASGI process serves its views in several threads
 
 
 def state(runs: QuerySet[Run]) -> tuple:
@@ -53,31 +55,39 @@ def state(runs: QuerySet[Run]) -> tuple:
 def json_bytes(payload: Any) -> bytes:
     """`payload` as compact JSON (orjson: a comparison's ~200,000 numbers in a tenth of the time
     `json` takes; numpy numbers as numbers, other keys as strings, anything else as Django's
-    encoder writes it)."""
-    return orjson.dumps(
-        payload,
-        option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
-        default=DjangoJSONEncoder().default,
-    )
+    encoder writes it). What orjson cannot write (a whole number beyond 64 bits in a config
+    value) goes through `json`, as before."""
+    try:
+        return orjson.dumps(
+            payload,
+            option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+            default=DjangoJSONEncoder().default,
+        )
+    except orjson.JSONEncodeError:
+        return json.dumps(payload, cls=DjangoJSONEncoder).encode()
 
 
 def cached(key: tuple, compute: Callable[[], bytes]) -> bytes:
-    """`compute()`'s bytes for `key`, computed once while the key stands."""
+    """`compute()`'s bytes for `key`, computed once while the key stands (requests in other
+    threads of the process may compute it at the same time: the last one is kept)."""
     global _size
-    if key in _kept:
-        _kept.move_to_end(key)
-        return _kept[key]
+    with _lock:
+        if key in _kept:
+            _kept.move_to_end(key)
+            return _kept[key]
     content = compute()
-    _kept[key] = content
-    _size += len(content)
-    while _size > MAX_BYTES and len(_kept) > 1:
-        _, dropped = _kept.popitem(last=False)
-        _size -= len(dropped)
+    with _lock:
+        _size += len(content) - len(_kept.get(key, b""))
+        _kept[key] = content
+        while _size > MAX_BYTES and len(_kept) > 1:
+            _, dropped = _kept.popitem(last=False)
+            _size -= len(dropped)
     return content
 
 
 def forget() -> None:
     """Drop everything kept (tests that change runs behind the models' back)."""
     global _size
-    _kept.clear()
-    _size = 0
+    with _lock:
+        _kept.clear()
+        _size = 0

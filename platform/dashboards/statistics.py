@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -312,11 +313,13 @@ def _cell_scores(values: dict[int, float]) -> tuple[list[int], np.ndarray]:
 
 CACHED_PANELS = 64
 _panels: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
+_panels_lock = threading.Lock()  # an ASGI process serves its views in several threads
 
 
 def forget() -> None:
     """Drop the panels kept (a benchmark timing the comparison computed whole)."""
-    _panels.clear()
+    with _panels_lock:
+        _panels.clear()
 
 
 def cached_panel(
@@ -330,13 +333,17 @@ def cached_panel(
         tuple((line["experiment"], line["key"], line["line"], line["variant_label"]) for line in lines),
         tuple(staleness),
     )
-    if key in _panels:
-        _panels.move_to_end(key)
-    else:
-        _panels[key] = panel(finals, lines, staleness)
-        while len(_panels) > CACHED_PANELS:
-            _panels.popitem(last=False)
-    return copy.deepcopy(_panels[key])
+    with _panels_lock:
+        kept = _panels.get(key)
+        if kept is not None:
+            _panels.move_to_end(key)
+    if kept is None:
+        kept = panel(finals, lines, staleness)
+        with _panels_lock:
+            _panels[key] = kept
+            while len(_panels) > CACHED_PANELS:
+                _panels.popitem(last=False)
+    return copy.deepcopy(kept)
 
 
 def panel(

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -247,15 +248,29 @@ def test_final_values_from_the_summaries_equal_those_from_the_points(experiment)
     log_points(run, [(name, 12, float("nan"), now), (name, 13, float("inf"), now), (name, 14, 2.5, now)])
     log_points(run, [(name, 9, -7.25, now), (name, 2000, float("-inf"), now), (name, 1500, 1e300, now)])
     log_points(run, [(name, s, (s % 7) / 3, now) for s in range(20, 40)])
-    steps, values, _ = series.series(run.pk, name)
-    points = curves.Series.of(steps, values)
-    for rule, k in [("last", 10), ("best", 10), ("auc", 10)] + [("mean_last_k", k) for k in (1, 3, 10)]:
-        stored = compare.stored_finals([run.pk], ComparisonQuery(metric=name, rule=rule, k=k))
-        expected = curves.final_value(points, rule, k)
-        if rule == "auc":
-            assert stored[run.pk] == pytest.approx(expected, rel=1e-12), rule
-        else:
-            assert stored == {run.pk: expected}, (rule, k)
+    for lo in range(2001, 2100, 9):  # in order after the last step: the summary extended, not redone
+        log_points(run, [(name, s, math.sin(s) * 1e3, now) for s in range(lo, lo + 9)])
+    # The sink's way: a Writer's flushes, in order, with NaN among them.
+    written = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
+    writer = series.Writer(written.pk)
+    for lo in range(1, 700, 5):
+        with transaction.atomic():
+            writer.write(
+                [(name, s, math.nan if s % 11 == 0 else math.cos(s) / s, now) for s in range(lo, lo + 5)]
+            )
+        writer.committed()
+    for one in (run, written):
+        steps, values, _ = series.series(one.pk, name)
+        points = curves.Series.of(steps, values)
+        for rule, k in [("last", 10), ("best", 10), ("auc", 10)] + [("mean_last_k", k) for k in (1, 3, 10)]:
+            stored = compare.stored_finals([one.pk], ComparisonQuery(metric=name, rule=rule, k=k))
+            expected = curves.final_value(points, rule, k)
+            if rule == "auc":
+                assert stored[one.pk] == pytest.approx(expected, rel=1e-12), rule
+            else:
+                assert stored == {one.pk: expected}, (rule, k)
+    with pytest.raises(ValueError, match="rule must be one of"):
+        compare.stored_finals([run.pk], ComparisonQuery(metric=name, rule="median"))
     assert compare.stored_finals([run.pk], ComparisonQuery(metric=name, x="time")) is None
     assert compare.stored_finals([run.pk], ComparisonQuery(metric=name, rule="mean_last_k", k=11)) is None
     assert compare.stored_finals([run.pk], ComparisonQuery(metric="never/logged")) == {}
@@ -708,3 +723,16 @@ def test_claims_test_the_final_values_the_comparison_shows(alice_client, experim
     assert bool(read_points) == (k > 10), "the summaries keep the last 10 values"
     tested = {(line, s, seed): v for (line, s), values in cells.finals.items() for seed, v in values.items()}
     assert tested == shown and len(tested) == 8
+
+
+def test_the_json_written_is_the_document_json_would_write_even_past_64_bit_numbers():
+    import json
+
+    import numpy as np
+
+    from dashboards import payloads
+
+    document = {"x": [1.5, None, 3], 7: "seven", "n": np.float64(0.25), "m": np.int64(4)}
+    assert json.loads(payloads.json_bytes(document)) == {"x": [1.5, None, 3], "7": "seven", "n": 0.25, "m": 4}
+    huge = {"variant": {"seed": 2**70}}
+    assert json.loads(payloads.json_bytes(huge)) == huge

@@ -48,8 +48,10 @@ def test_the_draws_do_not_depend_on_how_they_are_chunked(monkeypatch):
     whole = statistics.interval_iqm(scores, reps=500, seed=3)
     monkeypatch.setattr(statistics, "_CHUNK", 37)
     statistics.fresh_draws.cache_clear()  # drawn again, in chunks of 37
-    assert statistics.interval_iqm(scores, reps=500, seed=3) == whole
-    statistics.fresh_draws.cache_clear()
+    try:
+        assert statistics.interval_iqm(scores, reps=500, seed=3) == whole
+    finally:
+        statistics.fresh_draws.cache_clear()
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 1), (10, 1), (6, 3)])
