@@ -306,14 +306,27 @@ def _summary_row(key: dict[str, Any], group_runs: list[Run], finals: dict[int, f
     }
 
 
-def _points(layout: Layout, query: ComparisonQuery) -> dict[int, curves.Series]:
+def _points(runs: list[Run], query: ComparisonQuery) -> dict[int, curves.Series]:
     """Each run's points of the query's metric as a series over the query's x (runs with a
     finite point only)."""
-    run_ids = [run.pk for run in layout.runs]
+    run_ids = [run.pk for run in runs]
     points = series.by_run(run_ids, query.metric, with_time=query.x == "time")
     lengths = series.by_run(run_ids, LENGTH_METRIC) if query.x == "tokens" else {}
-    made = {run.pk: _series(run, query, points[run.pk], lengths) for run in layout.runs if run.pk in points}
+    made = {run.pk: _series(run, query, points[run.pk], lengths) for run in runs if run.pk in points}
     return {pk: s for pk, s in made.items() if len(s)}
+
+
+def final_values(
+    runs: list[Run], query: ComparisonQuery, points: dict[int, curves.Series] | None = None
+) -> dict[int, float]:
+    """Each run's final value by the query's rule, for runs with a finite point: from the
+    summaries where the query allows (`stored_finals`), else from `points` (`_points`, read
+    here when not given)."""
+    stored = stored_finals([run.pk for run in runs], query)
+    if stored is not None:
+        return stored
+    points = _points(runs, query) if points is None else points
+    return {pk: curves.final_value(s, query.rule, query.k) for pk, s in points.items()}
 
 
 def summary_table(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
@@ -322,9 +335,7 @@ def summary_table(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]
     throughput. The final values come from the summaries (`stored_finals`) and the points are
     read only when the query needs them."""
     layout = Layout.of(runs)
-    finals = stored_finals([run.pk for run in layout.runs], query)
-    if finals is None:
-        finals = {pk: curves.final_value(s, query.rule, query.k) for pk, s in _points(layout, query).items()}
+    finals = final_values(layout.runs, query)
     costs = {run.pk: throughput.Cost.of(run) for run in layout.runs}
     summary, rates = [], []
     for _, _, key, group_runs in layout.cells():
@@ -346,14 +357,14 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
     A line is a preset within one experiment: runs of different experiments are never averaged
     together as seeds, since their configs may differ in more than preset and staleness.
     Archived runs are left out. Final values come from the summaries where the query allows
-    (`stored_finals`), else from the points. The points and the summaries are two reads: a run
+    (`final_values`), else from the points. The points and the summaries are two reads: a run
     that logs in between shows its new point in its final value and not yet in its curve, until
     the next call (its state, the kept answer's key, changed with that point).
     """
     layout = Layout.of(runs)
     runs, lines, staleness, lags = layout.runs, layout.lines, layout.staleness, layout.lags
-    points = _points(layout, query)
-    stored = stored_finals([run.pk for run in runs], query)
+    points = _points(runs, query)
+    every_final = final_values(runs, query, points)
 
     costs = {run.pk: throughput.Cost.of(run) for run in runs}
     groups, summary, rates, run_rows = [], [], [], []
@@ -379,10 +390,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 "downsampled": len(shown.x) < len(full.x),
             }
         )
-        finals = {
-            pk: stored.get(pk, math.nan) if stored is not None else curves.final_value(s, query.rule, query.k)
-            for pk, s in seeds.items()
-        }
+        finals = {pk: every_final.get(pk, math.nan) for pk in seeds}
         finals_by_run |= finals
         finals_by_cell[(line["experiment"], line["key"], setting)] = {
             run.seed: finals[run.pk] for run in group_runs if run.pk in finals

@@ -26,8 +26,8 @@ _lock = threading.Lock()  # an ASGI process serves its views in several threads
 
 def state(runs: QuerySet[Run]) -> tuple:
     """What can change in what the comparison of `runs` reads, in two queries: each run's creation
-    (a key used again is another run), status, attempt, archiving, heartbeat, end, provenance and its experiment's name, and how many points
-    it logged up to which step."""
+    (a key used again is another run), status, attempt, archiving, heartbeat, end, provenance and
+    its experiment's name, and how many points it logged up to which step."""
     fields = (
         "pk",
         "created",  # a primary key used again (SQLite after the newest rows' deletion) is another run

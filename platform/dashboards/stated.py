@@ -14,7 +14,6 @@ from django.shortcuts import get_object_or_404
 
 from dashboards import claims, compare, curves, findings, query
 from dashboards.models import Claim
-from experiments import series
 from experiments.models import Experiment, Run
 from lab.errors import FieldError
 
@@ -37,16 +36,10 @@ def line_names(runs: list[Run]) -> dict[int, str]:
 
 def cell_data(runs: list[Run], metric: str, rule: str, k: int, delta: float) -> claims.Data:
     """The runs' final values of `metric` by `rule` (on the step axis, as the comparison takes them:
-    from the summaries, `compare.stored_finals`) per (line, staleness) cell, with each cell's runs
+    `compare.final_values`) per (line, staleness) cell, with each cell's runs
     (queued or running, all) and its on-policy label."""
     names = line_names(runs)
-    run_ids = [run.pk for run in runs]
-    stored = compare.stored_finals(run_ids, query.ComparisonQuery(metric=metric, rule=rule, k=k))
-    if stored is None:  # the mean of more values than a summary keeps: from the points
-        stored = {
-            run_id: curves.final_value(curves.Series.of(steps, values), rule, k)
-            for run_id, (steps, values, _) in series.by_run(run_ids, metric).items()
-        }
+    stored = compare.final_values(runs, query.ComparisonQuery(metric=metric, rule=rule, k=k))
     finals: dict[claims.Cell, dict[int, float]] = defaultdict(dict)
     counts: dict[claims.Cell, list[int]] = defaultdict(lambda: [0, 0])
     for run in runs:

@@ -219,6 +219,24 @@ def test_the_summary_table_reads_one_summary_row_per_run_and_no_point(alice_clie
     assert [float(r["value"]) for r in csv_rows] == [row["value"] for row in whole["summary"]]
 
 
+@pytest.mark.parametrize("rule", ["last", "auc"])
+def test_the_summary_table_of_runs_still_going_or_without_points_is_the_comparisons(
+    alice_client, experiment, rule
+):
+    going = experiment.runs.get(preset="grpo", staleness="on-policy", seed=1)
+    MetricChunk.objects.filter(run=going).delete()
+    MetricSummary.objects.filter(run=going).delete()
+    Run.objects.filter(pk=going.pk).update(status=Run.RUNNING)
+    other = experiment.runs.get(preset="reinforce", staleness="on-policy", seed=0)
+    log_points(other, [("reward/mean", 30, float("nan"), timezone.now())])  # a NaN last: not a value
+    params = {"metric": "reward/mean", "rule": rule}
+    whole = data(alice_client, experiment, **params)
+    table = alice_client.get(reverse("experiment-compare-summary", args=[experiment.pk]), params).json()
+    assert table == {"summary": whole["summary"], "throughput": whole["throughput"]}
+    row = group(table | {"groups": table["summary"]}, "grpo", "on-policy")
+    assert (row["n_seeds"], row["n_active"], row["interval"]) == (1, 1, None), "one seed: no interval"
+
+
 @pytest.mark.parametrize(
     "params", [{"x": "time"}, {"x": "samples", "rule": "auc"}, {"rule": "mean_last_k", "k": 20}]
 )
