@@ -82,15 +82,19 @@ def file_sha256(path: Path) -> tuple[str, int]:
 
 def save(directory: Path, step: int, state: dict[str, Any], ledger: Ledger, keep: int = KEEP) -> Path:
     """Write `state` as the checkpoint of `step` atomically, record its sha256, then delete all
-    but the newest `keep` checkpoints."""
+    but the newest `keep` checkpoints. The sha256 is recorded before the file takes its name: a
+    ledger that refuses (the run is no longer this process's) leaves the folder as it was."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     target = path_of(directory, step)
-    tmp = target.with_suffix(".tmp")
-    torch.save(state, tmp)
-    sha256, size = file_sha256(tmp)
-    tmp.replace(target)
-    ledger.record(step, sha256, size)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        torch.save(state, tmp)
+        sha256, size = file_sha256(tmp)
+        ledger.record(step, sha256, size)
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
     for _, old in existing(directory)[max(1, keep) :]:
         old.unlink(missing_ok=True)
     return target

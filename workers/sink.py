@@ -2,7 +2,9 @@
 heartbeat into the database, written in batches by a background thread (`flush()` writes at once,
 before every checkpoint); a step logged again replaces its point (`experiments.series`), so a re-executed step never doubles one. Every call
 rides out a short outage; what cannot be stored stops the run with the reason (`StoringFailed`).
-`CheckpointLedger` keeps each checkpoint's sha256 in the database."""
+`CheckpointLedger` keeps each checkpoint's sha256 in the database. A worker that no longer owns
+the run (reaped after a stall, the run re-queued and taken by another) writes nothing more: every
+write goes in under `Run.hold`, the heartbeat's lock."""
 
 from __future__ import annotations
 
@@ -28,6 +30,10 @@ log = logging.getLogger(__name__)
 
 class StoringFailed(RuntimeError):
     """The database refused what the run reported (not an outage): the run cannot go on."""
+
+
+class NotOwner(RuntimeError):
+    """The run is no longer this worker's: what it would write now is dropped, and it stops."""
 
 
 class DatabaseSink:
@@ -162,25 +168,44 @@ class DatabaseSink:
 
     def close(self) -> None:
         """Stop the flush thread, write what is left and pack the run's newest chunks (from the
-        calling thread)."""
+        calling thread), while the run is still this worker's."""
         self._closing.set()
         self._thread.join()
         self.flush()
-        retry_db(series.seal)(self.run.pk)
+        retry_db(self._seal)()
         self._series.forget()
+
+    def _seal(self) -> None:
+        with transaction.atomic():
+            if self.run.hold(self.worker):
+                series.seal(self.run.pk)
+            else:
+                log.warning(
+                    "run %s is no longer %s's: its chunks are left to its owner", self.run.pk, self.worker
+                )
 
 
 class CheckpointLedger:
-    """The sha256 of each of a run's checkpoints, in the database (`rlcore.checkpoints.Ledger`)."""
+    """The sha256 of each of a run's checkpoints, in the database (`rlcore.checkpoints.Ledger`),
+    recorded by the worker that executes the run only."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, worker: str):
         self.run = run
+        self.worker = worker
 
     @retry_db
     def record(self, step: int, sha256: str, size_bytes: int) -> None:
-        Checkpoint.objects.update_or_create(
-            run=self.run, step=step, defaults={"sha256": sha256, "size_bytes": size_bytes}
-        )
+        """Raises `NotOwner` (nothing recorded, and `checkpoints.save` keeps the file out of the
+        run's folder) once the run is no longer this worker's."""
+        with transaction.atomic():
+            if not self.run.hold(self.worker):
+                raise NotOwner(
+                    f"run {self.run.pk} is no longer executed by {self.worker}: "
+                    f"its checkpoint of step {step} is not kept"
+                )
+            Checkpoint.objects.update_or_create(
+                run=self.run, step=step, defaults={"sha256": sha256, "size_bytes": size_bytes}
+            )
 
     @retry_db
     def sha256(self, step: int) -> str | None:

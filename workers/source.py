@@ -25,6 +25,7 @@ from rlcore.weights import Published
 from workers import buffer, jobs
 from workers.admission import ADMISSION, group_slices
 from workers.db_outage import retry_db
+from workers.sink import NotOwner
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class DatabaseSource:
         steps = self.admission.steps_to_create(version, self.created_upto)
         if steps is None:
             return
+        self._check_owner()  # a stalled trainer that lost the run writes no weights over its owner's
         self._record_version(version, self.publisher.publish(version, policy), steps)
         self.created_upto = max([self.created_upto, *steps])
 
@@ -97,6 +99,7 @@ class DatabaseSource:
         while self.evals.make_one():
             pass
         self.evals.newest(step, policy, evaluator)
+        self._check_owner()
         self._record_version(step, self.publisher.publish(step, policy), (), evaluate=True)
         if self.evals_pending is not None:
             self.evals_pending.add(step)
@@ -336,6 +339,11 @@ class DatabaseSource:
         return RuntimeError(f"{job} {job.status}: {job.error}")
 
     @retry_db
+    def _check_owner(self) -> None:
+        if not Run.objects.filter(pk=self.run.pk, status=Run.RUNNING, worker=self.worker).exists():
+            raise NotOwner(f"run {self.run.pk} is no longer executed by {self.worker}: it publishes nothing")
+
+    @retry_db
     def _record_version(
         self, version: int, published: Published, steps: Iterable[int], evaluate: bool = False
     ) -> None:
@@ -356,6 +364,10 @@ class DatabaseSource:
     def _record(
         self, version: int, published: Published, steps: Iterable[int], evaluate: bool, fresh: bool
     ) -> None:
+        if not self.run.hold(self.worker):
+            raise NotOwner(
+                f"run {self.run.pk} is no longer executed by {self.worker}: version {version} not recorded"
+            )
         fields = {
             "sha256": published.sha256,
             "size_bytes": published.size_bytes,

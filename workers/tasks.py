@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import platform
+import secrets
 import threading
 import time
 
@@ -29,8 +30,15 @@ from workers.source import BufferDamaged, DatabaseSource
 log = logging.getLogger(__name__)
 
 
+# Drawn once per process start: a worker restarted with its old host name and PID (PID 1 of a
+# container with a restart policy) is another worker, so the runs its earlier self held are
+# reaped and resumed from their checkpoints, not failed as left running by this process.
+_STARTED = secrets.token_hex(4)
+
+
 def worker_identity() -> str:
-    return f"{platform.node()}:{os.getpid()}"
+    """host:pid:start, unique to this process's start."""
+    return f"{platform.node()}:{os.getpid()}:{_STARTED}"
 
 
 def execute(run_id: int, attempt: int) -> str:
@@ -51,7 +59,8 @@ def execute(run_id: int, attempt: int) -> str:
         return _train(run, worker)
     except Exception as exc:  # not the training's own failure (that is handled in `_train`)
         log.exception("run %s attempt %s: failed after training", run.pk, run.attempt)
-        retry_db(run.fail)(worker, f"{type(exc).__name__}: {exc}")
+        if not retry_db(run.fail)(worker, f"{type(exc).__name__}: {exc}"):
+            return f"run {run.pk} attempt {run.attempt}: no longer this worker's"
         retry_db(RolloutJob.cancel_for)(run)
         return f"run {run.pk} attempt {run.attempt}: failed"
 
@@ -78,7 +87,7 @@ def _train(run: Run, worker: str) -> str:
             checkpoint_dir=run.checkpoint_dir,
             cache_dir=settings.LAB_CACHE_DIR,
             source=source,
-            ledger=CheckpointLedger(run),
+            ledger=CheckpointLedger(run, worker),
         )
         sink.measurement.stop()  # what follows is storing, not training
         if source is not None:
@@ -101,7 +110,12 @@ def _train(run: Run, worker: str) -> str:
                 execution = source.summary()
             except Exception:
                 log.exception("run %s: no execution report for the failed attempt", run_id)
-        retry_db(run.fail)(worker, str(exc) if over_memory else f"{type(exc).__name__}: {exc}", execution)
+        reason = str(exc) if over_memory else f"{type(exc).__name__}: {exc}"
+        if not retry_db(run.fail)(worker, reason, execution):
+            # Reaped while it stalled and taken by another worker (or ended meanwhile): its rollout
+            # jobs and its next attempt are the new owner's business.
+            log.warning("run %s attempt %s: no longer this worker's; nothing recorded", run_id, attempt)
+            return f"run {run_id} attempt {attempt}: no longer this worker's"
         retry_db(RolloutJob.cancel_for)(run)
         if isinstance(exc, BufferDamaged) and run.attempt < settings.LAB_MAX_ATTEMPTS:
             # Not the run's fault, and a new attempt can go on: from an earlier checkpoint.
@@ -109,7 +123,11 @@ def _train(run: Run, worker: str) -> str:
             return f"run {run_id} attempt {attempt}: failed; re-queued as attempt {run.attempt}"
         return f"run {run_id} attempt {attempt}: failed"
     summary.update(measurement(run, sink, worker))
-    retry_db(run.finish)(worker, {name: packing.finite_or_none(value) for name, value in summary.items()})
+    finished = retry_db(run.finish)(
+        worker, {name: packing.finite_or_none(value) for name, value in summary.items()}
+    )
+    if not finished:
+        return f"run {run_id} attempt {attempt}: no longer this worker's"
     if run.status in (Run.SUCCEEDED, Run.CANCELLED):
         retry_db(RolloutJob.cancel_for)(run)
         clear_buffer(run)

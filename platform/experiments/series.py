@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F, FloatField, Max, OuterRef, Q, Subquery
 from django.db.models.functions import Cast, NullIf
 
 from experiments import packing
-from experiments.models import MetricChunk, MetricSummary
+from experiments.models import MetricChunk, MetricSummary, Run
 
 # (steps, values, wall times in µs since the epoch) of one metric, sorted by step.
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -92,28 +92,39 @@ def _by_name(points: Iterable[tuple[str, int, float | None, datetime]]) -> dict[
     return {name: packing.sorted_points(*arrays) for name, arrays in columns.items()}
 
 
-def _stored(run_id: int, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], tuple[np.ndarray, ...]]:
-    """The points of each (name, chunk) in `wanted` as stored: its parts merged in order."""
+# {(name, chunk): the last part read of it}: what a compaction may delete (`_compact`).
+LastParts = dict[tuple[str, int], int]
+
+
+def _stored(
+    run_id: int, wanted: set[tuple[str, int]]
+) -> tuple[dict[tuple[str, int], tuple[np.ndarray, ...]], LastParts]:
+    """The points of each (name, chunk) in `wanted` as stored (its parts merged in order), and
+    the last part read of each."""
     names = sorted({name for name, _ in wanted})
     rows = (
         MetricChunk.objects.filter(run_id=run_id, name__in=names, chunk__in=sorted({c for _, c in wanted}))
         .order_by("name", "chunk", "part")
-        .values_list("name", *CHUNK_FIELDS, "time_data")
+        .values_list("name", "part", *CHUNK_FIELDS, "time_data")
     )
     stored: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
-    for name, chunk, *data in rows:
+    last_parts: LastParts = {}
+    for name, part, chunk, *data in rows:
         if (name, chunk) in wanted:
             stored[(name, chunk)] = packing.merge(stored.get((name, chunk)), _decode(chunk, *data))
-    return stored
+            last_parts[(name, chunk)] = part
+    return stored, last_parts
 
 
-def _compact(run_id: int, rows: list[tuple]) -> None:
-    """Write each row as its chunk's part 0 and delete the chunk's other parts."""
+def _compact(run_id: int, rows: list[tuple], last_parts: LastParts) -> None:
+    """Write each row as its chunk's part 0 and delete the chunk's parts 1 to the last one read
+    (`last_parts`), never a part written since: those points are not in the row."""
     _upsert(MetricChunk, CHUNK_KEY, CHUNK_COLUMNS, rows)
     doomed = Q()
     for _, name, chunk, *_ in rows:
-        doomed |= Q(name=name, chunk=chunk, part__gt=0)
-    if rows:
+        if last_parts.get((name, chunk), 0) > 0:
+            doomed |= Q(name=name, chunk=chunk, part__gt=0, part__lte=last_parts[(name, chunk)])
+    if doomed:
         MetricChunk.objects.filter(doomed, run_id=run_id).delete()
 
 
@@ -136,7 +147,7 @@ def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]
         wanted |= {(name, int(c)) for c in np.unique(steps >> packing.CHUNK_BITS)}
         if before is not None and packing.chunk_of(before["last_step"]) < newest[name]:
             wanted.add((name, packing.chunk_of(before["last_step"])))  # the raw chunk it moves past
-    stored = _stored(run_id, wanted)
+    stored, last_parts = _stored(run_id, wanted)
     parts: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
     for name, (steps, values, times) in new.items():
         for chunk, part in packing.split(steps):
@@ -152,7 +163,7 @@ def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]
         rows.append(
             (run_id, name, chunk, 0, len(merged[0]), packed, *packing.encode(chunk, *merged, packed=packed))
         )
-    _compact(run_id, rows)
+    _compact(run_id, rows, last_parts)
 
     updated = {}
     for name, (steps, values, _) in new.items():
@@ -252,14 +263,16 @@ class Writer:
                 fast[name] = columns
             else:
                 slow += [(name, s, v, packing.wall_time(us)) for s, v, us in zip(*columns, strict=True)]
-        compacted, segments, summaries, pending = [], [], {}, {}
+        compacted, segments, summaries, pending, last_parts = [], [], {}, {}, {}
         for name, columns in fast.items():
             newest, passed, added = self._extend(self.known[name], *columns)
             pending[name] = newest
-            compacted += [(self.run_id, name, *row) for row in passed]
+            for last_part, row in passed:
+                compacted.append((self.run_id, name, *row))
+                last_parts[(name, row[0])] = last_part
             segments.append((self.run_id, name, *added))
             summaries[name] = newest.summary
-        _compact(self.run_id, compacted)
+        _compact(self.run_id, compacted, last_parts)
         _upsert(MetricChunk, CHUNK_KEY, CHUNK_COLUMNS, segments)
         _upsert_summaries(self.run_id, summaries)
         if slow:
@@ -279,8 +292,8 @@ class Writer:
         known: Newest, steps: list[int], values: list[float], times: list[int]
     ) -> tuple[Newest, list[tuple], tuple]:
         """The series with points (sorted, after its last step) appended; the rows of the chunks it
-        moved past (whole, packed, as their part 0); and the row of the newest chunk's next part
-        (the new points in it, raw)."""
+        moved past (whole, packed, as their part 0), each with the last part it had stored of it;
+        and the row of the newest chunk's next part (the new points in it, raw)."""
         # In place: a write that fails is followed by `forget()`, which drops what it knew.
         packing.extend(known.summary, steps, values)
         if known.chunk is None:  # a new series
@@ -298,7 +311,8 @@ class Writer:
             if last == len(steps):
                 break
             arrays = _arrays(chunk, known.steps, known.values, known.times)
-            passed.append((chunk, 0, len(known.steps), True, *packing.encode(chunk, *arrays, packed=True)))
+            row = (chunk, 0, len(known.steps), True, *packing.encode(chunk, *arrays, packed=True))
+            passed.append((parts - 1, row))
             chunk, parts, start, first = steps[last] >> packing.CHUNK_BITS, 0, 0, last
             known.steps, known.values, known.times = array("H"), array("d"), array("q")
         steps, values, times = known.steps, known.values, known.times
@@ -341,7 +355,7 @@ class Writer:
             if (name, chunk) in wanted
         }
         newest = {}
-        for (name, chunk), (steps, values, times) in _stored(self.run_id, wanted).items():
+        for (name, chunk), (steps, values, times) in _stored(self.run_id, wanted)[0].items():
             newest[name] = Newest(
                 chunk,
                 array("H", (steps - (chunk << packing.CHUNK_BITS)).astype(np.uint16).tobytes()),
@@ -364,17 +378,20 @@ def _arrays(chunk: int, steps: array, values: array, times: array) -> tuple[np.n
 
 def seal(run_id: int) -> int:
     """Pack the run's chunks that are raw or in parts (its sink closes: no more points come), each
-    into its part 0; returns how many."""
-    wanted = set(MetricChunk.objects.filter(run_id=run_id, packed=False).values_list("name", "chunk"))
-    rows = (
-        [
+    into its part 0; returns how many. Under the run's row lock, which its writers hold while they
+    write (the sink's heartbeat), so a point written meanwhile is never lost: it waits, or comes
+    after and stays a part of its own."""
+    with transaction.atomic():
+        Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True).first()
+        wanted = set(MetricChunk.objects.filter(run_id=run_id, packed=False).values_list("name", "chunk"))
+        if not wanted:
+            return 0
+        stored, last_parts = _stored(run_id, wanted)
+        rows = [
             (run_id, name, chunk, 0, len(arrays[0]), True, *packing.encode(chunk, *arrays, packed=True))
-            for (name, chunk), arrays in _stored(run_id, wanted).items()
+            for (name, chunk), arrays in stored.items()
         ]
-        if wanted
-        else []
-    )
-    _compact(run_id, rows)
+        _compact(run_id, rows, last_parts)
     return len(rows)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import django
@@ -93,9 +93,13 @@ def start_worker(worker_env, tmp_path) -> Iterator[Callable[..., WorkerProcess]]
     """Start workers on demand, optionally with changes to `worker_env`; all are stopped at teardown."""
     started: list[WorkerProcess] = []
 
-    def start(env: dict[str, str] | None = None, queue: str = "cpu") -> WorkerProcess:
+    def start(
+        env: dict[str, str] | None = None, queue: str = "cpu", prefix: Sequence[str] = ()
+    ) -> WorkerProcess:
         n = len(started)
-        worker = WorkerProcess({**worker_env, **(env or {})}, tmp_path / f"worker-{n}.log", f"test{n}", queue)
+        worker = WorkerProcess(
+            {**worker_env, **(env or {})}, tmp_path / f"worker-{n}.log", f"test{n}", queue, prefix
+        )
         started.append(worker)
         return worker
 

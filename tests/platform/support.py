@@ -177,15 +177,18 @@ class RedisServer:
 
 
 class WorkerProcess:
-    """`celery -A workers worker -Q cpu` (or another queue) in its own process group, logging to a file."""
+    """`celery -A workers worker -Q cpu` (or another queue) in its own process group, logging to a
+    file; `prefix` goes before the command (e.g. `PID_ONE`)."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, name: str, queue: str = "cpu"):
+    def __init__(
+        self, env: dict[str, str], log_path: Path, name: str, queue: str = "cpu", prefix: Sequence[str] = ()
+    ):
         from lab.celery import worker_command
 
         self.log_path = log_path
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
-            ["timeout", "-s", "KILL", str(WORKER_LIMIT_S), *worker_command(queue, f"{name}@%h")],
+            ["timeout", "-s", "KILL", str(WORKER_LIMIT_S), *prefix, *worker_command(queue, f"{name}@%h")],
             cwd=REPO,
             env=env,
             stdout=self._log,
@@ -213,6 +216,14 @@ class WorkerProcess:
         for an idle worker (longer for one still in a run), dozens of times per suite."""
         stop_group(self.proc, signal.SIGKILL, timeout_s=10)
         self._log.close()
+
+
+# Run a command as PID 1 of a new PID namespace, as a container's main process is.
+PID_ONE = (
+    ["unshare", "--pid", "--fork", "--mount-proc"]
+    if os.geteuid() == 0
+    else ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]
+)
 
 
 def stop_workers(workers: list[WorkerProcess]) -> None:
@@ -311,3 +322,39 @@ def last_step(run, name: str) -> int | None:
     from experiments.models import MetricSummary
 
     return MetricSummary.objects.filter(run=run, name=name).values_list("last_step", flat=True).first()
+
+
+def summaries_disagreeing(run_ids=None) -> list[str]:
+    """Where a run's stored metric summaries and its points disagree (every run's, or `run_ids`'):
+    a summary with no points or points with no summary, or a summary field other than the one a
+    fresh `packing.summarise` of the points gives. [] when they all agree."""
+    import math
+
+    import numpy as np
+
+    from experiments import packing, series
+    from experiments.models import MetricSummary, Run
+
+    runs = Run.objects.all() if run_ids is None else Run.objects.filter(pk__in=run_ids)
+    problems = []
+    for run_id in runs.values_list("pk", flat=True):
+        points = dict(series.points_of(run_id))
+        summaries = series.stored_summaries(
+            run_id, MetricSummary.objects.filter(run_id=run_id).values_list("name", flat=True)
+        )
+        for name in sorted(points.keys() ^ summaries.keys()):
+            problems.append(f"run {run_id} {name}: {'points' if name in points else 'a summary'} only")
+        for name in sorted(points.keys() & summaries.keys()):
+            steps, values, _ = points[name]
+            want, got = packing.summarise(steps, values), summaries[name]
+            for field in packing.SUMMARY_FIELDS:
+                a, b = got[field], want[field]
+                if field == "tail":
+                    same = np.allclose(a, b, rtol=1e-12, equal_nan=True) if len(a) == len(b) else False
+                elif isinstance(a, float) and isinstance(b, float):
+                    same = math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) or (math.isnan(a) and math.isnan(b))
+                else:
+                    same = a == b
+                if not same:
+                    problems.append(f"run {run_id} {name}: {field} is {a!r}, its points say {b!r}")
+    return problems

@@ -443,6 +443,15 @@ class Run(TakingTurns, Leased):
             == 1
         )
 
+    def hold(self, worker: str) -> bool:
+        """Lock the run's row until the transaction ends if `worker` still executes it (the
+        heartbeat's conditional UPDATE); False once it no longer does: what a worker writes for a
+        run (points, seals, checkpoint hashes) goes in only under this."""
+        return (
+            Run.objects.filter(pk=self.pk, status=Run.RUNNING, worker=worker).update(heartbeat=timezone.now())
+            == 1
+        )
+
     def stop_requested(self, worker: str) -> bool:
         """True when the run was cancelled or taken away from `worker` (e.g. reaped as lost)."""
         return not Run.objects.filter(

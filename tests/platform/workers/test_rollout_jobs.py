@@ -17,6 +17,7 @@ from support import TINY_CONFIG, purge_queue, queued_messages
 from experiments.models import PolicyVersion, RolloutJob, Run
 from workers.jobs import claim
 from workers.rollout import generate
+from workers.sink import NotOwner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -238,6 +239,7 @@ def test_a_waiting_trainer_makes_its_evaluations_parts_itself_and_they_add_up_to
     for step in (1, 2):  # a policy that moved away from θ0
         run_step(learner, local, step)
     expected = learner.evaluator.evaluate(learner.policy, 2)
+    assert run.claim("trainer:1", attempt=run.attempt)  # what a trainer writes needs the run
     source = DatabaseSource(run, config, should_stop=lambda: False, worker="trainer:1")
     source.evaluate(2, learner.policy, learner.evaluator)
     run_step(learner, local, 3)  # the policy moves on; the copy keeps version 2
@@ -278,6 +280,7 @@ def test_the_trainer_is_idle_only_while_its_batch_is_not_ready(run):
         made_meanwhile.append(execute(jobs[1].pk, 1, "r1:1"))
         return False
 
+    assert run.claim("trainer:1", attempt=run.attempt)  # what a trainer writes needs the run
     source = DatabaseSource(run, config, should_stop=should_stop, worker="trainer:1")
     source.publish(0, learner.policy)  # admits steps 1 and 2
     assert execute(jobs[0].pk, 1, "r1:1").endswith("done with version 0")
@@ -314,6 +317,7 @@ def test_a_trainer_leaves_an_older_evaluation_to_the_rollout_workers_once_its_po
     )
     learner = prepare(config, settings.LAB_CACHE_DIR)
     run_step(learner, local_source(learner, settings.LAB_CACHE_DIR), 1)  # the policy is version 1
+    assert run.claim("trainer:1", attempt=run.attempt)  # what a trainer writes needs the run
     source = DatabaseSource(run, config, should_stop=lambda: False, worker="trainer:1")
     expected = {1: learner.evaluator.evaluate(learner.policy, 1)}
     source.evaluate(1, learner.policy, learner.evaluator)
@@ -353,6 +357,7 @@ def test_auto_theta0_logprobs_come_with_a_batch_only_when_no_other_job_waits_for
     Run.objects.filter(pk=run.pk).update(config=config.model_dump(mode="json"))
     run.refresh_from_db()
     learner = prepare(config, settings.LAB_CACHE_DIR)
+    assert run.claim("trainer:1", attempt=run.attempt)  # what a trainer writes needs the run
     source = DatabaseSource(run, config, should_stop=lambda: False, worker="trainer:1")
     source.publish(0, learner.policy)  # admits steps 1 and 2
     first, second = RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH).order_by("step")
@@ -380,8 +385,12 @@ def test_a_trainer_finds_the_rows_another_attempt_wrote_meanwhile_and_writes_non
     learner = prepare(config, settings.LAB_CACHE_DIR)
     late = DatabaseSource(run, config, should_stop=lambda: False, worker="trainer:1")
     other = DatabaseSource(run, config, should_stop=lambda: False, worker="trainer:2")
+    assert run.claim("trainer:2", attempt=run.attempt)
     other.publish(0, learner.policy)  # version 0 and the jobs of steps 1 and 2
     other.evaluate(0, learner.policy, learner.evaluator)
+    # trainer:2 stalls, is reaped, and trainer:1 takes the run's next attempt.
+    assert run.mark_lost(timezone.now() + timedelta(seconds=1)) and run.retry(within_cap=False)
+    assert run.claim("trainer:1", attempt=run.attempt)
     late.publish(0, learner.policy)
     late.evaluate(0, learner.policy, learner.evaluator)
     assert PolicyVersion.objects.filter(run=run).count() == 1
@@ -391,5 +400,10 @@ def test_a_trainer_finds_the_rows_another_attempt_wrote_meanwhile_and_writes_non
     assert evals == len(late.eval_slices)
     assert queued_messages("rollout") == 2 + evals, "one message a job"
     late.publish(1, learner.policy)  # newer than anything: inserted straight away
+    assert sorted(batches.values_list("step", flat=True)) == [1, 2, 3]
+    # The stalled trainer wakes up: it publishes and records nothing more.
+    with pytest.raises(NotOwner, match="no longer executed by trainer:2"):
+        other.publish(2, learner.policy)
+    assert sorted(PolicyVersion.objects.filter(run=run).values_list("version", flat=True)) == [0, 1]
     assert sorted(batches.values_list("step", flat=True)) == [1, 2, 3]
     purge_queue("rollout")
