@@ -29,6 +29,7 @@ from support import (
     purge_queue,
     queue_sweep,
     stop_workers,
+    summaries_disagreeing,
 )
 
 os.environ["LAB_VAR_DIR"] = str(TEST_VAR)
@@ -219,6 +220,9 @@ def browser():
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = unsafe
 
 
+BROWSER_WAIT_MS = 90_000
+
+
 @pytest.fixture
 def page(browser, live_server, alice):
     """A headless Chromium page (a context of its own) logged in as alice on the live server."""
@@ -228,7 +232,10 @@ def page(browser, live_server, alice):
     (TEST_VAR / "screenshots").mkdir(parents=True, exist_ok=True)
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
     page = context.new_page()
-    page.set_default_timeout(20_000)
+    # Every wait is for a condition (a selector, a URL, a function), capped so that a page that
+    # never gets there fails: the cap is what a loaded machine needs (a CPU-bound process beside
+    # the suite on two cores made a 20 s one run out), not what an idle one takes.
+    page.set_default_timeout(BROWSER_WAIT_MS)
     page.goto(live_server.url + reverse("login"))
     page.fill("input[name=username]", "alice")
     page.fill("input[name=password]", "alice-password-1")
@@ -238,3 +245,22 @@ def page(browser, live_server, alice):
     context.close()
     # Code under Playwright's sync API runs in a greenlet with its own Django connections.
     connections.close_all()
+
+
+# The folders whose tests break workers, brokers and databases on purpose (the chaos tests).
+CHAOS_FOLDERS = {"workers", "execution"}
+
+
+@pytest.fixture(autouse=True)
+def summaries_agree_with_points(request) -> Iterator[None]:
+    """A test of `CHAOS_FOLDERS` that used the database ends with each run's metric summaries
+    agreeing with its points (`support.summaries_disagreeing`): one that loses a point, or
+    counts one twice, fails even where it asserts nothing about metrics."""
+    database = next((f for f in ("transactional_db", "db") if f in request.fixturenames), None)
+    in_chaos_folder = request.node.path.parent.name in CHAOS_FOLDERS
+    if not in_chaos_folder or (database is None and request.node.get_closest_marker("django_db") is None):
+        yield
+        return
+    request.getfixturevalue(database or "db")  # set up first, so torn down after this check
+    yield
+    assert summaries_disagreeing() == []
