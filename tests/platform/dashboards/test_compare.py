@@ -55,7 +55,7 @@ def test_groups_come_in_preset_order_with_the_mean_of_two_seeds_and_a_std_band(a
     # Two seeds 0.05 apart: sample std 0.05 / √2 on either side of the mean.
     assert g["hi"][20] - g["mean"][20] == pytest.approx(0.05 / 2**0.5, rel=1e-4)
     assert not g["downsampled"] and g["points"] == 21
-    assert payload["colours"] == {"reinforce": "#1f77b4", "grpo": "#ff7f0e"}
+    assert payload["colours"] == {"reinforce": "#1f77b4", "grpo": "#d62728"}
     assert payload["active"] is False
 
 

@@ -75,7 +75,7 @@ def test_the_grid_controls_permalink_and_csv_of_a_finished_experiment(page, live
             [(kind, preset) for preset in ("reinforce", "grpo") for kind in ("mean", "band-lo", "band-hi")]
         )
         colours = {t["preset"]: t["colour"] for t in panel["traces"] if t["kind"] == "mean"}
-        assert colours == {"reinforce": "#1f77b4", "grpo": "#ff7f0e"}, "one colour per preset everywhere"
+        assert colours == {"reinforce": "#1f77b4", "grpo": "#d62728"}, "one colour per preset everywhere"
     ranges = page.evaluate(
         "() => [...document.querySelectorAll('#plots .panel')].map(p => p.layout.yaxis.range)"
     )
@@ -187,7 +187,6 @@ def test_a_running_experiment_is_polled_without_reloading(page, live_server, tea
     page.wait_for_function(
         """() => [...document.querySelectorAll('#plots .panel')].some(p => p.data.some(
             t => t.meta.kind === 'mean' && t.meta.preset === 'grpo' && t.x[t.x.length - 1] === 5))""",
-        timeout=10_000,
     )
     assert page.evaluate("() => window.notReloaded") is True
     page.wait_for_function("() => !document.getElementById('status').textContent.includes('still running')")
