@@ -12,11 +12,10 @@ from django.contrib.staticfiles import finders
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
-from django.views.decorators.http import require_POST
 
 from accounts.models import Team
 from dashboards import reports
-from dashboards.models import Report, ReportVersion
+from dashboards.models import Report, ReportRun, ReportVersion
 
 
 def _report(request: HttpRequest, report_id: int) -> Report:
@@ -206,12 +205,22 @@ def report_export_csv(request: HttpRequest, report_id: int) -> HttpResponse:
 
 
 @login_required
-@require_POST
 def report_delete(request: HttpRequest, report_id: int) -> HttpResponse:
-    """Delete the report and its versions (their runs are then no longer held): its author or a team admin."""
+    """GET: what deleting the report would delete; POST: delete the report and its versions (their
+    runs are then no longer held). Its author or a team admin."""
     report = _report(request, report_id)
     if not reports.may_edit(request.user, report):
         return HttpResponse("Only its author or an admin of its team can delete a report.", status=403)
-    report.delete()
-    messages.success(request, f"Deleted the report “{report.title}” and its versions.")
-    return redirect("report-list")
+    if request.method == "POST":
+        report.delete()
+        messages.success(request, f"Deleted the report “{report.title}” and its versions.")
+        return redirect("report-list")
+    return render(
+        request,
+        "dashboards/report_delete.html",
+        {
+            "report": report,
+            "versions": report.versions.count(),
+            "runs": ReportRun.objects.filter(version__report=report).values("run").distinct().count(),
+        },
+    )
