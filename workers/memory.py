@@ -24,6 +24,13 @@ RESIGNAL_S = 1.0  # the main thread did not stop (yet): ask again this often
 SIGNAL = signal.SIGUSR2  # Celery's worker uses SIGUSR1 (tracebacks); SIGUSR2 only with CELERY_RDBSIG set
 ADDRESS_SPACE_FACTOR = 2
 MIB = 2**20
+# Room in the address space for threads the run starts (transformers loads weights with a pool of up
+# to 4): each reserves a stack and, at its first allocation, a malloc arena (glibc: 64 MiB, mapped at
+# twice that while it is aligned). Reserved, not used (the watchdog counts what is used): without
+# this room a loader thread could not start while the run had added 7 MiB.
+ROOM_THREADS = 4
+MALLOC_ARENA = 64 * MIB
+DEFAULT_STACK = 8 * MIB  # glibc's thread stack where RLIMIT_STACK is unlimited
 STATM = "/proc/self/statm"
 
 T = TypeVar("T")
@@ -56,8 +63,14 @@ def resident_bytes() -> int | None:
 # How C and C++ code words an allocation or a mapping the address-space limit refused: torch's
 # allocator ("can't allocate memory"), torch and safetensors mapping a weights file ("unable to
 # mmap …: Cannot allocate memory (12)"), the dynamic loader opening an extension module ("failed to
-# map segment from shared object").
-OUT_OF_MEMORY_WORDS = ("can't allocate memory", "cannot allocate memory", "failed to map segment")
+# map segment from shared object"), and Python a thread whose stack it could not map ("can't start
+# new thread").
+OUT_OF_MEMORY_WORDS = (
+    "can't allocate memory",
+    "cannot allocate memory",
+    "failed to map segment",
+    "can't start new thread",
+)
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
@@ -72,6 +85,15 @@ def _is_out_of_memory(exc: BaseException) -> bool:
         text = str(exc).lower()
         return any(words in text for words in OUT_OF_MEMORY_WORDS)
     return False
+
+
+def thread_room() -> int:
+    """Bytes of address space that `ROOM_THREADS` threads reserve: their stacks and malloc arenas,
+    and one arena mapped twice over while it is aligned."""
+    stack = threading.stack_size() or resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if stack == resource.RLIM_INFINITY:
+        stack = DEFAULT_STACK
+    return ROOM_THREADS * (stack + MALLOC_ARENA) + MALLOC_ARENA
 
 
 def import_model_libraries() -> None:
@@ -129,11 +151,11 @@ class MemoryCeiling:
         self._target = getattr(fn, "__code__", None)
         size, self.base = _statm_bytes()
         previous_handler = signal.signal(SIGNAL, self._on_signal)
-        previous_limit = self._limit_address_space(size) if self.limit_address_space else None
         watchdog = threading.Thread(
             target=self._watch, args=(threading.main_thread().ident,), name="memory-ceiling", daemon=True
         )
-        watchdog.start()
+        watchdog.start()  # before the limit: its own stack and arena are the worker's
+        previous_limit = self._limit_address_space(size) if self.limit_address_space else None
         added_mb = 0.0
         try:
             try:
@@ -161,7 +183,8 @@ class MemoryCeiling:
             if previous_limit is not None and _is_out_of_memory(exc):
                 raise OverMemoryCeiling(
                     f"memory: an allocation failed under the ceiling of {self.limit_mb:,} MiB "
-                    f"(LAB_RUN_MEMORY_MB; the address space may grow by {ADDRESS_SPACE_FACTOR}× it) "
+                    f"(LAB_RUN_MEMORY_MB; the address space may grow by {ADDRESS_SPACE_FACTOR}× it, "
+                    f"plus room for {ROOM_THREADS} threads) "
                     f"with {added_mb:,.0f} MiB used: {type(exc).__name__}: {exc}"
                 ) from exc
             raise
@@ -174,7 +197,7 @@ class MemoryCeiling:
 
     def _limit_address_space(self, size: int) -> tuple[int, int] | None:
         previous = resource.getrlimit(resource.RLIMIT_AS)
-        soft = size + ADDRESS_SPACE_FACTOR * self.limit_mb * MIB
+        soft = size + ADDRESS_SPACE_FACTOR * self.limit_mb * MIB + thread_room()
         hard = previous[1]
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)

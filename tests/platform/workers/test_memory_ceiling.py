@@ -3,8 +3,9 @@ reason at its first attempt and is never re-queued; its worker lives on and runs
 
 The worker test uses a real worker process with a ceiling below what a larger built-in model
 needs to warm-start (≈ 34 M parameters: weights, gradients and AdamW moments ≈ 0.5 GB) and
-above what the small test model needs. The in-process tests call `MemoryCeiling` directly
-from pytest's main thread, the way a worker's solo pool does.
+above what the small test model needs; the rollout test gives a rollout worker a ceiling that its
+first job's loader threads fit in and a batch of 4,096 responses does not. The in-process tests
+call `MemoryCeiling` directly from pytest's main thread, the way a worker's solo pool does.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from django.core.management import call_command
 from support import REPO, TINY_CONFIG, queue_sweep, wait_for
 
 from execution.models import Worker
-from experiments.models import Run
+from experiments.models import RolloutJob, Run
 from workers import memory
 from workers.memory import MemoryCeiling, OverMemoryCeiling
 
@@ -68,6 +69,65 @@ def test_a_run_over_the_ceiling_fails_once_and_the_worker_runs_the_next(start_wo
     assert f"run {big.pk} lost" not in log and worker.proc.poll() is None
     # A retry by hand is allowed (e.g. after raising the ceiling) and counts against LAB_MAX_ATTEMPTS.
     assert big.retry_refusal() == ""
+
+
+ROLLOUT_CEILING_MB = 150
+# A model whose weights transformers loads with a pool of threads (the operator's probe, F4), and a
+# batch of 256 × 16 responses whose first tokens alone outgrow a rollout worker's ceiling.
+LARGER_ROLLOUT_MODEL = {
+    **TINY_CONFIG,
+    "model": {
+        "tiny": {
+            "hidden_size": 256,
+            "num_layers": 4,
+            "num_heads": 4,
+            "intermediate_size": 1024,
+            "warmstart_max_steps": 50,
+        }
+    },
+    "steps": 2,
+    "eval_every": 2,
+    "execution": {"mode": "distributed"},
+}
+LARGE_BATCH = {
+    **LARGER_ROLLOUT_MODEL,
+    "rollout": {"group_size": 16, "prompts_per_step": 256, "max_new_tokens": 256},
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rollout_job_over_the_ceiling_fails_at_its_first_attempt_and_one_within_it_does_not(
+    start_worker, team, alice
+):
+    fits = queue_sweep(team, alice, "fits", config=LARGER_ROLLOUT_MODEL).runs.get()
+    too_big = queue_sweep(team, alice, "large batches", config=LARGE_BATCH).runs.get()
+    start_worker({"LAB_RUN_MEMORY_MB": "0"})
+    rollout = start_worker({"LAB_RUN_MEMORY_MB": str(ROLLOUT_CEILING_MB)}, queue="rollout")
+
+    ids = [fits.pk, too_big.pk]
+    wait_for(
+        lambda: not Run.objects.filter(pk__in=ids, status__in=Run.ACTIVE).exists(), 900, "both runs to end"
+    )
+    fits.refresh_from_db()
+    too_big.refresh_from_db()
+    # The first job under the ceiling loads the weights with the loader's threads: they start (the
+    # address-space limit leaves room for their stacks and arenas), and no job of the run that fits
+    # needs a second attempt.
+    assert fits.status == Run.SUCCEEDED, fits.error
+    jobs = RolloutJob.objects.filter(run=fits)
+    assert jobs.filter(kind=RolloutJob.BATCH).count() == 2
+    assert set(jobs.values_list("status", "attempt", "worker")) == {(RolloutJob.DONE, 1, rollout.identity)}
+    # Whatever runs out under the ceiling (the watchdog's count, an allocation, the address space
+    # for a thread), it is the memory reason, at the first attempt, and never tried again.
+    assert too_big.status == Run.FAILED and "memory: " in too_big.error, too_big.error
+    job = RolloutJob.objects.get(run=too_big, kind=RolloutJob.BATCH, step=1)
+    assert (job.status, job.attempt, job.worker) == (RolloutJob.FAILED, 1, rollout.identity), job.error
+    assert job.error.startswith("memory: ") and f"{ROLLOUT_CEILING_MB} MiB (LAB_RUN_MEMORY_MB" in job.error, (
+        job.error
+    )
+    log = rollout.log()
+    assert "can't start new thread" not in log and f"rollout job {job.pk} attempt 2" not in log
+    assert rollout.proc.poll() is None
 
 
 def grow(step_mb: int, steps: int) -> int:
