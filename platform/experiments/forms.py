@@ -357,7 +357,7 @@ class SweepForm(forms.Form):
     presets = forms.MultipleChoiceField(
         choices=[(p, p) for p in PRESETS],
         widget=forms.CheckboxSelectMultiple,
-        initial=["rec-oneside-nois"],
+        help_text="none ticked on a blank form: the sweep runs exactly the presets you tick",
     )
     on_policy = forms.BooleanField(
         required=False,

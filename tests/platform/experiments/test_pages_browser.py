@@ -15,10 +15,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_the_form_counts_the_runs_of_the_grid_while_typing(page, live_server):
     page.goto(live_server.url + reverse("submit-sweep"))
+    assert page.text_content("#grid-size") == "Tick at least one preset: this sweep makes no run yet."
+    page.check("input[name=presets][value=grpo]")
     assert (
         page.text_content("#grid-size") == "This sweep makes 1 run × 150 steps (default), lr 3e-05 (default)."
     )
-    page.check("input[name=presets][value=grpo]")
+    page.check("input[name=presets][value=rec-oneside-nois]")
     page.fill("input[name=sync_offsets]", "8, 32")
     page.fill("input[name=seeds]", "0 1 2")
     assert (
@@ -99,6 +101,7 @@ def test_the_form_explains_itself_and_links_each_error_to_its_field(page, live_s
     assert page.is_visible(arithmetic) and page.is_hidden(jsonl)
 
     page.fill("input[name=name]", "explained")
+    page.check("input[name=presets][value=grpo]")
     page.fill("input[name='rollout.group_size']", "1")
     page.fill("input[name=sync_offsets]", "8, 8")
     page.click("button:text('Submit sweep')")
@@ -147,3 +150,29 @@ def test_the_experiment_pages_runs_sort_by_a_clicked_column_and_stay_sorted_whil
     page.wait_for_function("() => document.querySelector('#runs [data-active=false]')")
     assert order() == [str(third.pk), str(second.pk), str(first.pk)]
     page.screenshot(path=TEST_VAR / "screenshots" / "experiment-sorted.png", full_page=True)
+
+
+def test_the_blank_form_ticks_no_preset_and_counts_only_the_ones_ticked(page, live_server, team):
+    """A preset ticked by default was added to every sweep of a user who did not see it (48 runs
+    counted, not 36)."""
+    page.goto(live_server.url + reverse("submit-sweep"))
+    assert page.locator("input[name=presets]:checked").count() == 0
+    page.fill("input[name=seeds]", "0, 1, 2")
+    page.fill("input[name=sync_offsets]", "4, 16")
+    page.wait_for_function(
+        "document.querySelector('#grid-size').textContent.includes('Tick at least one preset')"
+    )
+    for preset in ("grpo", "m2po", "decoupled-ppo"):
+        page.check(f"input[name=presets][value={preset}]")
+    page.wait_for_function(
+        "document.querySelector('#grid-size').textContent.startsWith('This sweep makes 27 runs')"
+    )
+    page.fill("input[name=name]", "nothing ticked")
+    for preset in ("grpo", "m2po", "decoupled-ppo"):
+        page.uncheck(f"input[name=presets][value={preset}]")
+    page.click("button:text('Submit sweep')")
+    page.wait_for_selector("#error-summary")
+    assert "#id_presets" in page.eval_on_selector_all(
+        "#error-summary a", "a => a.map(x => x.getAttribute('href'))"
+    )
+    assert Run.objects.count() == 0

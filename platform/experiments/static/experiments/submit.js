@@ -65,6 +65,10 @@
       line.textContent = "Async runs measure their own staleness: keep the execution mode simulated or distributed and add async cells (Async bounds), or keep only On-policy and set the bound (Staleness bound).";
       return;
     }
+    if (presets === 0) {
+      line.textContent = "Tick at least one preset: this sweep makes no run yet.";
+      return;
+    }
     const values = [effective("steps", (v) => `${v} steps`), effective("optimizer.lr", (v) => `lr ${v}`)].filter(Boolean);
     line.textContent = `This sweep makes ${runs} run${runs === 1 ? "" : "s"}${values.length ? " × " + values.join(", ") : ""}.`;
   }
