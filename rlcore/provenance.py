@@ -5,7 +5,6 @@ runs it aggregates started from different θ0 or ran different code."""
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import subprocess
 from importlib import metadata
@@ -14,18 +13,10 @@ from typing import Any
 
 import torch
 
-from rlcore import models
+from rlcore import models, tasks
 from rlcore.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _version(package: str) -> str | None:
@@ -48,11 +39,12 @@ def git_commit() -> str | None:
 
 def record(config: RunConfig, initial: torch.nn.Module, device: torch.device) -> dict[str, Any]:
     """The provenance of a run of `config` that starts from θ0 = `initial` on `device`."""
+    found = tasks.dataset_sha256s(config.task)
     datasets = {}
     if config.task.name == "jsonl":
-        datasets["dataset_sha256"] = file_sha256(config.task.path)
+        datasets["dataset_sha256"] = found[config.task.path]
         if config.task.eval_path:
-            datasets["eval_dataset_sha256"] = file_sha256(config.task.eval_path)
+            datasets["eval_dataset_sha256"] = found[config.task.eval_path]
     return {
         "theta0_sha256": models.weights_sha256(initial),
         **datasets,

@@ -6,6 +6,7 @@ a task's memory is bounded whatever its config."""
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import random
 import re
@@ -281,6 +282,22 @@ def math_equal(answer: str, completion: str) -> bool:
         ) from exc
     gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$")
     return bool(gold) and bool(verify(gold, parse(completion)))
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def dataset_sha256s(cfg: ArithmeticTask | JsonlTask) -> dict[str, str]:
+    """The sha256 of each file the task reads, by path (none for the synthetic task): the
+    dataset's version, in the tiny model's cache key, the run's provenance and its experiment's pin."""
+    if cfg.name != "jsonl":
+        return {}
+    return {path: file_sha256(path) for path in (cfg.path, cfg.eval_path) if path}
 
 
 def build(cfg: ArithmeticTask | JsonlTask) -> Task:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from django.conf import settings
 
-from experiments.models import PolicyVersion, RolloutJob, Run
+from experiments.models import DatasetMismatch, PolicyVersion, RolloutJob, Run
 from rlcore.evaluate import Evaluator
 from rlcore.produce import Producer
 from rlcore.rollout import HFEngine
@@ -59,6 +59,10 @@ def producer_for(run: Run) -> Loaded:
     from rlcore.produce import make_engine
 
     config = run.run_config()
+    try:
+        retry_db(run.check_datasets)(tasks.dataset_sha256s(config.task))
+    except DatasetMismatch as exc:  # edited while the run trains: its batches would mix versions
+        raise CannotMake(str(exc)) from None
     task = tasks.build(config.task)
     lm = models.load(config, models.resolve_device(config.device), settings.LAB_CACHE_DIR, task)
     # `lm.model` stays θ0 here: the engine and the evaluator hold copies of their own.

@@ -73,8 +73,12 @@ def _train(run: Run, worker: str) -> str:
         config = run.run_config()
         import_model_libraries()  # every run loads them: imported before the run's memory is measured
         from rlcore.models import resolve_device
+        from rlcore.tasks import dataset_sha256s
         from rlcore.trainer import train
 
+        # Dataset files edited since the experiment's runs read them are refused before θ0 is
+        # loaded (a warm start can be long); `Run.record_provenance` checks what was read again.
+        retry_db(run.check_datasets)(dataset_sha256s(config.task))
         if config.execution.mode != "simulated":
             source = DatabaseSource(run, config, sink.should_stop, worker)
         ceiling = MemoryCeiling(

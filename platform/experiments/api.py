@@ -82,6 +82,7 @@ def _run_detail_out(run: Run) -> dict[str, Any]:
         "rollout_jobs": run.rollout_job_counts(),
         "progress_report": progress.run_progress(run),
         "provenance": run.provenance,
+        "provenance_history": run.provenance_history,
     }
 
 

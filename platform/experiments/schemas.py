@@ -227,6 +227,13 @@ class ProgressOut(Schema):
     )
 
 
+class ProvenanceAttemptOut(Schema):
+    attempt: int | None = Field(
+        description="the attempt that recorded it; null: recorded before attempts were told apart"
+    )
+    provenance: dict[str, Any] = Field(description="that attempt's record, as `provenance`")
+
+
 class RunDetailOut(RunOut):
     config: Annotated[dict[str, Any], DocumentedAs(RunConfig)] = Field(
         description="the fully resolved RunConfig"
@@ -238,6 +245,10 @@ class RunDetailOut(RunOut):
     provenance: dict[str, Any] = Field(
         description="theta0_sha256, dataset_sha256 (jsonl tasks), rlcore_version, git_commit, torch, "
         "transformers, vllm, device, torch_threads, host; empty until a worker loaded θ0"
+    )
+    provenance_history: list[ProvenanceAttemptOut] = Field(
+        description="every attempt's provenance, oldest first (the last is `provenance`): an attempt "
+        "refused for reading other dataset bytes or loading another θ0 than the experiment's records none"
     )
 
 

@@ -5,6 +5,7 @@ from experiments.models.annotations import ExperimentTag, Note, RunTag, SavedVie
 from experiments.models.jobs import Checkpoint, PolicyVersion, RolloutJob
 from experiments.models.results import Completion, MetricChunk, MetricSummary
 from experiments.models.runs import (
+    DatasetMismatch,
     Experiment,
     ExperimentNotDeletable,
     Run,
@@ -17,6 +18,7 @@ from experiments.models.runs import (
 __all__ = [
     "Checkpoint",
     "Completion",
+    "DatasetMismatch",
     "Experiment",
     "ExperimentNotDeletable",
     "ExperimentTag",

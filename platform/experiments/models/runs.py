@@ -58,6 +58,10 @@ class Theta0Mismatch(ValueError):
     """A worker loaded other initial weights than the experiment's other runs started from."""
 
 
+class DatasetMismatch(ValueError):
+    """A worker found other bytes in a dataset file than the experiment's runs read before."""
+
+
 class ExperimentNotDeletable(Exception):
     """An experiment cannot be deleted while any of its runs is queued or running, nor while a
     published report cites one of them (archive those instead)."""
@@ -76,6 +80,11 @@ class Experiment(models.Model):
     theta0_sha256 = models.CharField(
         max_length=64, blank=True, help_text="θ0 of its runs, pinned by the first run that loaded it"
     )
+    dataset_hashes = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="{path: sha256} of the dataset files its runs read, each pinned by the first run that read it",
+    )
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -90,6 +99,38 @@ class Experiment(models.Model):
     @property
     def is_active(self) -> bool:
         return self.runs.filter(status__in=Run.ACTIVE).exists()
+
+    def dataset_refusal(self, found: dict[str, str]) -> str:
+        """Why a run that read dataset files with the sha256 `found` ({path: sha256}) may not go
+        on in this experiment ("" if it may): one whose bytes differ from those its runs read."""
+        for path, sha256 in found.items():
+            pinned = self.dataset_hashes.get(path, sha256)
+            if pinned != sha256:
+                return (
+                    f"dataset {path} has changed since this experiment's runs read it: they read sha256 "
+                    f"{pinned}, this worker found {sha256}. One experiment never mixes dataset versions: "
+                    "restore the file to go on, or start a new sweep to train on it as it is now"
+                )
+        return ""
+
+    def pin(self, theta0: str, datasets: dict[str, str]) -> None:
+        """Pin θ0 and the dataset files (`{path: sha256}`) not pinned yet; raise `DatasetMismatch`
+        or `Theta0Mismatch` (nothing pinned) when one differs from its pin. Under the row's lock."""
+        with transaction.atomic():
+            pinned = Experiment.objects.select_for_update().get(pk=self.pk)
+            refusal = pinned.dataset_refusal(datasets)
+            if refusal:
+                raise DatasetMismatch(refusal)
+            if pinned.theta0_sha256 not in ("", theta0):
+                raise Theta0Mismatch(
+                    f"this worker loaded θ0 {theta0}, but experiment {self.pk} is pinned to θ0 "
+                    f"{pinned.theta0_sha256}: its runs must all start from the same weights (a different "
+                    "model cache or model files on this worker?)"
+                )
+            pinned.theta0_sha256 = theta0
+            pinned.dataset_hashes = {**datasets, **pinned.dataset_hashes}
+            pinned.save(update_fields=["theta0_sha256", "dataset_hashes"])
+        self.theta0_sha256, self.dataset_hashes = pinned.theta0_sha256, pinned.dataset_hashes
 
     def cancel(self) -> int:
         """Cancel every queued or running run (`Run.cancel`, rollout jobs included); how many were."""
@@ -207,6 +248,12 @@ class Run(TakingTurns, Leased):
         blank=True,
         help_text="θ0 and dataset hashes, versions, device, host (rlcore.provenance)",
     )
+    provenance_history = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="every attempt's provenance, oldest first: [{attempt, provenance}] (attempt null: "
+        "recorded before attempts were told apart); the last is `provenance`",
+    )
     notes = models.JSONField(
         default=list,
         blank=True,
@@ -260,22 +307,63 @@ class Run(TakingTurns, Leased):
         """Its line within its experiment: the preset, with its values of the sweep's other axes."""
         return f"{self.preset} · {self.variant_label}" if self.variant else self.preset
 
-    def record_provenance(self, worker: str, record: dict) -> None:
-        """Store this attempt's provenance, pinning the experiment's θ0 on its first run.
+    def datasets_read(self, record: dict) -> dict[str, str]:
+        """{path: sha256} of the dataset files a provenance `record` of this run names."""
+        task = self.config.get("task", {})
+        roles = {"path": "dataset_sha256", "eval_path": "eval_dataset_sha256"}
+        return {task[field]: record[key] for field, key in roles.items() if task.get(field) and key in record}
 
-        Raises `Theta0Mismatch` (nothing stored) when the worker loaded other θ0 bytes than the
-        experiment's other runs: one experiment never mixes initial models.
+    def check_datasets(self, found: dict[str, str]) -> None:
+        """Before the worker loads anything: raise `DatasetMismatch` when a dataset file it found
+        (`{path: sha256}`) differs from what the experiment's runs read (nothing is pinned here:
+        a run pins only once it has read the file and loaded θ0, `record_provenance`)."""
+        refusal = Experiment.objects.get(pk=self.experiment_id).dataset_refusal(found)
+        if refusal:
+            raise DatasetMismatch(refusal)
+
+    def record_provenance(self, worker: str, record: dict) -> None:
+        """Store this attempt's provenance beside the earlier attempts' (`provenance_history`),
+        pinning the experiment's θ0 and dataset files on its first run (`Experiment.pin`).
+
+        Raises `DatasetMismatch` or `Theta0Mismatch` (nothing stored) when the worker read other
+        dataset bytes or loaded other θ0 bytes than the experiment's runs did before, this run's
+        earlier attempts included: one experiment never mixes datasets or initial models.
         """
-        theta0 = record["theta0_sha256"]
-        Experiment.objects.filter(pk=self.experiment_id, theta0_sha256="").update(theta0_sha256=theta0)
-        pinned = Experiment.objects.values_list("theta0_sha256", flat=True).get(pk=self.experiment_id)
-        if pinned != theta0:
-            raise Theta0Mismatch(
-                f"this worker loaded θ0 {theta0}, but experiment {self.experiment_id} is pinned to θ0 "
-                f"{pinned}: its runs must all start from the same weights (a different model cache or "
-                "model files on this worker?)"
+        self.experiment.pin(record["theta0_sha256"], self.datasets_read(record))
+        with transaction.atomic():
+            row = (
+                Run.objects.select_for_update()
+                .filter(pk=self.pk, status=Run.RUNNING, worker=worker)
+                .values("attempt", "provenance_history")
+                .first()
             )
-        Run.objects.filter(pk=self.pk, status=Run.RUNNING, worker=worker).update(provenance=record)
+            if row is None:
+                return
+            # A retried call (a database outage) replaces its own attempt's entry.
+            earlier = [entry for entry in row["provenance_history"] if entry["attempt"] != row["attempt"]]
+            Run.objects.filter(pk=self.pk).update(
+                provenance=record,
+                provenance_history=[*earlier, {"attempt": row["attempt"], "provenance": record}],
+            )
+
+    @property
+    def provenance_changes(self) -> list[dict]:
+        """The earlier attempts' provenance as it differs from the newest's, newest first:
+        [{attempt, changed: {key: that attempt's value}}] ([] with one attempt or none)."""
+        if len(self.provenance_history) < 2:
+            return []
+        newest = self.provenance_history[-1]["provenance"]
+        return [
+            {
+                "attempt": entry["attempt"],
+                "changed": {
+                    key: entry["provenance"].get(key)
+                    for key in sorted(entry["provenance"].keys() | newest.keys())
+                    if entry["provenance"].get(key) != newest.get(key)
+                },
+            }
+            for entry in reversed(self.provenance_history[:-1])
+        ]
 
     def add_note(self, worker: str, text: str) -> bool:
         """Append a note to the run while `worker` executes it (one UPDATE under the row's lock)."""

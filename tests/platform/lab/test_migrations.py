@@ -253,3 +253,62 @@ def test_migrating_points_into_chunks_keeps_every_point_and_back(database_url, t
         f"{second}:{'m' * 100}": [2, 2**30, None, 1, -2.5, -2.5, -2.5],
         f"{second}:eval/accuracy": [1, 0, 0.25, 1, 0.25, 0.25, 0.25],
     }
+
+
+BEFORE_PINS = ("experiments", "0019_summary_tail_binary")
+
+# Migrate to 0019, store runs with provenance records as they were then (one per run, no history),
+# migrate to the end and read the history and the experiment's dataset pins through today's models.
+PINS_SCENARIO = f"""
+import json, os, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
+django.setup()
+from django.core.management import call_command
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+before = {BEFORE_PINS!r}
+call_command("migrate", *before, verbosity=0)
+old = MigrationExecutor(connection).loader.project_state(before).apps
+model = lambda app, name: old.get_model(app, name)
+alice = model("auth", "User").objects.create(username="alice")
+team = model("accounts", "Team").objects.create(name="red")
+Experiment, Run = model("experiments", "Experiment"), model("experiments", "Run")
+jsonl = Experiment.objects.create(team=team, owner=alice, name="jsonl", spec={{}}, theta0_sha256="t" * 64)
+arithmetic = Experiment.objects.create(team=team, owner=alice, name="arithmetic", spec={{}})
+task = {{"name": "jsonl", "path": "/data/train.jsonl", "eval_path": "/data/eval.jsonl"}}
+record = {{"theta0_sha256": "t" * 64, "dataset_sha256": "1" * 64, "eval_dataset_sha256": "2" * 64}}
+runs = [
+    Run.objects.create(experiment=jsonl, config={{"task": task}}, preset="grpo", staleness="on-policy", seed=0, provenance=record),
+    # A later run that read an edited training file (what the pin now refuses): the first run's hash is pinned.
+    Run.objects.create(experiment=jsonl, config={{"task": task}}, preset="grpo", staleness="on-policy", seed=1,
+                       provenance={{**record, "dataset_sha256": "3" * 64}}),
+    Run.objects.create(experiment=jsonl, config={{"task": task}}, preset="grpo", staleness="on-policy", seed=2),
+    Run.objects.create(experiment=arithmetic, config={{}}, preset="grpo", staleness="on-policy", seed=0,
+                       provenance={{"theta0_sha256": "u" * 64}}),
+]
+call_command("migrate", verbosity=0)
+from experiments.models import Experiment, Run
+print(json.dumps({{
+    "history": [Run.objects.get(pk=run.pk).provenance_history for run in runs],
+    "provenance": [Run.objects.get(pk=run.pk).provenance for run in runs],
+    "pins": [Experiment.objects.get(pk=e.pk).dataset_hashes for e in (jsonl, arithmetic)],
+}}))
+"""
+
+
+def test_migrating_to_dataset_pins_carries_each_run_s_provenance_and_pins_its_experiment(
+    database_url, tmp_path
+):
+    found = json.loads(python(PINS_SCENARIO, tmp_path, database_url))
+    record = {"theta0_sha256": "t" * 64, "dataset_sha256": "1" * 64, "eval_dataset_sha256": "2" * 64}
+    edited = {**record, "dataset_sha256": "3" * 64}
+    arithmetic = {"theta0_sha256": "u" * 64}
+    assert found["provenance"] == [record, edited, {}, arithmetic], "the records themselves are kept"
+    assert found["history"] == [
+        [{"attempt": None, "provenance": record}],
+        [{"attempt": None, "provenance": edited}],
+        [],
+        [{"attempt": None, "provenance": arithmetic}],
+    ]
+    assert found["pins"] == [{"/data/train.jsonl": "1" * 64, "/data/eval.jsonl": "2" * 64}, {}]
