@@ -1,24 +1,29 @@
 """Models: the built-in tiny model (a small Llama with a character tokenizer, warm-started on the
-task and cached under a key hashed from everything that shapes it, so every run of a sweep starts
-from the same θ0) and any local Hugging Face model directory, loaded the same way."""
+task and cached under a key hashed from everything that shapes it, the dataset files' bytes
+included, so every run of a sweep starts from the same θ0) and any local Hugging Face model
+directory, loaded the same way."""
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import json
+import re
 import shutil
 import string
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from rlcore import tasks
 from rlcore.config import RunConfig
 from rlcore.rollout import Rollout, decode
-from rlcore.sinks import WARM_START, ignore_phase
+from rlcore.sinks import WARM_START, ignore_phase, never_stop
+from rlcore.sources import Stopped
 from rlcore.tasks import Problem, Task
 
 RECIPE_VERSION = 2  # bump when the tiny model's recipe changes, to invalidate caches (and rebuild SHIPPED)
@@ -29,6 +34,11 @@ WARMSTART_BATCH = 128
 WARMSTART_LR = 1e-3
 # Often enough that the warm start stops near its target, whatever the CPU's float rounding.
 WARMSTART_CHECK_EVERY = 10
+# How often a warm start, or a wait for another process's, asks whether to stop (in a worker, a
+# database query): a cancel ends it within about this plus one step or one evaluation.
+STOP_POLL_S = 1.0
+# A build's temporary folder: `tiny-<key>-<random>` beside the `tiny-<key>` it becomes.
+BUILDING = re.compile(r"(tiny-[0-9a-f]{16})-")
 # θ0 of the default tiny model, built once by `python -m rlcore build-tiny` and shipped with the
 # package, so every machine and thread count starts from the same bytes.
 SHIPPED = Path(__file__).resolve().parent / "tiny_models"
@@ -80,6 +90,9 @@ def tiny_cache_key(config: RunConfig) -> str:
         "task": config.task.model_dump(),
         "max_new_tokens": config.rollout.max_new_tokens,
     }
+    datasets = tasks.dataset_sha256s(config.task)
+    if datasets:  # an edited file is warm-started on anew, never served the θ0 of its old lines
+        shaping["dataset_sha256"] = datasets
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -98,16 +111,18 @@ def load(
     cache_dir: Path | None = None,
     task: Task | None = None,
     phase: Callable[..., None] = ignore_phase,
+    should_stop: Callable[[], bool] = never_stop,
 ) -> LoadedModel:
     """θ0 for `config`: the cached (or freshly warm-started) tiny model, or a local model.
 
-    A warm start reports its progress as `phase(WARM_START, step=, max_steps=, accuracy=)`.
+    A warm start reports its progress as `phase(WARM_START, step=, max_steps=, accuracy=)` and
+    raises `Stopped` once `should_stop()` says so.
     """
     if config.model.source == "local":
         return load_pretrained(config.model.path, config.model.dtype, device)
     if task is None:
         raise ValueError("the tiny model needs its task to warm-start")
-    path = tiny_model_path(config, task, cache_dir, phase)
+    path = tiny_model_path(config, task, cache_dir, phase, should_stop)
     return load_pretrained(str(path), config.model.dtype, device)
 
 
@@ -134,32 +149,73 @@ def load_pretrained(path: str, dtype: str, device: torch.device) -> LoadedModel:
 
 
 def tiny_model_path(
-    config: RunConfig, task: Task, cache_dir: Path | None, phase: Callable[..., None] = ignore_phase
+    config: RunConfig,
+    task: Task,
+    cache_dir: Path | None,
+    phase: Callable[..., None] = ignore_phase,
+    should_stop: Callable[[], bool] = never_stop,
 ) -> Path:
     """The warm-started tiny model's directory: the shipped one for the default config (the same
-    bytes everywhere), else built once per cache key (file-locked) under `cache_dir`."""
-    shipped = SHIPPED / f"tiny-{tiny_cache_key(config)}"
+    bytes everywhere), else built once per cache key (file-locked) under `cache_dir`, in a
+    temporary folder renamed into place when done and removed on any other exit (`Stopped`
+    included: while it waits for another process's build of the same key, too).
+    Temporary folders that builds killed outright left behind are removed here."""
+    key = tiny_cache_key(config)
+    shipped = SHIPPED / f"tiny-{key}"
     if (shipped / "config.json").exists():
         return shipped
     cache_dir = Path(cache_dir or Path(tempfile.gettempdir()) / "rlcore-cache")
     cache_dir.mkdir(parents=True, exist_ok=True)
-    target = cache_dir / f"tiny-{tiny_cache_key(config)}"
+    target = cache_dir / f"tiny-{key}"
     with open(cache_dir / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        while not _try_lock(lock):
+            if should_stop():
+                raise Stopped(f"asked to stop while another process builds {target.name}")
+            time.sleep(STOP_POLL_S)
+        remove_killed_builds(cache_dir, holding=target.name)
         if not (target / "config.json").exists():
             building = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=cache_dir))
             try:
-                build_tiny(config, task, building, phase)
-            except BaseException:  # a failed or interrupted build (e.g. a memory ceiling) leaves nothing
+                build_tiny(config, task, building, phase, should_stop)
+                shutil.rmtree(target, ignore_errors=True)
+                building.rename(target)
+            finally:  # a failed or interrupted build (a memory ceiling, a cancel) leaves nothing
                 shutil.rmtree(building, ignore_errors=True)
-                raise
-            shutil.rmtree(target, ignore_errors=True)
-            building.rename(target)
     return target
 
 
-def build_tiny(config: RunConfig, task: Task, out: Path, phase: Callable[..., None] = ignore_phase) -> None:
-    """Create the tiny model and warm-start it on `task`; write it to `out`."""
+def _try_lock(lock) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def remove_killed_builds(cache_dir: Path, holding: str) -> None:
+    """Remove the temporary folders of builds killed before they could remove their own (SIGKILL,
+    a lost machine): those of `holding`, the cache entry whose lock this process holds, and of
+    every entry whose lock nobody holds (a build in progress holds its entry's lock)."""
+    for folder in cache_dir.iterdir():
+        match = BUILDING.match(folder.name)
+        if match is None or not folder.is_dir():
+            continue
+        if match.group(1) == holding:
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        with open(cache_dir / f"{match.group(1)}.lock", "a") as lock:
+            if _try_lock(lock):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def build_tiny(
+    config: RunConfig,
+    task: Task,
+    out: Path,
+    phase: Callable[..., None] = ignore_phase,
+    should_stop: Callable[[], bool] = never_stop,
+) -> None:
+    """Create the tiny model and warm-start it on `task` (`Stopped` if asked to stop); write it to `out`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tiny = config.model.tiny
@@ -182,7 +238,13 @@ def build_tiny(config: RunConfig, task: Task, out: Path, phase: Callable[..., No
     model = LlamaForCausalLM(llama)
     loaded = LoadedModel(model, tokenizer, tokenizer.eos_token_id, tokenizer.pad_token_id)
     warm_start(
-        loaded, task, tiny.warmstart_accuracy, tiny.warmstart_max_steps, config.rollout.max_new_tokens, phase
+        loaded,
+        task,
+        tiny.warmstart_accuracy,
+        tiny.warmstart_max_steps,
+        config.rollout.max_new_tokens,
+        phase,
+        should_stop,
     )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -195,19 +257,27 @@ def warm_start(
     max_steps: int,
     max_new_tokens: int,
     phase: Callable[..., None] = ignore_phase,
+    should_stop: Callable[[], bool] = never_stop,
 ) -> float:
     """Supervised steps on (prompt → solution EOS) until held-out greedy accuracy ≥ target.
 
     Reports `phase(WARM_START, step=, max_steps=, accuracy=)` whenever it measures the accuracy.
+    Asks `should_stop()` before a step once `STOP_POLL_S` have passed since it last asked (and
+    before the first), and raises `Stopped` when it says so.
     """
     model = lm.model
     optimizer = torch.optim.AdamW(model.parameters(), lr=WARMSTART_LR)
     generator = torch.Generator().manual_seed(0)
     accuracy = evaluate(lm, task, task.held_out, max_new_tokens).accuracy
     phase(WARM_START, step=0, max_steps=max_steps, accuracy=accuracy)
+    ask_at = time.monotonic()
     for step in range(1, max_steps + 1):
         if accuracy >= target_accuracy:
             break
+        if time.monotonic() >= ask_at:
+            if should_stop():
+                raise Stopped(f"asked to stop after warm-start step {step - 1} of {max_steps}")
+            ask_at = time.monotonic() + STOP_POLL_S
         batch = task.sample(WARMSTART_BATCH, generator)
         ids, labels, attention = supervised_batch(lm, batch)
         model.train()

@@ -59,6 +59,11 @@ def ignore_phase(name: str, **details: float) -> None:
     """A phase report nobody listens to: the default where reporting is optional."""
 
 
+def never_stop() -> bool:
+    """A stop request nobody makes: the default where stopping early is optional."""
+    return False
+
+
 @dataclass
 class ListSink:
     """Keeps everything in memory; the sink for tests and notebooks."""

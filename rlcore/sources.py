@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 
 class Stopped(Exception):
-    """A source's `take` gave up waiting because the run was asked to stop (cancelled)."""
+    """The run was asked to stop (cancelled) while it waited for something not its own step: a
+    source's `take`, or the tiny model's warm start (`rlcore.models`)."""
 
 
 class BatchSource(Protocol):

@@ -30,6 +30,7 @@ from rlcore.sinks import (
     Sample,
     Sink,
     ignore_phase,
+    never_stop,
 )
 
 
@@ -86,13 +87,16 @@ class Learner:
 
 
 def prepare(
-    config: RunConfig, cache_dir: Path | None = None, phase: Callable[..., None] = ignore_phase
+    config: RunConfig,
+    cache_dir: Path | None = None,
+    phase: Callable[..., None] = ignore_phase,
+    should_stop: Callable[[], bool] = never_stop,
 ) -> Learner:
-    """Load θ0 (warm-starting the tiny model if it is not cached: `phase` hears how far) and
-    build the optimiser."""
+    """Load θ0 (warm-starting the tiny model if it is not cached: `phase` hears how far, and
+    `sources.Stopped` ends it once `should_stop()` says so) and build the optimiser."""
     device = models.resolve_device(config.device)
     task = tasks.build(config.task)
-    lm = models.load(config, device, cache_dir, task, phase)
+    lm = models.load(config, device, cache_dir, task, phase, should_stop)
     opt = config.optimizer
     optimizer = torch.optim.AdamW(
         lm.model.parameters(),
@@ -166,10 +170,14 @@ def train(
     a resumed run logs the same metrics as an uninterrupted one. Keeps the newest
     `keep_checkpoints`. Raises `Diverged` on NaN/inf, `CheckpointError` when no checkpoint there
     can be trusted. Reports each phase it enters through `sink.phase`: preparing (with the warm
-    start's own reports), then per step training, evaluating, checkpointing.
+    start's own reports), then per step training, evaluating, checkpointing. A stop asked for
+    during the tiny model's warm start ends it there, with nothing logged.
     """
     sink.phase(PREPARING)
-    learner = prepare(config, cache_dir, sink.phase)
+    try:
+        learner = prepare(config, cache_dir, sink.phase, sink.should_stop)
+    except sources.Stopped:
+        return {"steps": 0.0, "completed": 0.0}
     sink.provenance(provenance.record(config, learner.initial, next(learner.policy.parameters()).device))
     source = source if source is not None else local_source(learner, cache_dir)
     progress = Progress()

@@ -4,7 +4,9 @@ while a cancel of its run was pending: the run ends cancelled, never re-queued."
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 
 import pytest
 from django.conf import settings
@@ -105,7 +107,9 @@ def test_a_cancel_pending_when_the_worker_dies_in_the_warm_start_is_final(start_
     first = start_worker()
     try:
         wait_for(lambda: Run.objects.get(pk=run.pk).phase == WARM_START, 120, "the warm start")
-        # Honoured at the next training step's boundary, which the warm start is far from.
+        # Frozen first: the warm start would hear the cancel within a second and end the run itself
+        # (test_cancel_warm_start.py); here its worker dies with the cancel still pending.
+        os.killpg(first.proc.pid, signal.SIGSTOP)
         assert run.cancel() and run.status == Run.RUNNING and run.cancel_requested is not None
         first.kill()
 
