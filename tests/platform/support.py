@@ -155,7 +155,7 @@ class RedisServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        wait_for(self.ping, 20, f"redis-server on port {self.port}")
+        wait_for(self.ping, 60, f"redis-server on port {self.port}")
 
     def ping(self) -> bool:
         import redis

@@ -43,7 +43,7 @@ def test_a_running_run_shows_its_training_step_pace_and_eta_then_ends(start_work
     assert waiting["no_worker"] == "no worker is listening on queue cpu"
 
     worker = start_worker()
-    assert "cpu" in wait_for(Worker.live_queues, 10, "the worker's first heartbeat")
+    assert "cpu" in wait_for(Worker.live_queues, 60, "the worker's first heartbeat")
     assert Worker.objects.get(identity=worker.identity).queues == ["cpu"]
 
     seen = []

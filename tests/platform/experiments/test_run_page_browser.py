@@ -113,7 +113,6 @@ def test_a_running_runs_curves_are_polled_without_reloading(page, live_server, t
     Run.objects.filter(pk=run.pk).update(status=Run.SUCCEEDED, progress=5)
     page.wait_for_function(
         "() => !document.getElementById('run-curves-status').textContent.includes('refreshing')",
-        timeout=10_000,
     )
     assert page.evaluate("() => window.notReloaded") is True
     assert curve_metrics(page) == [

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
-from support import TINY_CONFIG, last_step, queue_sweep, wait_for
+from django.db.models import Max
+from support import TINY_CONFIG, queue_sweep, wait_for
 from test_distributed import curves, wait_until_over
 
-from experiments.models import RolloutJob, Run
+from experiments.models import PolicyVersion, RolloutJob, Run
+from rlcore.staleness import steps_by_version
 from workers.buffer import weight_store
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,16 +34,23 @@ def damage(path) -> None:
 
 
 class Paused:
-    """SIGSTOP a worker's whole process group meanwhile (well under the heartbeat timeout)."""
+    """SIGSTOP a worker's whole process group meanwhile (well under the heartbeat timeout); or
+    `hold` and `release` it where the pauses of two workers overlap."""
 
     def __init__(self, worker):
         self.pgid = worker.proc.pid
 
-    def __enter__(self):
+    def hold(self) -> None:
         os.killpg(self.pgid, signal.SIGSTOP)
 
-    def __exit__(self, *exc):
+    def release(self) -> None:
         os.killpg(self.pgid, signal.SIGCONT)
+
+    def __enter__(self):
+        self.hold()
+
+    def __exit__(self, *exc):
+        self.release()
 
 
 def twin_and_run(team, alice):
@@ -59,46 +67,76 @@ def assert_curves_equal(run: Run, twin: Run) -> None:
         assert mine[key] == pytest.approx(value, abs=1e-5, rel=0), key
 
 
+# The trainer records version v (publishing it, with the batch jobs of later steps) before it
+# takes step v + 1's batch: with v its newest version it has taken no batch past step v + 1, as
+# long as v + 1 is a version it records (batches of later steps are made with it).
+RECORDED = {
+    v
+    for v, steps in steps_by_version(CONFIG["steps"], 1, STALENESS[0]["sync_offset"], False).items()
+    if max(steps) > v
+}
+# Each worker below is held (SIGSTOP) while the other works, for as long as that takes on a loaded
+# machine: far under this heartbeat timeout, so that no reaper takes the held one's run or jobs.
+PATIENT = {"LAB_HEARTBEAT_TIMEOUT_S": "300"}
+
+
 def test_batch_files_damaged_or_deleted_before_they_are_taken_are_made_again(start_worker, team, alice):
-    start_worker(queue="rollout")
-    trainer = start_worker()
-    twin, run = twin_and_run(team, alice)
-    wait_for(lambda: (last_step(run, "loss") or -1) >= 10, 240, "10 steps")
-    spoiled = []
-    for _ in range(50):  # until the pause finds batches made ahead of the trainer
-        with Paused(trainer):
-            logged = last_step(run, "loss")
-            ahead = RolloutJob.objects.filter(
-                run=run, kind=RolloutJob.BATCH, status=RolloutJob.DONE, step__gt=logged
-            ).order_by("step")
-            for i, job in enumerate(ahead):  # every one the trainer may not have taken yet
-                path = Path(job.path)
-                if i % 2:
-                    path.unlink()
-                else:
-                    damage(path)
-                spoiled.append(job.pk)
-        if spoiled:
-            break
-        time.sleep(0.1)
-    assert spoiled, "no batch was ever made ahead of the trainer"
+    rollout_worker = start_worker(PATIENT, queue="rollout")
+    trainer = start_worker(PATIENT)
+    # However fast the trainer runs (all 40 steps can take it a second), the batches spoiled are
+    # made while it cannot take them: the rollout worker is held until the trainer waits for its
+    # first batch, then the trainer is held while the rollout worker makes what there is to make.
+    held_trainer = Paused(trainer)
+    with Paused(rollout_worker):
+        twin, run = twin_and_run(team, alice)
+        versions = PolicyVersion.objects.filter(run=run)
+        wait_for(versions.exists, 240, "the trainer to publish θ0 and wait for its first batch")
+        held_trainer.hold()
+    try:
+        newest = versions.aggregate(v=Max("version"))["v"]
+        assert newest + 1 in RECORDED, f"the trainer got too far (version {newest}) to know what it took"
+        untaken = RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH, step__gt=newest + 1)
+        ahead = wait_for(
+            lambda: (
+                len(jobs := list(untaken.order_by("step"))) >= 2
+                and all(job.status == RolloutJob.DONE for job in jobs)
+                and jobs
+            ),
+            120,
+            "the rollout worker to make the batches the trainer has not taken",
+        )
+        for i, job in enumerate(ahead):
+            path = Path(job.path)
+            if i % 2:
+                path.unlink()
+            else:
+                damage(path)
+    finally:
+        held_trainer.release()
     wait_until_over([run, twin], 300)
 
     run.refresh_from_db()
     assert (run.status, run.attempt) == (Run.SUCCEEDED, 1), run.error
-    remade = RolloutJob.objects.filter(pk__in=spoiled, attempt__gte=2)
-    assert remade.exists(), "at least the next batch was untaken, so made again"
-    assert not remade.exclude(status=RolloutJob.DONE).exists()
-    assert "its batch file cannot be used" in trainer.log()
+    remade = RolloutJob.objects.filter(pk__in=[job.pk for job in ahead])
+    assert {(job.status, job.attempt) for job in remade} == {(RolloutJob.DONE, 2)}, (
+        "each made again, once, when the trainer took it"
+    )
+    assert trainer.log().count("its batch file cannot be used") == len(ahead)
     assert_curves_equal(run, twin)
 
 
 def test_weights_damaged_after_the_trainer_moved_past_them_are_published_again(start_worker, team, alice):
     rollout_worker = start_worker(queue="rollout")
-    start_worker()
+    trainer = start_worker()
     twin, run = twin_and_run(team, alice)
-    wait_for(lambda: (last_step(run, "loss") or -1) >= 10, 240, "10 steps")
-    with Paused(rollout_worker):
+    versions = PolicyVersion.objects.filter(run=run)
+    wait_for(versions.filter(version__gte=10).exists, 240, "version 10")
+    held_rollouts = Paused(rollout_worker)
+    with Paused(trainer):  # its logged metrics lag it by many steps: where it is, read while held
+        newest = versions.aggregate(v=Max("version"))["v"]
+        assert newest + 1 in RECORDED, f"the trainer got too far (version {newest}): no batch is left to make"
+        held_rollouts.hold()
+    try:
         # The trainer runs out of batches made ahead and waits for the oldest queued job.
         waited_on = wait_for(
             lambda: (
@@ -113,6 +151,8 @@ def test_weights_damaged_after_the_trainer_moved_past_them_are_published_again(s
         # at most to that job's step, 5 steps past its version): that checkpoint cannot be resumed.
         version = waited_on.version
         damage(weight_store(run).path(version))
+    finally:
+        held_rollouts.release()
     wait_until_over([run, twin], 300)
 
     run.refresh_from_db()

@@ -1,13 +1,20 @@
 """What a worker measures of each run: wall-clock per phase adding up to the attempt, steady
-steps, tokens and CPU; and a run with a CPU-burning process beside it (started and stopped here)
-is flagged contended and left out of the default throughput comparison, its twin is not."""
+steps, tokens and CPU, and the cores other processes used meanwhile. A run with a CPU-burning
+process beside it (started and stopped here) counts at least the burner's CPU time as others', so
+it is flagged contended and left out of the default throughput comparison. Its twin, run without
+the burner, is flagged by the same rule on whatever else the machine ran: on an otherwise idle
+machine it is not contended and counts; on a busy one it is left out too (a test may not rely on
+the machine being idle)."""
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
+import time
 
 import pytest
+from django.conf import settings
 from django.urls import reverse
 from support import TINY_CONFIG, queue_sweep, wait_for
 
@@ -15,7 +22,10 @@ from experiments.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CONFIG = {**TINY_CONFIG, "steps": 14, "eval_every": 7, "checkpoint_every": 0}
+# Steps enough for an attempt beside the burner to last well over the /proc/stat ticks it is
+# measured in (the tiny model trains tens of steps a second once warm).
+CONFIG = {**TINY_CONFIG, "steps": 40, "eval_every": 20, "checkpoint_every": 0}
+SLACK_S = 0.2  # CPU seconds /proc/stat may count wrong over an attempt: 20 ticks of 10 ms
 PARTS = ("startup", "warm_start", "first_step", "steady", "eval", "checkpoint")
 BURN = "import time\nend = time.monotonic() + 300\nwhile time.monotonic() < end: pass\n"
 
@@ -28,8 +38,15 @@ def run_to_end(team, alice, name: str) -> Run:
     return run
 
 
+def burned_s(before: resource.struct_rusage) -> float:
+    """CPU seconds of the children reaped since `before`."""
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
 def test_a_run_beside_a_cpu_burner_is_flagged_contended_and_left_out(start_worker, team, alice, alice_client):
     start_worker()
+    threshold = settings.LAB_CONTENDED_CORES
     twin = run_to_end(team, alice, "quiet")
     s = twin.summary
     assert sum(s[f"time/{part}_s"] for part in PARTS) == pytest.approx(s["time/attempt_s"], rel=1e-9)
@@ -37,27 +54,47 @@ def test_a_run_beside_a_cpu_burner_is_flagged_contended_and_left_out(start_worke
     assert s["time/steady_s"] > 0 and s["time/first_step_s"] > 0 and s["time/eval_s"] > 0
     assert s["tokens/total"] > s["tokens/steady"] > 0
     assert s["cpu/trainer_s"] >= s["cpu/trainer_steady_s"] > 0 and s["cpu/rollout_s"] == 0
-    assert s["threads/trainer"] >= 1 and s["machine/contended"] == 0, s["machine/others_cores"]
+    assert s["threads/trainer"] >= 1 and s["machine/others_cores"] >= 0
+    # Whatever else runs here counts as others' (this test's process and services too): the rule,
+    # not an idle machine, decides the twin's flag.
+    quiet_contended = s["machine/others_cores"] > threshold
+    assert s["machine/contended"] == float(quiet_contended), s["machine/others_cores"]
 
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
     burner = subprocess.Popen([sys.executable, "-c", BURN])
     try:
         contended = run_to_end(team, alice, "beside a burner")
     finally:
         burner.kill()
+        lived = time.monotonic() - started
         burner.wait(timeout=10)
-    assert contended.summary["machine/contended"] == 1
-    assert contended.summary["machine/others_cores"] > 0.5
+    c = contended.summary
+    # What the burner burned during the attempt: all it burned, less at most one core for as long
+    # as it lived outside the attempt's wall-clock; the others' cores measured include at least
+    # that, however busy the machine was otherwise.
+    burned, wall = burned_s(reaped), c["time/attempt_s"]
+    at_least = (burned - (lived - wall) - SLACK_S) / wall
+    measured = (
+        c["machine/others_cores"],
+        f"burner: {burned:.2f} CPU s in {lived:.2f} s, attempt {wall:.2f} s",
+    )
+    assert c["machine/others_cores"] >= at_least, measured
+    assert c["machine/others_cores"] > threshold and c["machine/contended"] == 1, measured
 
     ids = f"{twin.pk},{contended.pk}"
     data = alice_client.get(reverse("runs-compare-data"), {"runs": ids}).json()
     rows = {r["experiment"]: r for r in data["throughput"]}
     quiet, busy = rows[twin.experiment_id], rows[contended.experiment_id]
-    assert (quiet["n_seeds"], quiet["n_contended"], busy["n_seeds"], busy["n_contended"]) == (1, 0, 0, 1)
-    assert quiet["steps_per_hour"] > 0 and busy["steps_per_hour"] is None
+    assert (busy["n_seeds"], busy["n_contended"], busy["steps_per_hour"]) == (0, 1, None)
+    if quiet_contended:  # a busy machine: the twin is left out alike
+        assert (quiet["n_seeds"], quiet["n_contended"], quiet["steps_per_hour"]) == (0, 1, None)
+    else:
+        assert (quiet["n_seeds"], quiet["n_contended"]) == (1, 0) and quiet["steps_per_hour"] > 0
     flags = {r["id"]: r["contended"] for r in data["runs"]}
-    assert flags == {twin.pk: False, contended.pk: True}
+    assert flags == {twin.pk: quiet_contended, contended.pk: True}
     shown = alice_client.get(reverse("runs-compare-data"), {"runs": ids, "contended": "1"}).json()
-    assert {r["experiment"]: r["n_seeds"] for r in shown["throughput"]} == {
-        twin.experiment_id: 1,
-        contended.experiment_id: 1,
+    assert {r["experiment"]: (r["n_seeds"], r["steps_per_hour"] > 0) for r in shown["throughput"]} == {
+        twin.experiment_id: (1, True),
+        contended.experiment_id: (1, True),
     }
