@@ -84,7 +84,8 @@ def contrasts(
     """Per varied field, per value besides its first in the experiment (`reference`), per cell that
     differs from a reference cell in that field only: the final value's change, paired by seed and rounded as the
     drops are (`curves.decision_digits`), with its interval and `state`: higher or lower (the
-    interval excludes 0), within δ (the interval lies within ±δ), or cannot tell; marked provisional
+    interval excludes 0), within δ (the interval lies within ±δ), or cannot tell (so too below
+    `curves.MIN_CI_SEEDS` pairs, whose min–max is no CI); marked provisional
     while runs of either cell are still queued or running (`cell_runs`: (active, all) per cell)."""
     cell_runs = cell_runs or {}
     digits = curves.decision_digits(delta)
@@ -145,8 +146,11 @@ def contrasts(
 
 
 def _state(d: curves.Difference, delta: float) -> str:
-    if not d.has_interval:
-        return "cannot tell (one seed pair)"
+    """Decided from a bootstrap CI only: below `curves.MIN_CI_SEEDS` pairs the min–max of 3 pairs
+    shares a sign by chance one time in four, so it tells nothing, as the rest of the page says."""
+    if d.interval != curves.CI:
+        pairs = "one seed pair" if d.n_pairs == 1 else f"{d.n_pairs} seed pairs"
+        return f"cannot tell ({pairs}: no CI below {curves.MIN_CI_SEEDS})"
     if d.lo > 0:
         return "higher"
     if d.hi < 0:

@@ -24,18 +24,22 @@ def final(preset: str, staleness: str, seed: int, variant: dict) -> float:
     return value
 
 
-@pytest.fixture
-def experiment(team, alice):
+def finished(team, alice, seeds):
     return make_finished_experiment(
         team,
         alice,
         name="minibatches",
         presets=("reinforce", "grpo"),
         staleness=({}, {"sync_offset": 2}),
-        seeds=(0, 1, 2),
+        seeds=seeds,
         final_accuracy=final,
         axes=AXES,
     )
+
+
+@pytest.fixture
+def experiment(team, alice):
+    return finished(team, alice, seeds=range(5))
 
 
 def payload(client, experiment, **params):
@@ -69,13 +73,27 @@ def test_lines_drops_ties_and_contrasts_pair_within_the_other_fields(alice_clien
         (c["preset"], c["staleness"]): (c["value"], c["state"], c["n_seeds"]) for c in data["contrasts"]
     }
     assert contrasts == {
-        ("reinforce", "on-policy"): (0.0, "within δ", 3),
-        ("reinforce", "sync_offset=2"): (0.0, "within δ", 3),
-        ("grpo", "on-policy"): (pytest.approx(-0.05), "lower", 3),
-        ("grpo", "sync_offset=2"): (pytest.approx(-0.05), "lower", 3),
+        ("reinforce", "on-policy"): (0.0, "within δ", 5),
+        ("reinforce", "sync_offset=2"): (0.0, "within δ", 5),
+        ("grpo", "on-policy"): (pytest.approx(-0.05), "lower", 5),
+        ("grpo", "sync_offset=2"): (pytest.approx(-0.05), "lower", 5),
     }
     assert {(c["field"], c["field_value"], c["reference"]) for c in data["contrasts"]} == {
         ("optimizer.minibatches", 2, 1)
+    }
+
+
+@pytest.mark.django_db
+def test_three_seed_pairs_cannot_tell_however_alike_they_look(alice_client, team, alice):
+    """Three pairs' min–max share a sign by chance one time in four: no CI, so no "higher" or
+    "lower" (nor "within δ") below 5 pairs, as the rest of the page says."""
+    data = payload(alice_client, finished(team, alice, seeds=(0, 1, 2)))
+    states = {
+        (c["preset"], c["staleness"]): (c["state"], c["n_seeds"], c["interval"]) for c in data["contrasts"]
+    }
+    assert states == {
+        key: ("cannot tell (3 seed pairs: no CI below 5)", 3, "min–max")
+        for key in [(p, s) for p in ("reinforce", "grpo") for s in ("on-policy", "sync_offset=2")]
     }
 
 
