@@ -12,10 +12,12 @@ import copy
 import itertools
 import math
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Annotated, Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 from pydantic import TypeAdapter, ValidationError
 
 from accounts.models import Membership, Team
@@ -463,6 +465,20 @@ def create_experiment(team: Team, owner, name: str, description: str, sweep: Swe
         for config, variant in zip(sweep.configs, sweep.variants or [{}] * len(sweep.configs), strict=True):
             Run.create_for(experiment, config, serial=sweep.serial, variant=variant).enqueue()
     return experiment
+
+
+DUPLICATE_WINDOW_S = 600  # a form sent again within this long after one like it is asked about first
+
+
+def recent_duplicate(team: Team, owner, name: str, sweep: Sweep) -> Experiment | None:
+    """The newest experiment `owner` queued in `team` in the last `DUPLICATE_WINDOW_S` seconds with
+    this name and this very grid: what the back button and a second submit would queue again."""
+    since = timezone.now() - timedelta(seconds=DUPLICATE_WINDOW_S)
+    spec = sweep.as_spec()
+    recent = Experiment.objects.filter(team=team, owner=owner, name=name, created__gte=since).order_by(
+        "-created"
+    )
+    return next((e for e in recent if e.spec == spec), None)
 
 
 def submit(owner, sweep: Any) -> Experiment:

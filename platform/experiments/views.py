@@ -139,25 +139,30 @@ def submit_sweep(request: HttpRequest) -> HttpResponse:
         return render(request, "experiments/submit.html", {"no_team": True})
     initial, warnings, source = _starting_point(request) if request.method == "GET" else ({}, [], "")
     form = SweepForm(request.POST or None, user=request.user, initial=initial)
+    duplicate = None
     if request.method == "POST" and form.is_valid() and "preview" not in request.POST:
         data = form.cleaned_data
-        try:
-            experiment = sweeps.create_experiment(
-                data["team"], request.user, data["name"], data["description"], form.sweep
-            )
-        except sweeps.SweepError as exc:  # the team's queued cap, reached since the form was checked
-            form.add_sweep_errors(exc)
-        else:
-            queued = experiment.runs.count()
-            messages.success(request, f"Queued {queued} run{'' if queued == 1 else 's'}.")
-            if experiment.runs.filter(dispatched_at=None).exists():
-                messages.warning(request, UNDISPATCHED)
-            for warning in form.queue_warnings:
-                messages.warning(request, warning)
-            return redirect("experiment-detail", experiment.pk)
-    status = 422 if request.method == "POST" and form.errors else 200
+        if "queue_again" not in request.POST:
+            duplicate = sweeps.recent_duplicate(data["team"], request.user, data["name"], form.sweep)
+        if duplicate is None:
+            try:
+                experiment = sweeps.create_experiment(
+                    data["team"], request.user, data["name"], data["description"], form.sweep
+                )
+            except sweeps.SweepError as exc:  # the team's queued cap, reached since the form was checked
+                form.add_sweep_errors(exc)
+            else:
+                queued = experiment.runs.count()
+                messages.success(request, f"Queued {queued} run{'' if queued == 1 else 's'}.")
+                if experiment.runs.filter(dispatched_at=None).exists():
+                    messages.warning(request, UNDISPATCHED)
+                for warning in form.queue_warnings:
+                    messages.warning(request, warning)
+                return redirect("experiment-detail", experiment.pk)
+    status = 422 if request.method == "POST" and form.errors else 409 if duplicate else 200
     context = {
         "form": form,
+        "duplicate": duplicate,
         "source": source,
         "source_warnings": warnings,
         "saved_templates": SweepTemplate.objects.filter(team__in=teams).select_related("team"),

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import timedelta
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import escape
 from support import TEST_VAR, TINY_CONFIG, purge_queue, queued_messages
 
@@ -527,3 +529,23 @@ def test_negative_steps_give_only_their_own_error_and_async_staleness_one_error_
     assert response.content.decode().count("keep only on-policy and set that bound") == 2, (
         "in the summary and at the field"
     )
+
+
+def test_the_same_form_sent_again_asks_before_queueing_a_duplicate(alice_client, team):
+    """The back button returns the submitted form filled in: a second submit of the same name and
+    grid within 10 minutes queues nothing and says what is already queued, with a button to queue
+    it again; another name or another grid queues at once."""
+    data = form_data(team, name="once", seeds="0, 1")
+    assert alice_client.post(reverse("submit-sweep"), data).status_code == 302
+    first = Experiment.objects.get(name="once")
+    again = alice_client.post(reverse("submit-sweep"), data)
+    assert again.status_code == 409
+    html = again.content.decode()
+    assert f"#{first.pk} once</a>,\n        with this name and this grid, was queued" in html
+    assert 'name="queue_again"' in html and Experiment.objects.count() == 1 and Run.objects.count() == 2
+    assert alice_client.post(reverse("submit-sweep"), {**data, "seeds": "0, 1, 2"}).status_code == 302
+    assert alice_client.post(reverse("submit-sweep"), {**data, "name": "twice"}).status_code == 302
+    assert alice_client.post(reverse("submit-sweep"), {**data, "queue_again": "1"}).status_code == 302
+    assert Experiment.objects.filter(name="once").count() == 3
+    Experiment.objects.filter(name="once").update(created=timezone.now() - timedelta(minutes=11))
+    assert alice_client.post(reverse("submit-sweep"), data).status_code == 302, "long after: a new sweep"
