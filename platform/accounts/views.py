@@ -80,6 +80,7 @@ def team_detail(request: HttpRequest, team_id: int) -> HttpResponse:
         {
             "team": team,
             "memberships": memberships,
+            "admins": sum(m.is_admin for m in memberships),
             "is_admin": is_admin,
             "form": form,
             "invitations": invitations,

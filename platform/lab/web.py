@@ -1,12 +1,14 @@
 """The web server's worker class: gunicorn's ASGI worker, with a time limit on a connection's first
 request's headers too (`LAB_HEADER_TIMEOUT_S`), so a client trickling bytes cannot hold a
-connection for minutes. `manage.py up` and `serve` run gunicorn with it."""
+connection for minutes; and its access log without the readiness checks. `manage.py up` and
+`serve` run gunicorn with both."""
 
 from __future__ import annotations
 
 import os
 
 from gunicorn.asgi.protocol import ASGIProtocol
+from gunicorn.glogging import Logger
 from gunicorn.workers import gasgi
 
 HEADER_TIMEOUT_S = float(os.environ.get("LAB_HEADER_TIMEOUT_S") or 10)
@@ -30,3 +32,12 @@ class ASGIWorker(gasgi.ASGIWorker):
         # The worker builds its protocol by the module's name for it, at each connection.
         gasgi.ASGIProtocol = HeaderTimeoutProtocol
         super().run()
+
+
+class AccessLog(Logger):
+    """gunicorn's logger, leaving out `GET /health`: `make up` polls it until every web process
+    answers (dozens of lines before the URL), as load balancers do all day."""
+
+    def access(self, resp, req, environ, request_time) -> None:
+        if environ.get("PATH_INFO") != "/health":
+            super().access(resp, req, environ, request_time)

@@ -173,3 +173,14 @@ def test_admins_see_pending_invitations_and_revoke_them(alice_client, team, user
     response = alice_client.post(revoke, follow=True)
     assert "Revoked the invitation of bob" in response.content.decode() and not Invitation.objects.exists()
     assert "None: every invitation was accepted, declined or revoked." in response.content.decode()
+
+
+def test_the_only_admin_is_not_offered_remove_beside_themself(alice_client, team, users):
+    page = alice_client.get(reverse("team-detail", args=[team.pk])).content.decode()
+    assert page.count(">Remove</button>") == 0 and "the only admin" in page
+    Membership.objects.create(team=team, user=users["bob"], is_admin=False)
+    page = alice_client.get(reverse("team-detail", args=[team.pk])).content.decode()
+    assert page.count(">Remove</button>") == 1, "bob, a member, may be removed; alice may not"
+    Membership.objects.filter(team=team, user=users["bob"]).update(is_admin=True)
+    page = alice_client.get(reverse("team-detail", args=[team.pk])).content.decode()
+    assert page.count(">Remove</button>") == 2 and "the only admin" not in page

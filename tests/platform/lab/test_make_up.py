@@ -63,6 +63,9 @@ def test_make_up_serves_the_site_and_runs_a_sweep_on_embedded_defaults(make_up):
     output = log_path.read_text()
     before = output[: output.index("Serving on")]
     assert before.count("ASGI server listening") == 2, "both web server processes were up"
+    assert "GET /health" not in output, "the readiness checks are not logged"
+    assert urllib.request.urlopen(url + "login/", timeout=5).status == 200
+    wait_for(lambda: "GET /login/" in log_path.read_text(), 30, "the access log to show a page request")
     username, password = re.search(r"created user '(\S+)' with password '(\S+)'", output).groups()
     assert "Database: sqlite3; queue: filesystem broker" in output
     assert (var / "db.sqlite3").exists()

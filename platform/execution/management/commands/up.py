@@ -79,6 +79,8 @@ def web_command(host: str, port: int) -> list[str]:
         "--no-control-socket",
         "--access-logfile",
         "-",
+        "--logger-class",
+        "lab.web.AccessLog",
     ]
 
 
