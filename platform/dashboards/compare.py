@@ -308,12 +308,15 @@ def _nan_if_none(value: float | None) -> float:
 
 
 def _summary_row(key: dict[str, Any], group_runs: list[Run], finals: dict[int, float]) -> dict[str, Any]:
-    """A cell's row of the summary table: the mean of its runs' final values with its interval."""
+    """A cell's row of the summary table: the mean of its runs' final values with its interval,
+    how many of its runs are still going (`n_active`: the value is partial) and how many ended
+    early (`n_ended_early`: left out, `Run.ended_early`)."""
     result = curves.summarise(list(finals.values()))
     return {
         **key,
         "n_seeds": result.n_seeds,
         "n_active": sum(run.is_active for run in group_runs),
+        "n_ended_early": sum(run.ended_early for run in group_runs),
         "value": curves.scalar(result.mean),
         **curves.interval_fields(result),
         "std": curves.scalar(result.std),
@@ -334,14 +337,17 @@ def _points(runs: list[Run], query: ComparisonQuery) -> dict[int, curves.Series]
 def final_values(
     runs: list[Run], query: ComparisonQuery, points: dict[int, curves.Series] | None = None
 ) -> dict[int, float]:
-    """Each run's final value by the query's rule, for runs with a finite point: from the
-    summaries where the query allows (`stored_finals`), else from `points` (`_points`, read
-    here when not given)."""
-    stored = stored_finals([run.pk for run in runs], query)
+    """Each run's final value by the query's rule, for runs with a finite point that did not end
+    early (`Run.ended_early`: a run cancelled, failed or lost before its last step has no final
+    value, only an earlier step's): from the summaries where the query allows (`stored_finals`),
+    else from `points` (`_points`, read here when not given)."""
+    counted = [run for run in runs if not run.ended_early]
+    stored = stored_finals([run.pk for run in counted], query)
     if stored is not None:
         return stored
-    points = _points(runs, query) if points is None else points
-    return {pk: curves.final_value(s, query.rule, query.k) for pk, s in points.items()}
+    points = _points(counted, query) if points is None else points
+    kept = {run.pk for run in counted}
+    return {pk: curves.final_value(s, query.rule, query.k) for pk, s in points.items() if pk in kept}
 
 
 def summary_table(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
@@ -405,7 +411,11 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 "downsampled": len(shown.x) < len(full.x),
             }
         )
-        finals = {pk: every_final.get(pk, math.nan) for pk in seeds}
+        finals = {
+            run.pk: every_final.get(run.pk, math.nan)
+            for run in group_runs
+            if run.pk in seeds and not run.ended_early
+        }
         finals_by_run |= finals
         finals_by_cell[(line["experiment"], line["key"], setting)] = {
             run.seed: finals[run.pk] for run in group_runs if run.pk in finals
@@ -422,6 +432,9 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
                 "collapsed": run.collapsed,
                 "collapsed_step": run.summary.get("collapsed_step"),
                 "final": curves.scalar(finals.get(run.pk, math.nan)),
+                "ended_early": run.ended_early,
+                "progress": run.progress,
+                "steps": run.steps,
                 **{name: getattr(run, f"last_{name}") for name in SCATTER_METRICS},
                 "execution": run.execution_mode,
                 "duration_s": run.duration_s,
@@ -429,8 +442,9 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
             }
             for run in group_runs
         ]
+    # A run that ended early is not one of its cell's runs for the findings: no value will come.
     cell_runs = {
-        cell: (sum(run.is_active for run in members_of), len(members_of))
+        cell: (sum(run.is_active for run in members_of), sum(not run.ended_early for run in members_of))
         for cell, members_of in layout.members.items()
     }
     return {
@@ -472,8 +486,20 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         "contrasts": variants.contrasts(
             finals_by_cell, lines, staleness, layout.fields, query.delta, cell_runs
         ),
-        "statistics": statistics.cached_panel(finals_by_cell, lines, staleness),
+        "statistics": _with_ended_early(statistics.cached_panel(finals_by_cell, lines, staleness), layout),
+        "n_ended_early": sum(run.ended_early for run in runs),
     }
+
+
+def _with_ended_early(panel: dict[str, Any], layout: Layout) -> dict[str, Any]:
+    """The statistics panel with each cell's runs that ended early (`n_ended_early`), left out of
+    its scores as of every final value."""
+    keys = {(line["experiment"], line["line"]): line["key"] for line in layout.lines}
+    for cell in panel["cells"]:
+        key = keys[(cell["experiment"], cell["line"])]
+        members = layout.members.get((cell["experiment"], key, cell["staleness"]), [])
+        cell["n_ended_early"] = sum(run.ended_early for run in members)
+    return panel
 
 
 def staleness_answer(

@@ -62,6 +62,10 @@ class GroupOut(CellOut):
 class FinalValueOut(CellOut, IntervalOut):
     n_seeds: int
     n_active: int = Field(description="runs of the cell still queued or running (their value is partial)")
+    n_ended_early: int = Field(
+        description="runs of the cell that failed, were cancelled or were lost before their last step "
+        "(Run.ended_early): no finished seed, left out of the value"
+    )
     value: float | None = Field(description="mean over seeds of each run's final value (`rule`)")
     std: float | None
     n_collapsed: int = Field(description="runs of the cell whose policy collapsed (experiments.collapse)")
@@ -75,6 +79,9 @@ class ThroughputOut(CellOut):
         description="runs that ran contended (other processes busy on their machine): left out unless contended=1"
     )
     n_active: int = Field(description="runs still queued or running: their rates count once they end")
+    n_ended_early: int = Field(
+        description="runs that failed, were cancelled or were lost before their last step: left out"
+    )
     n_unmeasured: int = Field(
         description="ended runs without a measurement (stored before runs were measured, or failed): rates from "
         "their logged step times"
@@ -124,7 +131,15 @@ class ComparedRunOut(LineOut):
     status: str
     collapsed: bool | None = Field(description="its policy collapsed; null until it ended")
     collapsed_step: float | None = Field(description="the step it collapsed at")
-    final: float | None = Field(description="its final value of the metric (`rule`)")
+    final: float | None = Field(
+        description="its final value of the metric (`rule`); null if it ended early (it has none)"
+    )
+    ended_early: bool = Field(
+        description="failed, cancelled or lost before its last step: left out of every final value, "
+        "statistic, throughput, speed-up and claim"
+    )
+    progress: int = Field(description="the last step it stored")
+    steps: int = Field(description="the steps its config asks for")
     last_kl_init: float | None = Field(alias="kl/init", description="its last logged kl/init")
     last_reward_mean: float | None = Field(alias="reward/mean", description="its last logged reward/mean")
     execution: str = Field(description="simulated, distributed or async")
@@ -177,9 +192,12 @@ class SpeedupOut(Schema):
     reference_wall_per_step_s: float | None
     n_pairs: int = Field(description="seed pairs of measured runs that count")
     n_left_out: int = Field(
-        description="runs of the two cells left out: contended, not measured, or still going"
+        description="runs of the two cells left out: contended, not measured, still going or ended early"
     )
     n_active: int = Field(description="runs of the two cells still queued or running")
+    n_ended_early: int = Field(
+        description="runs of the two cells that failed, were cancelled or were lost before their last step"
+    )
 
 
 class BaselineOut(Schema):
@@ -243,6 +261,7 @@ class StatisticsCellOut(Schema):
     staleness: str
     n: int
     few_seeds: bool = Field(description="fewer than few_seeds runs: take its intervals with care")
+    n_ended_early: int = Field(description="runs of the cell that ended before their last step: left out")
     iqm: EstimateOut = Field(description="interquartile mean (25% trimmed) over the cell's seeds")
     mean: EstimateOut
 
@@ -324,7 +343,7 @@ class FindingOut(Schema):
     missing: list[str]
     provisional: bool = Field(description="some runs of the claim's cells are still queued or running")
     runs_active: int
-    runs: int = Field(description="runs of the claim's cells")
+    runs: int = Field(description="runs of the claim's cells, those that ended early left out")
 
 
 class LagOut(Schema):
@@ -420,6 +439,10 @@ class ComparisonOut(Schema):
     statistics: StatisticsOut = Field(
         description="rliable's few-seed statistics of the final values: IQM, P(X > Y), performance profiles"
     )
+    n_ended_early: int = Field(
+        description="compared runs that failed, were cancelled or were lost before their last step "
+        "(Run.ended_early): drawn in the curves up to where they ended, left out of everything else"
+    )
 
 
 class ClaimPartIn(Schema):
@@ -470,14 +493,18 @@ class ClaimOut(Schema):
     statement: str = Field(description="the claim in words")
     verdict: str = Field(description="support, contradict, cannot tell yet or missing cells")
     by_setting: list[ClaimSettingOut]
-    missing: list[str] = Field(description="cells with no runs at all")
+    missing: list[str] = Field(description="cells with no runs at all (a run that ended early is none)")
     waiting: list[str] = Field(description="cells whose runs have not logged a value yet")
     tests: int
     holm: bool = Field(description="whether p-values were Holm-adjusted (more than one test)")
     confidence: float = Field(description="of the intervals shown: 1 − 2α")
     provisional: bool
     runs_active: int
-    runs_total: int = Field(description="runs of the claim's cells")
+    runs_total: int = Field(description="runs of the claim's cells, those that ended early left out")
+    runs_ended_early: int = Field(
+        description="runs of the claim's cells that failed, were cancelled or were lost before their last "
+        "step (Run.ended_early): no finished seed, left out of its tests"
+    )
     on_policy: str
     digits: int
 

@@ -37,7 +37,8 @@ def line_names(runs: list[Run]) -> dict[int, str]:
 def cell_data(runs: list[Run], metric: str, rule: str, k: int, delta: float) -> claims.Data:
     """The runs' final values of `metric` by `rule` (on the step axis, as the comparison takes them:
     `compare.final_values`) per (line, staleness) cell, with each cell's runs
-    (queued or running, all) and its on-policy label."""
+    (queued or running, all but those that ended early: `Run.ended_early`, no finished seed) and its
+    on-policy label."""
     names = line_names(runs)
     stored = compare.final_values(runs, query.ComparisonQuery(metric=metric, rule=rule, k=k))
     finals: dict[claims.Cell, dict[int, float]] = defaultdict(dict)
@@ -45,7 +46,7 @@ def cell_data(runs: list[Run], metric: str, rule: str, k: int, delta: float) -> 
     for run in runs:
         cell = (names[run.pk], run.staleness)
         counts[cell][0] += run.is_active
-        counts[cell][1] += 1
+        counts[cell][1] += not run.ended_early
         value = stored.get(run.pk, math.nan)
         if math.isfinite(value):
             finals[cell][run.seed] = value
@@ -246,7 +247,8 @@ def submit(user, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def result(claim: Claim, runs: list[Run] | None = None) -> dict[str, Any]:
-    """The claim's verdict now, with every test, and `provisional` while its cells still run."""
+    """The claim's verdict now, with every test, `provisional` while its cells still run, and
+    `runs_ended_early`: runs of its cells left out as ended before their last step."""
     runs = list(claim.runs().select_related("experiment")) if runs is None else runs
     data = cell_data(runs, claim.metric, claim.rule, claim.k, claim.delta)
     made = statement(claim)
@@ -255,7 +257,12 @@ def result(claim: Claim, runs: list[Run] | None = None) -> dict[str, Any]:
     active = sum(data.runs.get(cell, (0, 0))[0] for cell in cells)
     total = sum(data.runs.get(cell, (0, 0))[1] for cell in cells)
     out.update(
-        provisional=active > 0, runs_active=active, runs=total, on_policy=data.on_policy, digits=data.digits
+        provisional=active > 0,
+        runs_active=active,
+        runs=total,
+        runs_ended_early=sum(run.ended_early for run in _cell_runs(runs, set(cells))),
+        on_policy=data.on_policy,
+        digits=data.digits,
     )
     return out
 

@@ -94,14 +94,16 @@ def _summary_fields(values: list[float], name: str) -> dict[str, Any]:
 def cell_throughput(runs: list[Run], costs: Mapping[int, Cost], include_contended: bool) -> dict[str, Any]:
     """A cell's rates across seeds, each the mean with its interval (`<rate>_n`: the runs it rests
     on), from the ended runs that count: `n_seeds` of them; `n_contended` left out as contended,
-    `n_active` still queued or running (measured once they end), `n_unmeasured` ended with logged
-    step times only (stored before runs were measured, or failed)."""
-    ended = [run for run in runs if run.status not in Run.ACTIVE]
+    `n_active` still queued or running (measured once they end), `n_ended_early` left out as
+    ended before their last step (`Run.ended_early`), `n_unmeasured` ended with logged step times
+    only (stored before runs were measured, or failed)."""
+    ended = [run for run in runs if run.status not in Run.ACTIVE and not run.ended_early]
     counted = [costs[run.pk] for run in ended if costs[run.pk].counts(include_contended)]
     row: dict[str, Any] = {
         "n_seeds": sum(math.isfinite(c.steps_per_hour) for c in counted),
         "n_contended": sum(bool(costs[run.pk].contended) for run in ended),
-        "n_active": len(runs) - len(ended),
+        "n_active": sum(run.is_active for run in runs),
+        "n_ended_early": sum(run.ended_early for run in runs),
         "n_unmeasured": sum(not costs[run.pk].measured for run in ended),
     }
     for name in RATES:
@@ -187,7 +189,9 @@ def speedups(
     over the reference's, each the geometric mean over seed pairs with its interval (95% bootstrap
     CI from 5 pairs, min–max below); `accuracy_change`, the cell's final value minus the
     reference's, paired by seed and rounded to `digits` like every drop. Only measured runs that
-    count (`Cost.counts`) are paired; `n_left_out` says how many runs of the two cells were not."""
+    completed their steps (not `Run.ended_early`) and count (`Cost.counts`) are paired;
+    `n_left_out` says how many runs of the two cells were not, `n_active` and `n_ended_early` how
+    many of those are still going or ended early."""
     simulated: dict[tuple[int, str, tuple], dict[int, Run]] = {}
     cells: dict[tuple[int, str, str], list[Run]] = {}
     for run in runs:
@@ -200,9 +204,12 @@ def speedups(
 
     def usable(run: Run) -> bool:
         cost = costs[run.pk]
-        ended = run.status not in Run.ACTIVE
+        finished = run.status not in Run.ACTIVE and not run.ended_early
         return (
-            ended and cost.measured and cost.counts(include_contended) and math.isfinite(cost.wall_per_step_s)
+            finished
+            and cost.measured
+            and cost.counts(include_contended)
+            and math.isfinite(cost.wall_per_step_s)
         )
 
     rows = []
@@ -247,6 +254,7 @@ def speedups(
                     "n_pairs": len(good),
                     "n_left_out": sum(not usable(r) for pair in pairs.values() for r in pair),
                     "n_active": sum(r.status in Run.ACTIVE for pair in pairs.values() for r in pair),
+                    "n_ended_early": sum(r.ended_early for pair in pairs.values() for r in pair),
                 }
             )
     return rows

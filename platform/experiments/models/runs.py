@@ -397,6 +397,15 @@ class Run(TakingTurns, Leased):
         return self.status in Run.ACTIVE
 
     @property
+    def ended_early(self) -> bool:
+        """Failed, cancelled or lost before its last step was stored (`progress`, beaten in the
+        transaction that stores the points, is below its configured steps): its last values are an
+        earlier step's, so no comparison, statistic, speed-up or claim counts it as a finished seed.
+        A run whose steps were all stored counts whatever its status (e.g. failed afterwards, while
+        storing its measurement): its final values are those of a complete run."""
+        return self.status in Run.RETRYABLE and self.progress < self.steps
+
+    @property
     def duration_s(self) -> float | None:
         """Wall-clock seconds of the current attempt: start to finish, or to now while it runs;
         None before a worker started it."""
