@@ -53,6 +53,7 @@
     li.dataset.claim = claim.id;
     const verdict = document.createElement("strong");
     verdict.textContent = claim.provisional ? `${claim.verdict} (provisional: ${claim.runs_active} of ${claim.runs_total} runs still going)` : claim.verdict;
+    if (claim.runs_ended_early) verdict.textContent += ` (${claim.runs_ended_early} run${claim.runs_ended_early === 1 ? "" : "s"} ended early, left out)`;
     const link = document.createElement("a");
     link.href = `/claims/${claim.id}/`;
     link.textContent = `#${claim.id}${claim.title ? ` ${claim.title}` : ""}`;

@@ -358,8 +358,9 @@
         td.dataset.staleness = setting;
         const row = cells.get(`${line}\u0000${setting}`);
         if (!row) continue;
-        if (row.n_seeds === 0) td.textContent = row.active ? "no points yet" : "no points (its runs ended without any)";
-        else td.textContent = bracket(row) + (row.n_active ? ` · ${row.n_active} still running (partial)` : "");
+        const early = row.n_ended_early ? ` · ${row.n_ended_early} ended early, left out` : "";
+        if (row.n_seeds === 0) td.textContent = (row.active ? "no points yet" : row.n_ended_early ? "no finished seed" : "no points (its runs ended without any)") + early;
+        else td.textContent = bracket(row) + (row.n_active ? ` · ${row.n_active} still running (partial)` : "") + early;
         if (row.n_collapsed) {
           const flag = document.createElement("strong");
           flag.className = "collapsed";
@@ -390,6 +391,11 @@
   // Runs whose policy collapsed (held-out accuracy fell to near zero and stayed).
   function drawCollapsed() {
     drawRunList("collapsed-runs", payload.runs.filter((r) => r.collapsed), (r) => `collapsed at step ${r.collapsed_step}, ended ${r.status}`);
+  }
+
+  // Runs that failed, were cancelled or were lost before their last step: no finished seed.
+  function drawEndedEarly() {
+    drawRunList("ended-early-runs", payload.runs.filter((r) => r.ended_early), (r) => `${r.status} at step ${r.progress} of ${r.steps}`);
   }
 
   // One trace per line over the staleness settings (a category axis): `fields.value` of the line's
@@ -476,6 +482,14 @@
     return `${f(r.value)} [${f(r.lo)}, ${f(r.hi)}] ${kind}`;
   }
 
+  // How many runs of a speed-up's two cells were not paired, and why.
+  function leftOut(r) {
+    if (!r.n_left_out) return "none";
+    const why = [r.n_active ? `${r.n_active} still going` : "", r.n_ended_early ? `${r.n_ended_early} ended early` : ""].filter(Boolean);
+    if (r.n_left_out > r.n_active + r.n_ended_early) why.push("contended or not measured");
+    return `${r.n_left_out} (${why.join("; ")})`;
+  }
+
   function drawSpeedups() {
     const table = document.getElementById("speedups");
     table.replaceChildren();
@@ -498,7 +512,7 @@
         ratioText(r.speedup),
         ratioText(r.cpu_cost),
         seconds,
-        r.n_left_out ? `${r.n_left_out} (${r.n_active ? `${r.n_active} still going; ` : ""}contended or not measured)` : "none",
+        leftOut(r),
       ]);
       tr.dataset.preset = r.preset;
       tr.dataset.staleness = r.staleness;
@@ -596,6 +610,7 @@
     else drawGrid();
     drawSummary();
     drawCollapsed();
+    drawEndedEarly();
     drawStalenessAnswer();
     drawTradeOff();
     drawSpeedups();

@@ -38,7 +38,8 @@
       const values = payload.staleness.flatMap((s) => {
         const c = cells.get(`${line}\u0000${s}`);
         if (!c) return ["", ""];
-        const mark = c.few_seeds ? ` (${c.n} seeds*)` : ` (${c.n} seeds)`;
+        const early = c.n_ended_early ? ` · ${c.n_ended_early} ended early, left out` : "";
+        const mark = c.few_seeds ? ` (${c.n} seeds*${early})` : ` (${c.n} seeds${early})`;
         return [estimate(c.iqm, digits) + mark, estimate(c.mean, digits)];
       });
       row(table, [line, ...values]).dataset.line = line;
