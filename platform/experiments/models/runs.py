@@ -651,6 +651,11 @@ class Run(TakingTurns, Leased):
                 worker="",
                 finished=None,
                 dispatched_at=timezone.now(),
+                # Queued again: no step done and no start of this attempt yet (not the last one's).
+                progress=0,
+                started=None,
+                phase="",
+                phase_detail={},
             )
             if done:
                 self.enqueue()

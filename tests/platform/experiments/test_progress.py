@@ -134,3 +134,14 @@ def test_the_sweep_form_warns_before_submitting_runs_no_worker_would_take(alice_
 
     submitted = alice_client.post(reverse("submit-sweep"), {**form, "device": "cuda"}, follow=True)
     assert Run.objects.get().queue == "gpu" and warning in submitted.content.decode()
+
+
+def test_a_retried_run_while_queued_shows_no_step_or_start_of_its_last_attempt(team, alice, client):
+    run = queue_sweep(team, alice, "retried").runs.get()
+    assert run.claim("gone:1", attempt=1)
+    Run.objects.filter(pk=run.pk).update(progress=4, phase="training", phase_detail={"step": 4})
+    assert run.fail("gone:1", "boom") and run.retry()
+    run.refresh_from_db()
+    assert (run.status, run.attempt, run.progress, run.started, run.phase) == (Run.QUEUED, 2, 0, None, "")
+    shown = api_run(client, ApiToken.issue(alice), run)
+    assert shown["progress_report"]["step"] == 0 and shown["started"] is None
