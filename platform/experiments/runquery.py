@@ -16,16 +16,20 @@ run's resolved config, starting at one of RunConfig's fields (`algorithm.preset`
 `first(…)`, `min(…)`, `max(…)`, `mean(…)`, compared with numbers. Values: numbers, 'quoted' or
 "quoted" strings, true / false, or bare words (`grpo`, `rec-oneside-nois`). Keywords are
 case-insensitive; `and` binds tighter than `or`. Every error says where: `QuerySyntaxError.position`
-is the 0-based offset of the mistake in the text.
+is the 0-based offset of the mistake in the text. A config path is plain keys only (no segment may be
+one of Django's lookup names, which the ORM would apply), numbers are finite, and parentheses and
+`not`s nest at most `MAX_DEPTH` deep.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Exists, JSONField, OuterRef, Q, QuerySet, Subquery
+from django.db.models.fields.json import KeyTransform
 
 from experiments import series
 from experiments.models import ExperimentTag, Run, RunTag
@@ -33,6 +37,7 @@ from rlcore.config import RunConfig
 
 MAX_LENGTH = 2000
 MAX_SUMMARIES = 8
+MAX_DEPTH = 32
 OPS = ("=", "!=", "<", "<=", ">", ">=", "~", "!~")
 ORDERED = ("<", "<=", ">", ">=")
 LOOKUP = {"=": "exact", "<": "lt", "<=": "lte", ">": "gt", ">=": "gte", "~": "icontains"}
@@ -47,6 +52,8 @@ TEXT_FIELDS = {
 NUMBER_FIELDS = {"id": "pk", "experiment": "experiment_id", "seed": "seed", "attempt": "attempt"}
 SUMMARIES = ("last", "first", "min", "max", "mean")
 KEYWORDS = ("and", "or", "not")
+# The ORM reads these as comparisons, not keys, in a JSON path (`config__seed__gt`): never a config key.
+LOOKUP_NAMES = frozenset(JSONField.get_lookups()) | frozenset(KeyTransform.get_lookups())
 TOKEN = re.compile(
     r"""(?P<space>\s+)|(?P<op>!=|<=|>=|!~|==|=|<|>|~)|(?P<open>\()|(?P<close>\))"""
     r"""|(?P<string>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
@@ -104,6 +111,7 @@ class _Parser:
         self.text = text
         self.tokens = tokenize(text)
         self.at = 0
+        self.depth = 0
         self.annotations: dict[str, Any] = {}
         self.summaries: dict[tuple[str, str], str] = {}
 
@@ -145,21 +153,30 @@ class _Parser:
 
     def not_(self) -> Q:
         token = self.take()
-        if token.keyword == "not":
-            return ~self.not_()
-        if token.kind == "open":
-            q = self.or_()
-            close = self.peek()
-            if close is None or close.kind != "close":
-                where = close.position if close else len(self.text)
-                raise QuerySyntaxError(where, f"expected ')' to close the '(' at position {token.position}")
-            self.take()
+        if token.keyword == "not" or token.kind == "open":
+            if self.depth == MAX_DEPTH:
+                raise QuerySyntaxError(token.position, f"parentheses and nots nest at most {MAX_DEPTH} deep")
+            self.depth += 1
+            q = self.nested(token)
+            self.depth -= 1
             return q
         if token.kind != "word" or token.keyword:
             raise QuerySyntaxError(
                 token.position, f"expected a field, a config path or a summary (got {token.text!r})"
             )
         return self.comparison(token)
+
+    def nested(self, token: Token) -> Q:
+        """What follows a `not` or a `(` (`token`), up to its `)`."""
+        if token.keyword == "not":
+            return ~self.not_()
+        q = self.or_()
+        close = self.peek()
+        if close is None or close.kind != "close":
+            where = close.position if close else len(self.text)
+            raise QuerySyntaxError(where, f"expected ')' to close the '(' at position {token.position}")
+        self.take()
+        return q
 
     def comparison(self, name: Token) -> Q:
         field = name.text
@@ -240,6 +257,15 @@ class _Parser:
                 f"unknown field {name.text!r}: fields are {fields}; config paths start with one of "
                 f"{', '.join(roots)}; summaries are {', '.join(SUMMARIES)}(metric)",
             )
+        at = name.position
+        for part in parts:
+            if part in LOOKUP_NAMES:
+                raise QuerySyntaxError(
+                    at,
+                    f"{part!r} is not a config key: a config path names keys only (algorithm.preset), "
+                    f"and the operator compares ({' '.join(OPS)})",
+                )
+            at += len(part) + 1
         if symbol in ("~", "!~") and not isinstance(value, str):
             raise QuerySyntaxError(op.position, "~ looks for text: give it a string")
         return _compare("config__" + "__".join(parts), symbol, value)
@@ -254,6 +280,8 @@ def _text(token: Token) -> str:
 def _value(token: Token) -> Any:
     if token.kind == "number":
         number = float(token.text)
+        if not math.isfinite(number):
+            raise QuerySyntaxError(token.position, f"a number is finite (got {token.text!r}, too large)")
         return int(number) if number.is_integer() and re.fullmatch(r"-?\d+", token.text) else number
     if token.kind == "word" and token.text.lower() in ("true", "false"):
         return token.text.lower() == "true"
@@ -262,7 +290,7 @@ def _value(token: Token) -> Any:
 
 def _compare(path: str, symbol: str, value: Any) -> Q:
     if symbol == "!=":
-        return ~Q(**{path: value})
+        return ~Q(**{f"{path}__exact": value})
     if symbol == "!~":
         return ~Q(**{f"{path}__icontains": value})
     return Q(**{f"{path}__{LOOKUP[symbol]}": value})

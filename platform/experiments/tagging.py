@@ -84,7 +84,10 @@ def save_view(user, team: Team, name: str, query: str) -> SavedView:
     name = (name or "").strip()
     if not 1 <= len(name) <= 100 or "\x00" in name:
         raise TaggingError("name", "a view's name is 1 to 100 characters, without NUL")
-    matching(user, query)  # a query that cannot run is not saved
+    try:
+        matching(user, query)  # a query that cannot run is not saved
+    except TaggingError as exc:
+        raise TaggingError("query", exc.message, exc.position) from exc
     if not team.memberships.filter(user=user).exists():
         raise TaggingError("team", "you can save views only in your own teams")
     try:

@@ -73,7 +73,7 @@ def test_saved_views_through_the_api(client, token, team, alice):
     )
     assert saved.status_code == 201 and saved.json()["team"] == team.pk
     bad = client.post("/api/views", json.dumps({"name": "broken", "query": "seed >"}), **headers)
-    assert bad.status_code == 422 and bad.json()["detail"][0]["field"] == "q"
+    assert bad.status_code == 422 and bad.json()["detail"][0]["field"] == "query"
     listed = client.get("/api/views", **headers).json()["views"]
     assert [v["name"] for v in listed] == ["m2po stale"]
     assert client.delete(f"/api/views/{listed[0]['id']}", **headers).json() == {"view": listed[0]["id"]}
