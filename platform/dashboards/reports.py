@@ -20,7 +20,7 @@ import re
 import zipfile
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import nh3
 from django.db import transaction
@@ -82,7 +82,7 @@ def parse(source: str) -> list[str | Block]:
         kind, link = found["kind"], found["link"]
         if kind not in KINDS:
             raise ReportError("source", f"line {number}: a block is one of {', '.join(KINDS)} (got {kind!r})")
-        split = urlsplit(link)  # a page's full address or its path: kept as the path and query
+        split = _split(link, number)  # a page's full address or its path: kept as the path and query
         link = split.path + (f"?{split.query}" if split.query else "")
         _target(kind, link, number)  # the link's shape, checked now
         if prose:
@@ -96,9 +96,16 @@ def parse(source: str) -> list[str | Block]:
     return parts
 
 
+def _split(link: str, line: int) -> SplitResult:
+    try:
+        return urlsplit(link)
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL": a host that opens [ and never closes it
+        raise ReportError("source", f"line {line}: {link!r} is not a link ({exc})") from exc
+
+
 def _target(kind: str, link: str, line: int) -> tuple[str, int | list[int] | None, QueryDict]:
     """What a block's link names: ("experiment", id, query), ("runs", ids, query) or ("claim", id, {})."""
-    split = urlsplit(link)
+    split = _split(link, line)
     params = QueryDict(split.query)
     where = f"line {line}: "
     if kind == "claim":

@@ -10,6 +10,8 @@ from typing import Any
 from ninja import Field, Schema
 from pydantic import ConfigDict
 
+from lab.schemas import NoNul
+
 Numbers = list[int | float | None]
 
 
@@ -446,11 +448,11 @@ class ComparisonOut(Schema):
 
 
 class ClaimPartIn(Schema):
-    kind: str = Field(description="holds, degrades, beats or equivalent")
-    x: str = Field(
+    kind: NoNul = Field(description="holds, degrades, beats or equivalent")
+    x: NoNul = Field(
         description="a line of the runs (preset, with its variant; with its experiment if several)"
     )
-    y: str = Field(
+    y: NoNul = Field(
         "", description="another line; needed by beats and equivalent, else x on-policy is the reference"
     )
 
@@ -460,14 +462,14 @@ class ClaimIn(Schema):
     runs: list[int] | None = Field(
         None, description="or a selection of runs of one team (instead of experiment)"
     )
-    template: str = Field("", description="a claim template's name (then leave parts and settings out)")
-    variant: str = Field("", description="with a template: the variant whose lines it names")
-    title: str = ""
+    template: NoNul = Field("", description="a claim template's name (then leave parts and settings out)")
+    variant: NoNul = Field("", description="with a template: the variant whose lines it names")
+    title: NoNul = ""
     parts: list[ClaimPartIn] | None = Field(None, description="statements that must all hold at a setting")
-    settings: list[str] | None = Field(None, description="staleness settings it is tested at")
-    quantifier: str = Field("every", description="every: at each setting; some: at one at least")
-    metric: str = "eval/accuracy"
-    rule: str = Field("last", description="final value: last, mean_last_k, best or auc")
+    settings: list[NoNul] | None = Field(None, description="staleness settings it is tested at")
+    quantifier: NoNul = Field("every", description="every: at each setting; some: at one at least")
+    metric: NoNul = "eval/accuracy"
+    rule: NoNul = Field("last", description="final value: last, mean_last_k, best or auc")
     k: int = 10
     delta: float = Field(0.02, description="δ, in the metric's units")
     alpha: float = Field(0.05, description="α of each one-sided test (the interval shown is 1 − 2α)")
@@ -531,8 +533,8 @@ class WithdrawnOut(Schema):
 
 
 class ReportIn(Schema):
-    title: str = Field(description="1 to 300 characters")
-    source: str = Field(
+    title: NoNul = Field(description="1 to 300 characters")
+    source: NoNul = Field(
         "",
         description="Markdown; a block is a line of its own, {{ chart LINK }}, {{ table LINK }} or "
         "{{ claim LINK }}, LINK a comparison's (/experiments/ID/compare/?… or /compare/?runs=…) or a claim's",
@@ -542,8 +544,8 @@ class ReportIn(Schema):
 
 
 class ReportEditIn(Schema):
-    title: str | None = None
-    source: str | None = None
+    title: NoNul | None = None
+    source: NoNul | None = None
 
 
 class ReportVersionOut(Schema):

@@ -211,12 +211,10 @@ def target(user, experiment_id: int | None, run_ids: list[int] | None):
         raise ClaimError("experiment", "name an experiment or a selection of runs (one of them)")
     if experiment_id is not None:
         experiment = get_object_or_404(Experiment.visible_to(user), pk=experiment_id)
-        return (
-            experiment.team,
-            experiment,
-            [],
-            list(experiment.runs.filter(archived=None).select_related("experiment")),
-        )
+        runs = list(experiment.runs.filter(archived=None).select_related("experiment"))
+        if not runs:
+            raise ClaimError("experiment", f"experiment {experiment.pk} has no runs that are not archived")
+        return experiment.team, experiment, [], runs
     ids = list(dict.fromkeys(run_ids))
     try:
         if not 1 <= len(ids) <= query.MAX_SELECTED_RUNS:
@@ -228,6 +226,8 @@ def target(user, experiment_id: int | None, run_ids: list[int] | None):
         )
     except query.QueryError as exc:
         raise ClaimError("runs", exc.message) from exc
+    if not runs:
+        raise ClaimError("runs", "these runs are all archived: unarchive them, or name others")
     if len({run.experiment.team_id for run in runs}) > 1:
         raise ClaimError("runs", "a claim's runs must all belong to one team")
     return runs[0].experiment.team, None, sorted(ids), runs

@@ -145,9 +145,9 @@ class RunOut(Schema):
 
 class RunTagsIn(Schema):
     runs: list[int] | None = Field(None, description="the runs to tag, by id")
-    q: str | None = Field(None, description="or every run of your teams this runs query matches")
-    add: list[str] = Field(default_factory=list, description="tags to add")
-    remove: list[str] = Field(default_factory=list, description="tags to remove")
+    q: NoNul | None = Field(None, description="or every run of your teams this runs query matches")
+    add: list[NoNul] = Field(default_factory=list, description="tags to add")
+    remove: list[NoNul] = Field(default_factory=list, description="tags to remove")
 
 
 class TaggedOut(Schema):
@@ -157,8 +157,8 @@ class TaggedOut(Schema):
 
 
 class TagsIn(Schema):
-    add: list[str] = Field(default_factory=list)
-    remove: list[str] = Field(default_factory=list)
+    add: list[NoNul] = Field(default_factory=list)
+    remove: list[NoNul] = Field(default_factory=list)
 
 
 class TagsOut(Schema):
@@ -166,7 +166,7 @@ class TagsOut(Schema):
 
 
 class NoteIn(Schema):
-    text: str = Field(description="plain text, shown escaped")
+    text: NoNul = Field(description="plain text, shown escaped")
 
 
 class NoteOut(Schema):
@@ -177,8 +177,8 @@ class NoteOut(Schema):
 
 
 class ViewIn(Schema):
-    name: str
-    query: str = Field(description="a runs query")
+    name: NoNul
+    query: NoNul = Field(description="a runs query")
     team: int | None = Field(None, description="the team it is shared with (default: your first team)")
 
 

@@ -57,3 +57,6 @@ def responses(ok: dict[int, Any], *errors: int) -> dict[int, Any]:
 
 
 NoNul = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
+"""Text PostgreSQL can store, as every body and query field that reaches the database takes it: no
+NUL, and no lone surrogate (`"\\ud800"` in JSON), which UTF-8 cannot encode; pydantic refuses that
+before it matches the pattern ("unable to parse raw data as a unicode string"), a 422 naming the field."""
