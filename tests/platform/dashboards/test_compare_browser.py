@@ -146,8 +146,8 @@ def test_the_grid_controls_permalink_and_csv_of_a_finished_experiment(page, live
     assert {(t["preset"], t["staleness"]): (t["colour"], t["dash"]) for t in means} == {
         ("reinforce", "on-policy"): ("#1f77b4", "solid"),
         ("reinforce", "sync_offset=2"): ("#1f77b4", "dash"),
-        ("grpo", "on-policy"): ("#ff7f0e", "solid"),
-        ("grpo", "sync_offset=2"): ("#ff7f0e", "dash"),
+        ("grpo", "on-policy"): ("#d62728", "solid"),
+        ("grpo", "sync_offset=2"): ("#d62728", "dash"),
     }
 
     # EMA with weight 0.5 over the mean line 0.025, 0.05, … of reinforce on-policy: a = 0.0125, then
@@ -227,7 +227,8 @@ def test_runs_picked_from_two_experiments_share_one_dashboard_and_permalink(page
             .filter(t => t.meta.kind === 'mean').map(t => [t.meta.line, t.line.color, t.line.dash]))"""
     )
     lines = [f"grpo · #{first.pk} first", f"grpo · #{second.pk} second"]
-    assert panels == [[[lines[0], "#ff7f0e", "solid"], [lines[1], "#ff7f0e", "dash"]]] * 2
+    # grpo alone on the page: the first colour.
+    assert panels == [[[lines[0], "#1f77b4", "solid"], [lines[1], "#1f77b4", "dash"]]] * 2
     assert page.text_content(f"#summary tr[data-line='{lines[1]}'] td[data-staleness=on-policy]").endswith(
         "· 2 seeds, no CI below 5"
     )
