@@ -4,6 +4,8 @@ self-contained HTML file, a zip of CSV files) and the delete. Other teams' repor
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from pathlib import Path
 
 from django.contrib import messages
@@ -40,8 +42,8 @@ def _charts(blocks: list[dict]) -> dict[str, dict]:
     }
 
 
-def _body(source: str, blocks: list[dict]) -> dict:
-    return {"parts": reports.parts(source, blocks), "charts": _charts(blocks)}
+def _body(source: str, blocks: list[dict], images: bool = True) -> dict:
+    return {"parts": reports.parts(source, blocks, images), "charts": _charts(blocks)}
 
 
 def _live_blocks(report: Report) -> tuple[list[dict], str]:
@@ -167,23 +169,43 @@ def _static(name: str) -> str:
     return Path(finders.find(name)).read_text(encoding="utf-8")
 
 
+def export_policy(scripts: list[str]) -> str:
+    """The exported file's Content-Security-Policy, for its `<meta>` (a file opened from disk has no
+    headers): its own inline `scripts` only, by their hashes; inline styles (Plotly sets them);
+    images only as data: URLs; nothing fetched from any host, no form sent, no base changed."""
+    hashes = [f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in scripts]
+    return "; ".join(
+        [
+            "default-src 'none'",
+            f"script-src {' '.join(hashes)}",
+            "style-src 'unsafe-inline'",
+            "img-src data:",
+            "connect-src 'none'",
+            "base-uri 'none'",
+            "form-action 'none'",
+        ]
+    )
+
+
 @login_required
 def report_export_html(request: HttpRequest, report_id: int) -> HttpResponse:
     """The published version as one HTML file: its prose, tables and claims, and its charts drawn by
-    Plotly from the data inline, so it opens offline."""
+    Plotly from the data inline, so it opens offline; its CSP (`export_policy`) lets it load nothing,
+    and its prose's images are links (`reports.prose_html`)."""
     report = _report(request, report_id)
     version = _version(request, report)
     if version is None:
         return HttpResponse("Publish the report first: only a published version is exported.", status=409)
+    scripts = [_static(name) for name in ("plotly/plotly.min.js", "experiments/plots.js", "dashboards/report.js")]
     html = render_to_string(
         "dashboards/report_export.html",
         {
-            **_body(version.source, version.blocks),
+            **_body(version.source, version.blocks, images=False),
             "report": report,
             "version": version,
             "title": version.title,
-            "plotly_js": _static("plotly/plotly.min.js"),
-            "report_js": _static("dashboards/report.js"),
+            "scripts": scripts,
+            "policy": export_policy(scripts),
         },
         request=request,
     )

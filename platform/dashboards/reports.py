@@ -26,6 +26,7 @@ import nh3
 from django.db import transaction
 from django.http import QueryDict
 from markdown_it import MarkdownIt
+from markdown_it.common.utils import escapeHtml
 
 from dashboards import compare, export, query, stated
 from dashboards.models import Claim, Report, ReportRun, ReportVersion
@@ -54,10 +55,24 @@ class Block:
     line: int
 
 
-def prose_html(text: str) -> str:
-    """Markdown as sanitised HTML: raw HTML is shown as text, links keep http(s) and mailto only."""
+def _image_as_link(renderer, tokens, idx, options, env) -> str:
+    image = tokens[idx]
+    alt = renderer.renderInlineAsText(image.children or [], options, env) or image.attrGet("src")
+    return f'<a href="{escapeHtml(image.attrGet("src") or "")}">{escapeHtml(alt)}</a>'
+
+
+# An exported report is opened from disk, where an image from another host would tell that host who
+# read it and when: there an image is a link to it, and no img element is kept.
+_markdown_without_images = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
+_markdown_without_images.add_render_rule("image", _image_as_link)
+
+
+def prose_html(text: str, images: bool = True) -> str:
+    """Markdown as sanitised HTML: raw HTML is shown as text, links keep http(s) and mailto only;
+    without `images`, each image is a link to it (alt text)."""
     return nh3.clean(
-        _markdown.render(text),
+        (_markdown if images else _markdown_without_images).render(text),
+        tags=None if images else nh3.ALLOWED_TAGS - {"img"},
         url_schemes={"http", "https", "mailto"},
         link_rel="noopener noreferrer nofollow",
     )
@@ -175,9 +190,9 @@ def compute_all(team, source: str) -> list[dict[str, Any]]:
     return [compute(team, part) for part in parse(source) if isinstance(part, Block)]
 
 
-def parts(source: str, blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The page in order: {"html": sanitised prose} and {"block": data, "index": i}, with the data
-    of each block from `blocks` (frozen or current; a block that failed is {"error": …})."""
+def parts(source: str, blocks: list[dict[str, Any]], images: bool = True) -> list[dict[str, Any]]:
+    """The page in order: {"html": sanitised prose (`prose_html`)} and {"block": data, "index": i},
+    with the data of each block from `blocks` (frozen or current; a block that failed is {"error": …})."""
     out: list[dict[str, Any]] = []
     index = 0
     for part in parse(source):
@@ -185,7 +200,7 @@ def parts(source: str, blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append({"block": blocks[index], "index": index})
             index += 1
         else:
-            out.append({"html": prose_html(part)})
+            out.append({"html": prose_html(part, images)})
     return out
 
 
