@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
@@ -16,13 +17,14 @@ from accounts.models import Team
 from dashboards.export import metrics_csv
 from execution.messages import NOT_SENT
 from experiments import progress, series, sweeps, tagging
-from experiments.models import Experiment, ExperimentNotDeletable, Run, SavedView
+from experiments.models import Experiment, ExperimentNotDeletable, Note, Run, SavedView
 from experiments.schemas import (
     CancelledOut,
     DeletedOut,
     ExperimentOut,
     ExperimentPageOut,
     MetricsOut,
+    NoteDeletedOut,
     NoteIn,
     NoteOut,
     PageParams,
@@ -272,6 +274,17 @@ def note_run(request: HttpRequest, run_id: int, body: NoteIn):
 def note_experiment(request: HttpRequest, experiment_id: int, body: NoteIn):
     """Add a note to an experiment (plain text)."""
     return _add_note(request, body.text, experiment=_visible_experiment(request, experiment_id))
+
+
+@router.delete("/notes/{note_id}", response=responses({200: NoteDeletedOut}, 403, 404, 422))
+def delete_note(request: HttpRequest, note_id: int):
+    """Delete a note on a run or an experiment: its author, or an admin of its team."""
+    note = get_object_or_404(Note.visible_to(request.user), pk=note_id)
+    try:
+        tagging.delete_note(request.user, note)
+    except PermissionDenied as exc:
+        raise HttpError(403, str(exc)) from exc
+    return {"note": note_id}
 
 
 @router.post("/experiments/{experiment_id}/tags", response=responses({200: TagsOut}, 404, 422))

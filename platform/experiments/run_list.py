@@ -9,6 +9,7 @@ import typing
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.db.models import Case, DurationField, ExpressionWrapper, F, Q, QuerySet, When
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, QueryDict
@@ -18,7 +19,7 @@ from django.views.decorators.http import require_POST
 
 from accounts.models import Team
 from experiments import series, tagging
-from experiments.models import Experiment, Run, SavedView
+from experiments.models import Experiment, Note, Run, SavedView
 from experiments.views import paginate
 from rlcore.config import ExecutionConfig
 from rlcore.presets import preset_sort_key
@@ -247,6 +248,21 @@ def note_add(
     except tagging.TaggingError as exc:
         messages.error(request, f"{exc.field}: {exc.message}")
     return redirect("run-detail", run.pk) if run else redirect("experiment-detail", experiment.pk)
+
+
+@login_required
+@require_POST
+def note_delete(request: HttpRequest, note_id: int) -> HttpResponse:
+    """Delete a note (from its run's or experiment's page): its author, or an admin of its team."""
+    note = get_object_or_404(Note.visible_to(request.user), pk=note_id)
+    try:
+        tagging.delete_note(request.user, note)
+    except PermissionDenied as exc:
+        messages.error(request, f"Not deleted: {exc}.")
+    else:
+        messages.success(request, f"Deleted {note.author}'s note.")
+    page = ("run-detail", note.run_id) if note.run_id else ("experiment-detail", note.experiment_id)
+    return redirect(*page)
 
 
 @login_required

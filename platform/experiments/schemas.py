@@ -176,6 +176,10 @@ class NoteOut(Schema):
     created: datetime
 
 
+class NoteDeletedOut(Schema):
+    note: int
+
+
 class ViewIn(Schema):
     name: NoNul
     query: NoNul = Field(description="a runs query")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.core.exceptions import ValidationError
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
@@ -73,10 +74,29 @@ def tag_experiment(experiment: Experiment, add: list[str], remove: list[str]) ->
 
 
 def add_note(user, text: str, run: Run | None = None, experiment: Experiment | None = None) -> Note:
+    """A person's note on `run` or `experiment`, while it holds fewer than `LAB_MAX_NOTES`."""
     text = (text or "").strip()
     if not text or len(text) > MAX_NOTE or "\x00" in text:
         raise TaggingError("text", f"a note is 1 to {MAX_NOTE} characters of text, without NUL")
-    return Note.objects.create(author=user, text=text, run=run, experiment=experiment)
+    on = run if run is not None else experiment
+    with transaction.atomic():
+        # Under the row's lock: notes added at once cannot count past the cap together.
+        type(on).objects.select_for_update().filter(pk=on.pk).values_list("pk", flat=True).first()
+        held = on.user_notes.count()
+        if held >= settings.LAB_MAX_NOTES:
+            raise TaggingError(
+                "text",
+                f"{on._meta.verbose_name} {on.pk} holds {held} notes, the most one may "
+                f"(LAB_MAX_NOTES={settings.LAB_MAX_NOTES}): delete one before adding another",
+            )
+        return Note.objects.create(author=user, text=text, run=run, experiment=experiment)
+
+
+def delete_note(user, note: Note) -> None:
+    """Delete `note` if `user` wrote it or is an admin of its team (else `PermissionDenied`)."""
+    if not note.deletable_by(user):
+        raise PermissionDenied(f"only its author or an admin of team {note.team} can delete note {note.pk}")
+    note.delete()
 
 
 def save_view(user, team: Team, name: str, query: str) -> SavedView:

@@ -35,6 +35,7 @@ urlpatterns = [
     path("runs/<int:run_id>/notes", run_list.note_add, name="run-notes"),
     path("runs/<int:run_id>/tags", run_list.tags_change, name="run-tags"),
     path("experiments/<int:experiment_id>/notes", run_list.note_add, name="experiment-notes"),
+    path("notes/<int:note_id>/delete", run_list.note_delete, name="note-delete"),
     path("experiments/<int:experiment_id>/tags", run_list.tags_change, name="experiment-tags"),
     path("runs/views/save", run_list.view_save, name="view-save"),
     path("runs/views/<int:view_id>/delete", run_list.view_delete, name="view-delete"),

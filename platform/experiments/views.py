@@ -361,7 +361,9 @@ def _run_context(run: Run) -> dict:
 
 @login_required
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    return render(request, "experiments/run.html", _run_context(_run(request, run_id)))
+    run = _run(request, run_id)
+    context = {**_run_context(run), "is_admin": run.experiment.team.is_admin(request.user)}
+    return render(request, "experiments/run.html", context)
 
 
 @login_required

@@ -235,6 +235,9 @@ LAB_MAX_ATTEMPTS = int(os.environ.get("LAB_MAX_ATTEMPTS", 3))
 # its own failures count against LAB_MAX_ATTEMPTS.
 LAB_MAX_JOB_LOSSES = _number("LAB_MAX_JOB_LOSSES", int, 10, minimum=1)
 LAB_MAX_SWEEP_RUNS = int(os.environ.get("LAB_MAX_SWEEP_RUNS", 512))
+# People's notes a run or an experiment holds at most (a note over it is refused until one is
+# deleted); the notes workers leave on a run are not counted.
+LAB_MAX_NOTES = _number("LAB_MAX_NOTES", int, 100, minimum=1)
 # How long a worker keeps retrying a running attempt's database writes and reads while the
 # database is unreachable (workers/db_outage.py) before the attempt fails.
 LAB_DB_OUTAGE_S = float(os.environ.get("LAB_DB_OUTAGE_S", 120))

@@ -66,6 +66,21 @@ class Note(models.Model):
             )
         ]
 
+    @classmethod
+    def visible_to(cls, user) -> models.QuerySet[Note]:
+        return cls.objects.filter(
+            models.Q(run__experiment__team__memberships__user=user)
+            | models.Q(experiment__team__memberships__user=user)
+        ).select_related("run__experiment__team", "experiment__team")
+
+    @property
+    def team(self) -> Team:
+        return self.run.experiment.team if self.run_id is not None else self.experiment.team
+
+    def deletable_by(self, user) -> bool:
+        """Its author may delete a note, and so may an admin of its team."""
+        return self.author_id == user.pk or self.team.is_admin(user)
+
 
 class SavedView(models.Model):
     """A named query of the Runs list, shared with the team."""

@@ -39,6 +39,7 @@ def test_the_form_counts_the_runs_of_the_grid_while_typing(page, live_server):
 def test_letters_in_a_number_field_are_named_and_never_submitted(page, live_server, team):
     page.goto(live_server.url + reverse("submit-sweep"))
     page.fill("input[name=name]", "typed badly")
+    page.check("input[name=presets][value=grpo]")
     page.fill("input[name=steps]", "sixty")
     page.fill("input[name='optimizer.lr']", "fast")
     assert page.input_value("input[name=steps]") == "sixty", "the box keeps what was typed"
@@ -46,7 +47,19 @@ def test_letters_in_a_number_field_are_named_and_never_submitted(page, live_serv
     assert "Trainer steps: “sixty” is not a whole number" in problems
     assert "Learning rate: “fast” is not a number" in problems
     assert "steps" not in page.text_content("#grid-size"), "no value shown that is not the one typed"
+    assert page.text_content("#grid-size").endswith("Fix the 2 fields marked in red first.")
+    # Listed at the top of the form, each linked to its box, which is marked.
+    first = page.evaluate("document.querySelector('#sweep-form > :not(input)').id")
+    assert first == "typing-problems-top" and page.is_visible("#typing-problems-top")
+    links = page.eval_on_selector_all("#typing-problems a", "a => a.map(x => x.getAttribute('href'))")
+    assert links == ["#id_optimizer.lr", "#id_steps"] or links == ["#id_steps", "#id_optimizer.lr"]
+    marked = page.eval_on_selector_all("input[aria-invalid=true]", "els => els.map(e => e.name)")
+    assert sorted(marked) == ["optimizer.lr", "steps"]
+    page.fill("input[name='optimizer.lr']", "3e-5")
+    assert page.eval_on_selector_all("input[aria-invalid=true]", "els => els.map(e => e.name)") == ["steps"]
+    page.fill("input[name='optimizer.lr']", "fast")
     page.click("button:text('Submit sweep')")
+    page.wait_for_function("window.scrollY < document.getElementById('typing-problems-top').offsetTop + 50")
     page.screenshot(path=TEST_VAR / "screenshots" / "sweep-letters.png", full_page=True)
     assert page.url.endswith(reverse("submit-sweep")) and Run.objects.count() == 0
     # Without the page's script (or past it) the server refuses them too, naming each.

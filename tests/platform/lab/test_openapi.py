@@ -32,6 +32,7 @@ OPERATIONS = {
     ("post", "/api/runs/{run_id}/notes"): {201, 401, 404, 422},
     ("post", "/api/experiments/{experiment_id}/notes"): {201, 401, 404, 422},
     ("post", "/api/experiments/{experiment_id}/tags"): {200, 401, 404, 422},
+    ("delete", "/api/notes/{note_id}"): {200, 401, 403, 404, 422},
     ("get", "/api/views"): {200, 401, 422},
     ("post", "/api/views"): {201, 401, 404, 422},
     ("delete", "/api/views/{view_id}"): {200, 401, 404, 422},

@@ -10,6 +10,8 @@
   const form = document.getElementById("sweep-form");
   const line = document.getElementById("grid-size");
   const problems = document.getElementById("typing-problems");
+  const problemsTop = document.getElementById("typing-problems-top");
+  const below = document.getElementById("typing-problems-below");
   const count = (text) => text.split(/[\s,]+/).filter(Boolean).length;
   const INTEGER = /^[+-]?\d+$/;
   const FLOAT = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
@@ -22,14 +24,34 @@
     const text = box.value.trim();
     if (text === "") return { value: box.dataset.default || null, isDefault: true };
     const ok = box.dataset.number === "integer" ? INTEGER.test(text) : FLOAT.test(text);
-    return ok ? { value: text, isDefault: false } : { problem: `${label(box)}: “${text}” is not ${box.dataset.number === "integer" ? "a whole number" : "a number"}` };
+    return ok ? { value: text, isDefault: false } : { problem: `“${text}” is not ${box.dataset.number === "integer" ? "a whole number" : "a number"}` };
   }
 
+  // [{box, text}] of the boxes whose value cannot be read as what they hold.
   function typingProblems() {
-    const found = numberBoxes().map(reading).filter((r) => r.problem).map((r) => r.problem);
+    const found = numberBoxes().map((box) => ({ box, text: reading(box).problem })).filter((p) => p.text);
     // An input the browser itself cannot read is refused too (it would submit a blank).
-    for (const el of form.querySelectorAll("input")) if (el.validity.badInput) found.push(`${label(el)}: ${el.validationMessage}`);
+    for (const el of form.querySelectorAll("input")) if (el.validity.badInput) found.push({ box: el, text: el.validationMessage });
     return found;
+  }
+
+  // Each problem marked on its box and listed at the top of the form with a link to it.
+  function showProblems(found) {
+    for (const el of form.querySelectorAll("input[aria-invalid]")) el.removeAttribute("aria-invalid");
+    for (const { box } of found) box.setAttribute("aria-invalid", "true");
+    problems.replaceChildren(
+      ...found.map(({ box, text }) => {
+        const li = document.createElement("li");
+        const link = document.createElement("a");
+        link.href = `#${box.id}`;
+        link.textContent = label(box);
+        li.append(link, `: ${text}`);
+        return li;
+      }),
+    );
+    problemsTop.hidden = found.length === 0;
+    below.hidden = found.length === 0;
+    below.textContent = found.length ? `${found.length} field${found.length === 1 ? "" : "s"} to fix first (listed at the top, marked in red).` : "";
   }
 
   function effective(name, words) {
@@ -52,14 +74,7 @@
       .reduce((product, l) => product * Math.max(1, count(l.slice(l.indexOf(":") + 1))), 1);
     const runs = presets * settings * axes * count(form.seeds.value);
     const found = typingProblems();
-    problems.replaceChildren(
-      ...found.map((text) => {
-        const li = document.createElement("li");
-        li.textContent = text;
-        return li;
-      }),
-    );
-    problems.hidden = found.length === 0;
+    showProblems(found);
     const mode = form.elements["execution.mode"];
     if (mode && mode.value === "async" && stale > 0) {
       line.textContent = "Async runs measure their own staleness: keep the execution mode simulated or distributed and add async cells (Async bounds), or keep only On-policy and set the bound (Staleness bound).";
@@ -70,7 +85,8 @@
       return;
     }
     const values = [effective("steps", (v) => `${v} steps`), effective("optimizer.lr", (v) => `lr ${v}`)].filter(Boolean);
-    line.textContent = `This sweep makes ${runs} run${runs === 1 ? "" : "s"}${values.length ? " × " + values.join(", ") : ""}.`;
+    const fix = found.length ? ` Fix the ${found.length === 1 ? "field" : `${found.length} fields`} marked in red first.` : "";
+    line.textContent = `This sweep makes ${runs} run${runs === 1 ? "" : "s"}${values.length ? " × " + values.join(", ") : ""}.${fix}`;
   }
 
   form.addEventListener("input", update);
@@ -79,7 +95,7 @@
     if (typingProblems().length) {
       event.preventDefault();
       update();
-      problems.scrollIntoView({ block: "center" });
+      problemsTop.scrollIntoView({ block: "start" });
     }
   });
   update();
