@@ -324,14 +324,36 @@ def _summary_row(key: dict[str, Any], group_runs: list[Run], finals: dict[int, f
     }
 
 
-def _points(runs: list[Run], query: ComparisonQuery) -> dict[int, curves.Series]:
+def _points(
+    runs: list[Run], query: ComparisonQuery, damaged: list[series.Damage] | None = None
+) -> dict[int, curves.Series]:
     """Each run's points of the query's metric as a series over the query's x (runs with a
-    finite point only)."""
+    finite point only). A run with a damaged chunk of the metric (or of the response lengths
+    x = tokens counts) is left out whole, its chunks added to `damaged`: its curve would be
+    drawn across the gap as if known, and its final value taken where it stops."""
     run_ids = [run.pk for run in runs]
-    points = series.by_run(run_ids, query.metric, with_time=query.x == "time")
-    lengths = series.by_run(run_ids, LENGTH_METRIC) if query.x == "tokens" else {}
-    made = {run.pk: _series(run, query, points[run.pk], lengths) for run in runs if run.pk in points}
+    damaged = [] if damaged is None else damaged
+    points = series.by_run(run_ids, query.metric, with_time=query.x == "time", damaged=damaged)
+    lengths = series.by_run(run_ids, LENGTH_METRIC, damaged=damaged) if query.x == "tokens" else {}
+    hurt = {d.run_id for d in damaged}
+    made = {
+        run.pk: _series(run, query, points[run.pk], lengths)
+        for run in runs
+        if run.pk in points and run.pk not in hurt
+    }
     return {pk: s for pk, s in made.items() if len(s)}
+
+
+def damage_warnings(damaged: list[series.Damage]) -> list[dict[str, Any]]:
+    """What the comparison says of each damaged chunk `_points` met: the run it left out, and why."""
+    return [
+        {
+            "run": d.run_id,
+            "metric": d.name,
+            "note": f"Run {d.run_id} is left out of these curves and final values: {d.note()}.",
+        }
+        for d in damaged
+    ]
 
 
 def final_values(
@@ -384,7 +406,8 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
     """
     layout = Layout.of(runs)
     runs, lines, staleness, lags = layout.runs, layout.lines, layout.staleness, layout.lags
-    points = _points(runs, query)
+    damaged: list[series.Damage] = []
+    points = _points(runs, query, damaged)
     every_final = final_values(runs, query, points)
 
     costs = {run.pk: throughput.Cost.of(run) for run in runs}
@@ -449,6 +472,7 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
     }
     return {
         "warnings": provenance_warnings(runs),
+        "damaged": damage_warnings(damaged),
         "metric": query.metric,
         "x": query.x,
         "band": query.band,

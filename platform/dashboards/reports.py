@@ -255,7 +255,8 @@ def _cells(block: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
 
 def difference(then: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     """What changed in one block since it was frozen: runs added and gone (archived or deleted),
-    and each summary cell's or the claim's numbers then and now."""
+    and each summary cell's or the claim's numbers then and now (with the notes of runs left out
+    now for a damaged chunk, `damaged`)."""
     out: dict[str, Any] = {"kind": then["kind"], "link": then["link"], "line": then["line"]}
     if "error" in now:
         return out | {"error": now["error"], "changed": True}
@@ -291,6 +292,7 @@ def difference(then: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
                 }
             )
         out["cells"] = rows
+        out["damaged"] = now["data"].get("damaged", [])
         changed = any(row["changed"] for row in rows)
     out["changed"] = bool(changed or out["added"] or gone)
     return out

@@ -397,10 +397,20 @@ class ExperimentRefOut(Schema):
     name: str
 
 
+class DamagedOut(Schema):
+    run: int = Field(description="the run left out")
+    metric: str = Field(description="its metric with a damaged chunk")
+    note: str = Field(description="what the page says: the run, the metric, the steps and why")
+
+
 class ComparisonOut(Schema):
     """What the comparison dashboard draws (`dashboards.compare.compare`)."""
 
     warnings: list[str] = Field(description="differences in θ0, data or versions between the runs")
+    damaged: list[DamagedOut] = Field(
+        description="runs left out because points of the metric (or of the response lengths x = tokens counts) "
+        "are stored in a damaged chunk, unreadable"
+    )
     metric: str
     x: str
     band: str

@@ -15,7 +15,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
 from dashboards import compare, curves, export, payloads, points, query, statistics
-from experiments import collapse, series
+from experiments import collapse, packing, series
 from experiments.models import Experiment, Run
 
 
@@ -176,14 +176,25 @@ def runs_compare_summary(request: HttpRequest) -> HttpResponse:
 @login_required
 def run_curves(request: HttpRequest, run_id: int) -> JsonResponse:
     """Every metric the run logged as `{name: {"x": steps, "y": values}}`, each downsampled to at most
-    `curves.MAX_BUCKETS` buckets (min, max and last of each, so spikes survive); missing values are null."""
+    `curves.MAX_BUCKETS` buckets (min, max and last of each, so spikes survive); missing values are null.
+    A damaged chunk (`series.Damage`) is a null at its first step, so the line breaks there, and a
+    note in `damaged` ({name: [notes]})."""
     run = get_object_or_404(Run.visible_to(request.user), pk=run_id)
-    metrics = {}
-    for name, (steps, values, _) in series.points_of(run.pk):
+    metrics, damaged = {}, []
+    for name, (steps, values, _) in series.points_of(run.pk, damaged=damaged):
         y = np.where(np.isfinite(values), values, np.nan)  # a value not finite is null in the JSON
         keep = curves.downsample_index(y)
-        metrics[name] = {
-            "x": points.json_numbers(steps[keep].astype(float)),
-            "y": points.json_numbers(y[keep]),
+        x, y = steps[keep].astype(float), y[keep]
+        gaps = [d.chunk << packing.CHUNK_BITS for d in damaged if d.name == name]
+        if gaps:
+            at = np.searchsorted(x, gaps)
+            x, y = np.insert(x, at, gaps), np.insert(y, at, np.nan)
+        metrics[name] = {"x": points.json_numbers(x), "y": points.json_numbers(y)}
+    return JsonResponse(
+        {
+            "run": run.pk,
+            "active": run.is_active,
+            "metrics": metrics,
+            "damaged": series.notes_by_metric(damaged),
         }
-    return JsonResponse({"run": run.pk, "active": run.is_active, "metrics": metrics})
+    )

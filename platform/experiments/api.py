@@ -345,26 +345,30 @@ def get_run(request: HttpRequest, run_id: int):
         "responses": {
             200: {
                 "content": {
-                    "text/csv": {"schema": {"type": "string", "description": "name,step,value,wall_time"}}
+                    "text/csv": {
+                        "schema": {"type": "string", "description": "name,step,value,wall_time,note"}
+                    }
                 }
             }
         }
     },
 )
 def get_metrics(request: HttpRequest, run_id: int, format: Literal["json", "csv"] = "json", name: NoNul = ""):
-    """Every metric point of the run: JSON `{name: [[step, value], ...]}` or CSV `name,step,value,wall_time`."""
+    """Every metric point of the run: JSON `{name: [[step, value], ...]}` or CSV `name,step,value,wall_time,note`.
+    Points stored in a damaged chunk are left out, and said so in `damaged` (a CSV row's note)."""
     run = _visible_run(request, run_id)
     if format == "csv":
         response = HttpResponse(metrics_csv(run, name), content_type="text/csv")
         response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
         return response
+    damaged: list[series.Damage] = []
     metrics: dict[str, list[list[float | None]]] = {
         metric: [
             [step, series.shown(value)] for step, value in zip(steps.tolist(), values.tolist(), strict=True)
         ]
-        for metric, (steps, values, _) in series.points_of(run.pk, name)
+        for metric, (steps, values, _) in series.points_of(run.pk, name, damaged)
     }
-    return {"run": run.pk, "metrics": metrics}
+    return {"run": run.pk, "metrics": metrics, "damaged": series.notes_by_metric(damaged)}
 
 
 @router.post("/runs/{run_id}/cancel", response=responses({200: RunDetailOut}, 404, 409, 422))

@@ -8,7 +8,8 @@ as Blosc and HDF5's shuffle filter do: neighbouring values share their high byte
   their first and count only);
 - values: float64 as logged, NaN and ±infinity kept;
 - wall times: microseconds since the Unix epoch, as differences from the previous point.
-A series' newest chunk is kept raw while its points arrive (`encode`).
+A series' newest chunk is kept raw while its points arrive (`encode`). Bytes that are not what
+`encode` wrote (damaged at rest) raise `Damaged` when decoded, never come back as points.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def pack_steps(chunk: int, steps: np.ndarray) -> bytes:
 
 def unpack_steps(chunk: int, data: bytes) -> np.ndarray:
     if data[:1] == RANGE:
-        first, count = struct.unpack("<HH", data[1:5])
+        first, count = struct.unpack("<HH", data[1:])
         return np.arange(first, first + count, dtype=np.int64) + (chunk << CHUNK_BITS)
     return _unshuffle(data, "<u2").astype(np.int64) + (chunk << CHUNK_BITS)
 
@@ -109,19 +110,47 @@ def encode(
     return offsets.tobytes(), values.astype("<f8").tobytes(), times.astype("<i8").tobytes()
 
 
-def decode(chunk: int, packed: bool, step_data, value_data, time_data=None) -> tuple[np.ndarray, ...]:
-    """`encode`'s arrays back (without the times when `time_data` is None)."""
+class Damaged(ValueError):
+    """A stored chunk whose bytes are not what `encode` wrote (changed at rest): its points are unknown."""
+
+
+DECODE_ERRORS = (zlib.error, struct.error, ValueError)  # what damaged bytes raise on the way to arrays
+
+
+def decode(
+    chunk: int, packed: bool, step_data, value_data, time_data=None, count: int | None = None
+) -> tuple[np.ndarray, ...]:
+    """`encode`'s arrays back (without the times when `time_data` is None). Raises `Damaged` for
+    bytes `encode` cannot have written: a column that does not inflate or is not whole elements,
+    columns of different lengths (or other than `count`, the points its row says it holds, when
+    given), steps out of order or outside the chunk."""
+    base = chunk << CHUNK_BITS
     if packed:
-        columns = [unpack_steps(chunk, step_data), unpack_values(value_data)]
-        if time_data is not None:
-            columns.append(unpack_times(time_data))
-        return tuple(columns)
-    columns = [
-        np.frombuffer(step_data, dtype="<u2").astype(np.int64) + (chunk << CHUNK_BITS),
-        np.frombuffer(value_data, dtype="<f8").astype(np.float64),
-    ]
-    if time_data is not None:
-        columns.append(np.frombuffer(time_data, dtype="<i8").astype(np.int64))
+        readers = [
+            ("steps", lambda: unpack_steps(chunk, step_data)),
+            ("values", lambda: unpack_values(value_data)),
+            ("wall times", lambda: unpack_times(time_data)),
+        ]
+    else:
+        readers = [
+            ("steps", lambda: np.frombuffer(step_data, dtype="<u2").astype(np.int64) + base),
+            ("values", lambda: np.frombuffer(value_data, dtype="<f8").astype(np.float64)),
+            ("wall times", lambda: np.frombuffer(time_data, dtype="<i8").astype(np.int64)),
+        ]
+    columns = []
+    for what, read in readers[: 2 if time_data is None else 3]:
+        try:
+            columns.append(read())
+        except DECODE_ERRORS as exc:
+            raise Damaged(f"its {what} do not decode: {exc}") from exc
+    lengths = [len(c) for c in columns]
+    if len(set(lengths)) > 1 or (count is not None and lengths[0] != count):
+        counts = ", ".join(f"{n} {what}" for n, (what, _) in zip(lengths, readers, strict=False))
+        held = "" if count is None else f" for {count} points"
+        raise Damaged(f"its columns do not fit{held} ({counts})")
+    steps = columns[0]
+    if len(steps) and (steps[0] < base or steps[-1] >= base + CHUNK_STEPS or np.any(np.diff(steps) <= 0)):
+        raise Damaged(f"its steps are not increasing within {base}–{base + CHUNK_STEPS - 1}")
     return tuple(columns)
 
 

@@ -261,3 +261,7 @@ class MetricsOut(Schema):
     metrics: dict[str, list[tuple[int, float | None]]] = Field(
         description="per metric name its [step, value] points in step order; null for NaN or infinity"
     )
+    damaged: dict[str, list[str]] = Field(
+        description="per metric with points stored in a damaged chunk (unreadable, left out of `metrics`) "
+        "a note for each such chunk naming its steps"
+    )

@@ -82,6 +82,59 @@ def _decode(chunk: int, packed: bool, step_data, value_data, time_data=None) -> 
     )
 
 
+@dataclass(frozen=True)
+class Damage:
+    """A stored chunk of one run's metric whose bytes do not decode (`packing.Damaged`): its points
+    are unknown. The readers that take a list of these leave the chunk out (a gap in the metric)
+    and add it to the list, for the page or the answer to say so (`note`)."""
+
+    run_id: int
+    name: str
+    chunk: int
+    reason: str
+
+    def note(self) -> str:
+        first = self.chunk << packing.CHUNK_BITS
+        return (
+            f"{self.name}: the points stored for steps {first}–{first + packing.CHUNK_STEPS - 1} are damaged "
+            f"and cannot be read ({self.reason}); they are left out, a gap, not values"
+        )
+
+
+def notes_by_metric(damaged: list[Damage]) -> dict[str, list[str]]:
+    """{metric: its damaged chunks' notes}, as the run's curves and the API give them."""
+    notes: dict[str, list[str]] = defaultdict(list)
+    for d in damaged:
+        notes[d.name].append(d.note())
+    return dict(notes)
+
+
+READ_FIELDS = ("count", *CHUNK_FIELDS)  # a reader's columns: `count` lets `packing.decode` check the length
+
+
+def _read(run_id: int, name: str, data: tuple, damaged: list[Damage] | None) -> tuple[np.ndarray, ...] | None:
+    """A chunk's arrays from its `READ_FIELDS` (and "time_data"), or None when its bytes are
+    damaged and `damaged` collects it (once per chunk); without `damaged`, `packing.Damaged` is raised."""
+    count, chunk, packed, step_data, value_data, *times = data
+    try:
+        return packing.decode(
+            chunk, packed, bytes(step_data), bytes(value_data), *(bytes(t) for t in times), count=count
+        )
+    except packing.Damaged as exc:
+        if damaged is None:
+            raise
+        if not any((d.run_id, d.name, d.chunk) == (run_id, name, chunk) for d in damaged):
+            damaged.append(Damage(run_id, name, chunk, str(exc)))
+        return None
+
+
+def _joined(parts: list[tuple[np.ndarray, ...]]) -> Arrays:
+    """Decoded parts (with times) as one metric's arrays, empty when every part was damaged."""
+    if parts:
+        return tuple(np.concatenate(c) for c in zip(*parts, strict=True))
+    return np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64)
+
+
 def _by_name(points: Iterable[tuple[str, int, float | None, datetime]]) -> dict[str, Arrays]:
     columns: dict[str, tuple[list, list, list]] = defaultdict(lambda: ([], [], []))
     for name, step, value, wall in points:
@@ -400,12 +453,15 @@ def series(run_id: int, name: str) -> Arrays:
     return MetricChunk.series(run_id, name)
 
 
-def by_run(run_ids: list[int], name: str, with_time: bool = False) -> Points:
+def by_run(
+    run_ids: list[int], name: str, with_time: bool = False, damaged: list[Damage] | None = None
+) -> Points:
     """(steps, values, wall times in s or None) of metric `name` per run, sorted by step, from one
-    query over the runs' chunks; a value that is not finite (NaN, ±infinity) is NaN."""
+    query over the runs' chunks; a value that is not finite (NaN, ±infinity) is NaN. A damaged
+    chunk is left out and added to `damaged` (without it, `packing.Damaged` is raised)."""
     if not run_ids:
         return {}
-    fields = ["run_id", *CHUNK_FIELDS] + (["time_data"] if with_time else [])
+    fields = ["run_id", *READ_FIELDS] + (["time_data"] if with_time else [])
     rows = (
         MetricChunk.objects.filter(run_id__in=run_ids, name=name)
         .order_by("run_id", "chunk", "part")
@@ -413,7 +469,9 @@ def by_run(run_ids: list[int], name: str, with_time: bool = False) -> Points:
     )
     parts: dict[int, list[tuple[np.ndarray, ...]]] = defaultdict(list)
     for run_id, *data in rows:
-        parts[run_id].append(_decode(*data))
+        decoded = _read(run_id, name, data, damaged)
+        if decoded is not None:
+            parts[run_id].append(decoded)
     out: Points = {}
     for run_id, decoded in parts.items():
         columns = [np.concatenate(c) for c in zip(*decoded, strict=True)]
@@ -424,28 +482,37 @@ def by_run(run_ids: list[int], name: str, with_time: bool = False) -> Points:
     return out
 
 
-def points_of(run_id: int, name: str = "") -> Iterable[tuple[str, Arrays]]:
-    """Every metric of the run (or metric `name` only) in name order: (name, its arrays)."""
+def points_of(
+    run_id: int, name: str = "", damaged: list[Damage] | None = None
+) -> Iterable[tuple[str, Arrays]]:
+    """Every metric of the run (or metric `name` only) in name order: (name, its arrays). A damaged
+    chunk is left out and added to `damaged` by the time its metric is yielded (a metric with no
+    chunk left has no points); without `damaged`, `packing.Damaged` is raised."""
     rows = MetricChunk.objects.filter(run_id=run_id).order_by("name", "chunk", "part")
     if name:
         rows = rows.filter(name=name)
     current, parts = None, []
-    for metric, *data in rows.values_list("name", *CHUNK_FIELDS, "time_data").iterator():
-        if metric != current and parts:
-            yield current, tuple(np.concatenate(c) for c in zip(*parts, strict=True))
+    for metric, *data in rows.values_list("name", *READ_FIELDS, "time_data").iterator():
+        if metric != current and current is not None:
+            yield current, _joined(parts)
             parts = []
         current = metric
-        parts.append(_decode(*data))
-    if parts:
-        yield current, tuple(np.concatenate(c) for c in zip(*parts, strict=True))
+        decoded = _read(run_id, metric, data, damaged)
+        if decoded is not None:
+            parts.append(decoded)
+    if current is not None:
+        yield current, _joined(parts)
 
 
 shown = packing.finite_or_none  # a stored value as pages and the API show it: None when not finite
 
 
-def recent(run_id: int, n: int) -> tuple[list[int], dict[str, dict[int, float | None]]]:
+def recent(
+    run_id: int, n: int, damaged: list[Damage] | None = None
+) -> tuple[list[int], dict[str, dict[int, float | None]]]:
     """The run's `n` latest steps (of any metric), ascending, and {metric: {step: value}} at them,
-    read from the newest chunks back only as far as those steps reach."""
+    read from the newest chunks back only as far as those steps reach. A damaged chunk is left out
+    and added to `damaged` (without it, `packing.Damaged` is raised)."""
     chunks = list(
         MetricChunk.objects.filter(run_id=run_id)
         .order_by("-chunk")
@@ -458,8 +525,9 @@ def recent(run_id: int, n: int) -> tuple[list[int], dict[str, dict[int, float | 
         if len(steps) >= n and sorted(steps)[-n] >= (chunk + 1) << packing.CHUNK_BITS:
             break  # every step of this chunk and older ones is older than the n found
         rows = MetricChunk.objects.filter(run_id=run_id, chunk=chunk).order_by("name", "part")
-        for name, *data in rows.values_list("name", *CHUNK_FIELDS):
-            for step, value in zip(*(a.tolist() for a in _decode(*data)), strict=True):
+        for name, *data in rows.values_list("name", *READ_FIELDS):
+            decoded = _read(run_id, name, data, damaged)
+            for step, value in zip(*(a.tolist() for a in decoded or ()), strict=True):
                 found[name][step] = value
                 steps.add(step)
     latest = sorted(steps)[-n:] if n else []

@@ -28,7 +28,7 @@ from django.views.decorators.http import require_POST
 from accounts.models import Team
 from dashboards.export import metrics_csv
 from execution.messages import NOT_SENT
-from experiments import progress, series, sweeps
+from experiments import packing, progress, series, sweeps
 from experiments.forms import TEMPLATES, SweepForm, TemplateForm, initial_from_spec
 from experiments.models import Completion, Experiment, ExperimentNotDeletable, Run, SweepTemplate
 
@@ -340,20 +340,31 @@ def _same_prompts(run: Run, completions: list[Completion]) -> list[dict]:
     return groups
 
 
+def _collapse(run: Run):
+    """Where the run collapsed, for its page; None when its held-out accuracy is damaged (the
+    page names the damaged metric, and its summary still says whether it collapsed)."""
+    try:
+        return run.collapse() if run.collapsed else None
+    except packing.Damaged:
+        return None
+
+
 def _run_context(run: Run) -> dict:
-    steps, table = series.recent(run.pk, RECENT_STEPS)
+    damaged: list[series.Damage] = []
+    steps, table = series.recent(run.pk, RECENT_STEPS, damaged)
     completions = list(run.completions.all()[:RECENT_COMPLETIONS])
     job_counts = run.rollout_job_counts()
     n_jobs = sum(job_counts.values())
     return {
         "run": run,
         "report": progress.run_progress(run),
-        "collapse": run.collapse() if run.collapsed else None,
+        "collapse": _collapse(run),
         "job_counts": {status: n for status, n in job_counts.items() if n},
         "n_jobs": n_jobs,
         "rollout_jobs": run.latest_rollout_jobs(ROLLOUT_JOBS_SHOWN) if n_jobs else [],
         "steps": steps,
         "metric_rows": [(name, [table[name].get(s) for s in steps]) for name in sorted(table)],
+        "damaged": [d.note() for d in damaged],
         "completions": completions,
         "same_prompts": _same_prompts(run, completions),
     }

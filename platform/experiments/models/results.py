@@ -49,12 +49,13 @@ class MetricChunk(models.Model):
     @classmethod
     def series(cls, run_id: int, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(steps, values, wall times in µs) of one metric of one run, sorted by step: its chunks'
-        parts in order (`experiments.series` keeps them disjoint and ascending)."""
+        parts in order (`experiments.series` keeps them disjoint and ascending). A damaged chunk
+        raises `packing.Damaged`."""
         rows = cls.objects.filter(run_id=run_id, name=name).order_by("chunk", "part")
         parts = [
-            packing.decode(chunk, packed, bytes(steps), bytes(values), bytes(times))
-            for chunk, packed, steps, values, times in rows.values_list(
-                "chunk", "packed", "step_data", "value_data", "time_data"
+            packing.decode(chunk, packed, bytes(steps), bytes(values), bytes(times), count=count)
+            for chunk, packed, steps, values, times, count in rows.values_list(
+                "chunk", "packed", "step_data", "value_data", "time_data", "count"
             )
         ]
         if not parts:

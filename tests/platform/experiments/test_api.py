@@ -60,6 +60,7 @@ def test_reading_experiments_runs_and_metrics(client, token, run):
     assert metrics == {
         "run": run.pk,
         "metrics": {"kl/init": [[1, None]], "loss": [[1, 0.5], [2, 0.25]], "reward/mean": [[1, 0.125]]},
+        "damaged": {},
     }
     response = client.get(f"/api/runs/{run.pk}/metrics?format=csv&name=loss", **auth)
     assert response["Content-Type"] == "text/csv"

@@ -179,7 +179,7 @@ def test_nan_infinity_huge_and_negative_steps_and_a_name_at_the_limit_are_stored
         [2**61, 1e308],
     ]
     csv = client.get(f"/api/runs/{run.pk}/metrics", {"format": "csv"}, **auth).content.decode().splitlines()
-    assert csv[1:3] == [f"{name},{-(2**40)},,{START.isoformat()}", f"{name},-1,,{START.isoformat()}"]
+    assert csv[1:3] == [f"{name},{-(2**40)},,{START.isoformat()},", f"{name},-1,,{START.isoformat()},"]
     client.force_login(alice)
     for page in (f"/runs/{run.pk}/", f"/runs/{run.pk}/curves"):
         assert client.get(page).status_code == 200, page

@@ -335,6 +335,7 @@
   }
 
   function drawSummary() {
+    const damagedRuns = new Set((payload.damaged || []).map((d) => d.run));
     const table = document.getElementById("summary");
     table.replaceChildren();
     const head = table.insertRow();
@@ -359,8 +360,10 @@
         const row = cells.get(`${line}\u0000${setting}`);
         if (!row) continue;
         const early = row.n_ended_early ? ` · ${row.n_ended_early} ended early, left out` : "";
-        if (row.n_seeds === 0) td.textContent = (row.active ? "no points yet" : row.n_ended_early ? "no finished seed" : "no points (its runs ended without any)") + early;
-        else td.textContent = bracket(row) + (row.n_active ? ` · ${row.n_active} still running (partial)` : "") + early;
+        const unreadable = payload.runs.filter((r) => r.line === line && r.staleness === setting && damagedRuns.has(r.id)).length;
+        const damaged = unreadable ? ` · ${unreadable} left out: damaged points` : "";
+        if (row.n_seeds === 0) td.textContent = (row.active ? "no points yet" : row.n_ended_early ? "no finished seed" : unreadable ? "no readable points" : "no points (its runs ended without any)") + early + damaged;
+        else td.textContent = bracket(row) + (row.n_active ? ` · ${row.n_active} still running (partial)` : "") + early + damaged;
         if (row.n_collapsed) {
           const flag = document.createElement("strong");
           flag.className = "collapsed";
@@ -577,11 +580,12 @@
     Plotly.newPlot("scatter", traces, layout, plotConfig("reward-vs-kl"));
   }
 
-  // Runs that started from different θ0 or ran different library versions, said above everything.
+  // Runs that started from different θ0 or ran different library versions, and runs left out for a
+  // damaged chunk of points, said above everything.
   function drawWarnings() {
     const list = document.getElementById("provenance-warnings");
     list.replaceChildren(
-      ...payload.warnings.map((text) => {
+      ...[...payload.warnings, ...(payload.damaged || []).map((d) => d.note)].map((text) => {
         const li = document.createElement("li");
         li.textContent = text;
         return li;

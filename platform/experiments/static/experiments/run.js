@@ -12,6 +12,7 @@
   const root = document.getElementById("run-curves");
   const grid = root.querySelector(".curve-grid");
   const status = document.getElementById("run-curves-status");
+  const damagedList = document.getElementById("run-curves-damaged");
   const panels = new Map(); // metric name → its chart element
   let shown = ""; // the metric names in the grid, in order
   let draws = 0;
@@ -47,7 +48,21 @@
     return axis;
   }
 
+  // Chunks of points that cannot be read: each a gap in its curve and a note naming its metric.
+  function showDamaged(damaged) {
+    const notes = order(Object.keys(damaged)).flatMap((name) => damaged[name]);
+    damagedList.replaceChildren(
+      ...notes.map((text) => {
+        const item = document.createElement("li");
+        item.textContent = text;
+        return item;
+      }),
+    );
+    damagedList.hidden = notes.length === 0;
+  }
+
   function draw(payload) {
+    showDamaged(payload.damaged || {});
     const names = order(Object.keys(payload.metrics));
     // Every panel is in the grid before the first is drawn, so Plotly sizes each to its own column.
     const key = JSON.stringify(names);
@@ -71,7 +86,13 @@
         margin: { l: 55, r: 10, t: 30, b: 30 },
         yaxis: yAxis(y),
         // Left-aligned, so a long name shows its start and runs off on the right.
-        title: { text: escapeText(name), font: { size: 13 }, x: 0, xref: "paper", xanchor: "left" },
+        title: {
+          text: escapeText(name in (payload.damaged || {}) ? `${name} (damaged: a gap)` : name),
+          font: { size: 13 },
+          x: 0,
+          xref: "paper",
+          xanchor: "left",
+        },
         showlegend: false,
       };
       Plotly.react(panel(name), [trace], layout, window.LabPlots.config(`run-${payload.run}-${name}`));
