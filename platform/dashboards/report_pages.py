@@ -196,7 +196,9 @@ def report_export_html(request: HttpRequest, report_id: int) -> HttpResponse:
     version = _version(request, report)
     if version is None:
         return HttpResponse("Publish the report first: only a published version is exported.", status=409)
-    scripts = [_static(name) for name in ("plotly/plotly.min.js", "experiments/plots.js", "dashboards/report.js")]
+    scripts = [
+        _static(name) for name in ("plotly/plotly.min.js", "experiments/plots.js", "dashboards/report.js")
+    ]
     html = render_to_string(
         "dashboards/report_export.html",
         {
