@@ -53,6 +53,7 @@ def test_every_main_page_works_without_a_csp_violation(page, live_server, violat
     assert f"team={team.pk}" in page.url
 
     page.goto(url + reverse("submit-sweep"))
+    page.check("input[name=presets][value=grpo]")
     page.fill("input[name=seeds]", "0 1")  # submit.js counts the grid
     assert page.text_content("#grid-size").startswith("This sweep makes 2 runs × ")
 
