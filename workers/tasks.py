@@ -135,6 +135,8 @@ def _train(run: Run, worker: str) -> str:
     if run.status in (Run.SUCCEEDED, Run.CANCELLED):
         retry_db(RolloutJob.cancel_for)(run)
         clear_buffer(run)
+    if run.status == Run.SUCCEEDED:
+        run.remove_checkpoints()  # a cancelled run keeps them: a retry resumes from them
     return f"run {run_id} attempt {attempt}: {run.status}"
 
 

@@ -4,6 +4,7 @@ one conditional UPDATE, `execution.leases`), and the sweeps a team saved to star
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import uuid
 from datetime import datetime, timedelta
@@ -12,6 +13,8 @@ from pathlib import Path
 from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Count, F, Q
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -47,11 +50,6 @@ def queued_cap_refusal(team: Team, adding: int) -> str:
         f"the limit of {cap} queued runs per team (LAB_TEAM_MAX_QUEUED): wait for some to start, "
         "or cancel some"
     )
-
-
-def _remove_folders(folders: list[Path]) -> None:
-    for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 class Theta0Mismatch(ValueError):
@@ -155,7 +153,7 @@ class Experiment(models.Model):
 
     def delete_with_files(self) -> None:
         """Delete the experiment, its runs and all they logged, then, once that has committed,
-        the runs' folders under `LAB_RUNS_DIR` (checkpoints, buffers).
+        the runs' folders under `LAB_RUNS_DIR` (checkpoints, buffers: `remove_run_folder`).
 
         Raises `ExperimentNotDeletable` while a run is queued or running (a worker would go on
         writing), and while a published report cites one of its runs, naming the reports.
@@ -169,7 +167,6 @@ class Experiment(models.Model):
                     f"{self.name} has {active} queued or running run{'s' if active != 1 else ''}; "
                     "cancel it first, then delete it once they have stopped"
                 )
-            folders = [run.checkpoint_dir.parent for run in runs]
             try:
                 self.delete()
             except models.ProtectedError as exc:
@@ -178,7 +175,6 @@ class Experiment(models.Model):
                     f"{self.name} has runs that {', '.join(citing[:5])} cite"
                     f"{' and more' if len(citing) > 5 else ''}; archive the runs instead"
                 ) from exc
-            transaction.on_commit(lambda: _remove_folders(folders))
 
 
 class SweepTemplate(models.Model):
@@ -391,6 +387,14 @@ class Run(TakingTurns, Leased):
     @property
     def checkpoint_dir(self) -> Path:
         return settings.LAB_RUNS_DIR / str(self.key) / "checkpoints"
+
+    def remove_checkpoints(self) -> None:
+        """The run succeeded: it is never retried, so nothing will resume from its checkpoints,
+        and they go (rejected ones too), with its folder once nothing else is left in it. Their
+        sha256 stay in the ledger, as those of checkpoints rotated out do."""
+        shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # its buffer is still there, or the folder is gone
+            self.checkpoint_dir.parent.rmdir()
 
     @property
     def is_active(self) -> bool:
@@ -691,3 +695,11 @@ class Run(TakingTurns, Leased):
                 run.retry(within_cap=False)  # already admitted: a lost worker is no new submission
             reaped.append(run)
         return reaped
+
+
+@receiver(post_delete, sender=Run)
+def remove_run_folder(sender: type[Run], instance: Run, **kwargs) -> None:
+    """However a run is deleted (with its experiment, in the admin, with its team), its folder under
+    `LAB_RUNS_DIR` (checkpoints, buffer) goes once the deletion has committed."""
+    folder = instance.checkpoint_dir.parent
+    transaction.on_commit(lambda: shutil.rmtree(folder, ignore_errors=True))
