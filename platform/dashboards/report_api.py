@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404
 from ninja import Router, Status
 
 from accounts.models import Team
-from dashboards import reports
+from dashboards import report_pages, reports
 from dashboards.models import Report, ReportVersion
 from dashboards.schemas import (
     ReportCurrentOut,
@@ -174,3 +174,54 @@ def delete_report(request: HttpRequest, report_id: int):
     deleted = report.pk
     report.delete()
     return {"report": deleted}
+
+
+def _file(media_type: str, description: str) -> dict[str, Any]:
+    """An operation's OpenAPI `200` when it answers a file, not JSON."""
+    return {
+        "responses": {
+            200: {
+                "description": description,
+                "content": {media_type: {"schema": {"type": "string", "format": "binary"}}},
+            }
+        }
+    }
+
+
+def _published(
+    request: HttpRequest, report_id: int, version: int | None
+) -> tuple[Report, ReportVersion | None]:
+    report = _report(request, report_id)
+    if version is not None:
+        return report, get_object_or_404(report.versions, number=version)
+    return report, report.latest()
+
+
+@router.get(
+    "/reports/{report_id}/export.html",
+    response=responses({}, 404, 409),
+    openapi_extra=_file("text/html", "the published version as one HTML file that opens offline"),
+    operation_id="dashboards_api_export_report_html",
+)
+def export_report_html(request: HttpRequest, report_id: int, version: int | None = None):
+    """The published version (`version`, else the latest) as the page's HTML export: one file
+    with its charts' data and Plotly inline, loading nothing (its own CSP); 409 before publishing."""
+    report, shown = _published(request, report_id, version)
+    if shown is None:
+        return Status(409, {"detail": report_pages.NOT_PUBLISHED})
+    return report_pages.export_html(request, report, shown)
+
+
+@router.get(
+    "/reports/{report_id}/export-csv.zip",
+    response=responses({}, 404, 409),
+    openapi_extra=_file("application/zip", "the published version's numbers, a CSV file per block"),
+    operation_id="dashboards_api_export_report_csv",
+)
+def export_report_csv(request: HttpRequest, report_id: int, version: int | None = None):
+    """The published version's numbers (`version`, else the latest) as a zip of CSV files; 409
+    before publishing."""
+    report, shown = _published(request, report_id, version)
+    if shown is None:
+        return Status(409, {"detail": report_pages.NOT_PUBLISHED})
+    return report_pages.export_csv(report, shown)

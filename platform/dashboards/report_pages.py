@@ -187,15 +187,10 @@ def export_policy(scripts: list[str]) -> str:
     )
 
 
-@login_required
-def report_export_html(request: HttpRequest, report_id: int) -> HttpResponse:
-    """The published version as one HTML file: its prose, tables and claims, and its charts drawn by
-    Plotly from the data inline, so it opens offline; its CSP (`export_policy`) lets it load nothing,
-    and its prose's images are links (`reports.prose_html`)."""
-    report = _report(request, report_id)
-    version = _version(request, report)
-    if version is None:
-        return HttpResponse("Publish the report first: only a published version is exported.", status=409)
+def export_html(request: HttpRequest, report: Report, version: ReportVersion) -> HttpResponse:
+    """The published `version` as one HTML file: its prose, tables and claims, and its charts drawn
+    by Plotly from the data inline, so it opens offline; its CSP (`export_policy`) lets it load
+    nothing, and its prose's images are links (`reports.prose_html`). The page and the API serve it."""
     scripts = [
         _static(name) for name in ("plotly/plotly.min.js", "experiments/plots.js", "dashboards/report.js")
     ]
@@ -216,16 +211,32 @@ def report_export_html(request: HttpRequest, report_id: int) -> HttpResponse:
     return response
 
 
-@login_required
-def report_export_csv(request: HttpRequest, report_id: int) -> HttpResponse:
-    """The published version's numbers as a zip of CSV files (`reports.csv_bundle`)."""
-    report = _report(request, report_id)
-    version = _version(request, report)
-    if version is None:
-        return HttpResponse("Publish the report first: only a published version is exported.", status=409)
+def export_csv(report: Report, version: ReportVersion) -> HttpResponse:
+    """The published `version`'s numbers as a zip of CSV files (`reports.csv_bundle`)."""
     response = HttpResponse(reports.csv_bundle(version), content_type="application/zip")
     response["Content-Disposition"] = f'attachment; filename="report-{report.pk}-v{version.number}-csv.zip"'
     return response
+
+
+NOT_PUBLISHED = "Publish the report first: only a published version is exported."
+
+
+@login_required
+def report_export_html(request: HttpRequest, report_id: int) -> HttpResponse:
+    report = _report(request, report_id)
+    version = _version(request, report)
+    if version is None:
+        return HttpResponse(NOT_PUBLISHED, status=409)
+    return export_html(request, report, version)
+
+
+@login_required
+def report_export_csv(request: HttpRequest, report_id: int) -> HttpResponse:
+    report = _report(request, report_id)
+    version = _version(request, report)
+    if version is None:
+        return HttpResponse(NOT_PUBLISHED, status=409)
+    return export_csv(report, version)
 
 
 @login_required

@@ -63,3 +63,32 @@ def test_in_chromium_one_click_only_asks_and_the_second_deletes(page, live_serve
     page.click("#confirm-delete")
     page.wait_for_url(live_server.url + reverse("report-list"))
     assert not Report.objects.filter(pk=report.pk).exists()
+
+
+@pytest.mark.django_db
+def test_a_script_with_a_token_downloads_the_exports_the_page_offers(
+    client, alice_client, alice, demo, token
+):
+    """`GET /api/reports/{id}/export.html` and `/export-csv.zip` with a token: the page's very files,
+    for scripts that publish reports elsewhere; 409 before publishing, 404 for another team."""
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    report = _published_twice(demo, alice)
+    for name in ("export.html", "export-csv.zip"):
+        api = client.get(f"/api/reports/{report.pk}/{name}", **auth)
+        page = alice_client.get(f"/reports/{report.pk}/{name}")
+        assert api.status_code == page.status_code == 200
+        assert api.content == page.content and api["Content-Type"] == page["Content-Type"]
+        assert api["Content-Disposition"].endswith(f'report-{report.pk}-v2{name[6:]}"')
+        first = client.get(f"/api/reports/{report.pk}/{name}", {"version": 1}, **auth)
+        assert first["Content-Disposition"].endswith(f'report-{report.pk}-v1{name[6:]}"')
+        assert client.get(f"/api/reports/{report.pk}/{name}", {"version": 3}, **auth).status_code == 404
+        assert client.get(f"/api/reports/{report.pk}/{name}").status_code == 401
+    draft = Report.objects.create(team=demo.team, author=alice, title="Draft", source="")
+    refused = client.get(f"/api/reports/{draft.pk}/export.html", **auth)
+    assert refused.status_code == 409 and "Publish the report first" in refused.json()["detail"]
+    bob = new_team_member("bob", "team-b")
+    client.force_login(bob)
+    from accounts.models import ApiToken
+
+    bobs = {"HTTP_AUTHORIZATION": f"Bearer {ApiToken.issue(bob)}"}
+    assert client.get(f"/api/reports/{report.pk}/export.html", **bobs).status_code == 404

@@ -49,6 +49,8 @@ OPERATION_IDS = {
     ("delete", "/api/reports/{report_id}"): "dashboards_api_delete_report",
     ("post", "/api/reports/{report_id}/publish"): "dashboards_api_publish_report",
     ("get", "/api/reports/{report_id}/current"): "dashboards_api_report_current",
+    ("get", "/api/reports/{report_id}/export.html"): "dashboards_api_export_report_html",
+    ("get", "/api/reports/{report_id}/export-csv.zip"): "dashboards_api_export_report_csv",
     ("post", "/api/runs/{run_id}/archive"): "experiments_api_archive_run",
     ("post", "/api/runs/{run_id}/unarchive"): "experiments_api_unarchive_run",
     ("post", "/api/runs/{run_id}/cancel"): "experiments_api_cancel_run",
