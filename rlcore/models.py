@@ -22,8 +22,7 @@ import torch
 from rlcore import tasks
 from rlcore.config import RunConfig
 from rlcore.rollout import Rollout, decode
-from rlcore.sinks import WARM_START, ignore_phase, never_stop
-from rlcore.sources import Stopped
+from rlcore.sinks import WARM_START, Stopped, ignore_phase, never_stop
 from rlcore.tasks import Problem, Task
 
 RECIPE_VERSION = 2  # bump when the tiny model's recipe changes, to invalidate caches (and rebuild SHIPPED)

@@ -21,6 +21,12 @@ CHECKPOINTING = "checkpointing"  # writing the checkpoint of `step`
 PHASES = (PREPARING, WARM_START, TRAINING, EVALUATING, CHECKPOINTING)
 
 
+class Stopped(Exception):
+    """The run was asked to stop (`Sink.should_stop`, e.g. cancelled) while it waited for something
+    not its own step: a source's `take` (`rlcore.sources`), or the tiny model's warm start
+    (`rlcore.models`)."""
+
+
 @dataclass(frozen=True)
 class Sample:
     """One example completion with its reward."""

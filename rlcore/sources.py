@@ -15,11 +15,6 @@ if TYPE_CHECKING:
     from rlcore.produce import Producer
 
 
-class Stopped(Exception):
-    """The run was asked to stop (cancelled) while it waited for something not its own step: a
-    source's `take`, or the tiny model's warm start (`rlcore.models`)."""
-
-
 class BatchSource(Protocol):
     """Where the trainer's batches come from, and where its held-out evaluations run; the
     trainer calls, in every step t, `publish(t − 1, policy)` and then `take(t)`, and at an

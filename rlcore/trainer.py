@@ -29,6 +29,7 @@ from rlcore.sinks import (
     TRAINING,
     Sample,
     Sink,
+    Stopped,
     ignore_phase,
     never_stop,
 )
@@ -93,7 +94,7 @@ def prepare(
     should_stop: Callable[[], bool] = never_stop,
 ) -> Learner:
     """Load θ0 (warm-starting the tiny model if it is not cached: `phase` hears how far, and
-    `sources.Stopped` ends it once `should_stop()` says so) and build the optimiser."""
+    `Stopped` ends it once `should_stop()` says so) and build the optimiser."""
     device = models.resolve_device(config.device)
     task = tasks.build(config.task)
     lm = models.load(config, device, cache_dir, task, phase, should_stop)
@@ -176,7 +177,7 @@ def train(
     sink.phase(PREPARING)
     try:
         learner = prepare(config, cache_dir, sink.phase, sink.should_stop)
-    except sources.Stopped:
+    except Stopped:
         return {"steps": 0.0, "completed": 0.0}
     sink.provenance(provenance.record(config, learner.initial, next(learner.policy.parameters()).device))
     source = source if source is not None else local_source(learner, cache_dir)
@@ -199,7 +200,7 @@ def train(
         sink.phase(TRAINING, step=step, steps=config.steps)
         try:
             batch, metrics = run_step(learner, source, step)
-        except sources.Stopped:
+        except Stopped:
             break
         if step == config.steps or (config.eval_every and step % config.eval_every == 0):
             sink.phase(EVALUATING, step=step)
@@ -228,7 +229,7 @@ def train(
         # Evaluations made elsewhere (rollout workers) end the run once they are all in.
         if deferred:
             sink.phase(EVALUATING, step=steps_done)
-        with contextlib.suppress(sources.Stopped):  # cancelled meanwhile: what came back is logged
+        with contextlib.suppress(Stopped):  # cancelled meanwhile: what came back is logged
             log_evaluations(source.evaluations(wait=True), sink, progress)
     return {
         "steps": float(steps_done),

@@ -20,7 +20,7 @@ from experiments.models import PolicyVersion, RolloutJob, Run
 from rlcore.batch import Batch
 from rlcore.config import RunConfig
 from rlcore.evaluate import EvalSums, Evaluator
-from rlcore.sources import Stopped
+from rlcore.sinks import Stopped
 from rlcore.weights import Published
 from workers import buffer, jobs
 from workers.admission import ADMISSION, group_slices

@@ -13,8 +13,7 @@ import torch
 
 from rlcore import models, tasks
 from rlcore.config import RunConfig
-from rlcore.sinks import ListSink
-from rlcore.sources import Stopped
+from rlcore.sinks import ListSink, Stopped
 
 
 def test_char_tokenizer_round_trips_every_character_and_adds_bos():
