@@ -62,3 +62,4 @@ bench: install
 	$(BIN)/python bench/run_query.py
 	$(BIN)/python bench/worker_threads.py
 	$(BIN)/python bench/async_speedup.py
+	$(BIN)/python bench/pages.py
