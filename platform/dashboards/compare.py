@@ -510,19 +510,51 @@ def compare(runs: QuerySet[Run], query: ComparisonQuery) -> dict[str, Any]:
         "contrasts": variants.contrasts(
             finals_by_cell, lines, staleness, layout.fields, query.delta, cell_runs
         ),
-        "statistics": _with_ended_early(statistics.cached_panel(finals_by_cell, lines, staleness), layout),
+        "statistics": _with_cell_runs(statistics.cached_panel(finals_by_cell, lines, staleness), layout),
         "n_ended_early": sum(run.ended_early for run in runs),
+        "eval_noise": eval_noise(runs, finals_by_run, query),
     }
 
 
-def _with_ended_early(panel: dict[str, Any], layout: Layout) -> dict[str, Any]:
+def eval_noise(runs: list[Run], finals: dict[int, float], query: ComparisonQuery) -> dict[str, Any] | None:
+    """How noisy one run's final held-out accuracy is: the binomial standard error of an evaluation
+    of `eval_size` prompts at the runs' mean final accuracy, √(p(1 − p)/n), for the rules that read
+    evaluations one at a time (last, best) or k of them (mean of the last k: /√k); beside δ, with
+    `exceeds_delta` when it is larger (one evaluation then cannot resolve δ: the mean of the last k
+    or the AUC is smoother). None for other metrics and rules, or without a final value."""
+    if query.metric != "eval/accuracy" or query.rule not in ("last", "best", "mean_last_k"):
+        return None
+    values = [v for v in (finals.get(run.pk) for run in runs) if v is not None and math.isfinite(v)]
+    sizes = [int(run.config.get("eval_size") or 0) for run in runs]
+    size = min((n for n in sizes if n > 0), default=0)
+    if not values or not size:
+        return None
+    accuracy = min(1.0, max(0.0, sum(values) / len(values)))
+    # A run evaluates at step 0 and every `eval_every` steps: the last k reach back that far only.
+    logged = min(
+        int(r.config.get("steps", 1)) // max(1, int(r.config.get("eval_every") or 1)) + 1 for r in runs
+    )
+    evaluations = min(query.k, logged) if query.rule == "mean_last_k" else 1
+    error = math.sqrt(accuracy * (1 - accuracy) / size / evaluations)
+    return {
+        "eval_size": size,
+        "accuracy": accuracy,
+        "evaluations": evaluations,
+        "standard_error": error,
+        "exceeds_delta": error > query.delta,
+    }
+
+
+def _with_cell_runs(panel: dict[str, Any], layout: Layout) -> dict[str, Any]:
     """The statistics panel with each cell's runs that ended early (`n_ended_early`), left out of
-    its scores as of every final value."""
+    its scores as of every final value, and those still queued or running (`n_active`), whose
+    value so far is in its scores: the cell is provisional."""
     keys = {(line["experiment"], line["line"]): line["key"] for line in layout.lines}
     for cell in panel["cells"]:
         key = keys[(cell["experiment"], cell["line"])]
         members = layout.members.get((cell["experiment"], key, cell["staleness"]), [])
         cell["n_ended_early"] = sum(run.ended_early for run in members)
+        cell["n_active"] = sum(run.is_active for run in members)
     return panel
 
 
@@ -548,7 +580,8 @@ def staleness_answer(
     whether every one had a CI. `ties`: pairs of presets at one setting whose paired difference's
     interval contains 0, with the seeds per preset that would tell them apart. `findings`: per
     experiment, `findings.findings`; `cell_runs` (active, all runs per cell) makes them
-    provisional while cells still run.
+    provisional while cells still run; `findings_left_out`: the templates whose presets the
+    experiment's variant never ran.
     """
     digits = curves.decision_digits(delta)
     cell_runs = cell_runs or {}
@@ -558,7 +591,7 @@ def staleness_answer(
 
     own, finals = finals, dict(finals)
     borrowed = _borrow_baselines(finals, lines, staleness, configs or {})
-    drops, robustness, ties, found = [], [], [], []
+    drops, robustness, ties, found, left_out = [], [], [], [], []
     for line in lines:
         cells = {
             s: finals[(line["experiment"], line["key"], s)]
@@ -631,15 +664,15 @@ def staleness_answer(
             tested = [s for s in staleness if any(key[1] == s for key in cells | runs)]
             on_policy = findings.baseline({s for _, s in cells}) or findings.ON_POLICY
             evidence = claims.Data(cells, runs, on_policy, digits)
-            found += [
-                {"experiment": experiment, "variant": variant, **f}
-                for f in findings.findings(evidence, tested, mean_lags, delta)
-            ]
+            checked, skipped = findings.findings(evidence, tested, mean_lags, delta, set(keys.values()))
+            found += [{"experiment": experiment, "variant": variant, **f} for f in checked]
+            left_out += [{"experiment": experiment, "variant": variant, **f} for f in skipped]
     return {
         "drops": drops,
         "robustness": robustness,
         "ties": ties,
         "findings": found,
+        "findings_left_out": left_out,
         "borrowed": [
             {"experiment": e, "preset": k, "from_experiment": source} for (e, k), source in borrowed.items()
         ],

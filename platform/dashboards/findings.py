@@ -138,14 +138,37 @@ def finding(template: Mapping[str, Any], result: dict[str, Any], data: claims.Da
     }
 
 
+def absent(template: Mapping[str, Any], presets: Collection[str]) -> list[str]:
+    """What of the template's presets the sweep never ran: a preset it names, or every one of a
+    part's `each_of` (one of them is enough)."""
+    missing: list[str] = []
+    for part in template["parts"]:
+        if "each_of" in part:
+            if not any(p in presets for p in part["each_of"]):
+                missing.append(f"{part['as']} ({', '.join(part['each_of'])})")
+        else:
+            missing += [
+                p for p in (part["x"], part.get("y", "")) if p and p not in presets and p not in missing
+            ]
+    return missing
+
+
 def findings(
-    data: claims.Data, tested: Sequence[str], mean_lags: Mapping[str, float], delta: float
-) -> list[dict[str, Any]]:
-    """One finding per paper template (see `finding`), plus `provisional` with `runs_active` / `runs`
-    of the claim's cells when some of them are still queued or running. `tested` starts with
-    on-policy if tested."""
-    out = []
+    data: claims.Data,
+    tested: Sequence[str],
+    mean_lags: Mapping[str, float],
+    delta: float,
+    presets: Collection[str],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One finding per paper template whose presets the sweep ran (`presets`; see `finding`), plus
+    `provisional` with `runs_active` / `runs` of the claim's cells when some of them are still queued
+    or running; and the templates left out, each with the presets it lacks (`absent`): a sweep of
+    other presets is not "missing cells" of the paper's. `tested` starts with on-policy if tested."""
+    out, left_out = [], []
     for template in PAPER_TEMPLATES:
+        if lacks := absent(template, presets):
+            left_out.append({"template": template["name"], "claim": template["title"], "absent": lacks})
+            continue
         statement, lacking = instantiate(template, data, tested, mean_lags, delta)
         result = claims.evaluate(statement, data) | {"delta": statement.delta}
         found = finding(template, result, data)
@@ -167,4 +190,4 @@ def findings(
                 f"Provisional: {active} of these cells' {total} runs are still queued or running. {found['text']}"
             )
         out.append(found)
-    return out
+    return out, left_out

@@ -32,11 +32,18 @@ def _version(request: HttpRequest, report: Report) -> ReportVersion | None:
     return report.latest()
 
 
+# What report.js needs of a chart block's frozen comparison to draw it as its link shows it.
+CHART_DATA = ("metric", "x", "band", "colours", "groups", "staleness", "fields", "palette")
+# The comparison page's drawing choices a link may carry, as its page reads them (compare.js).
+CHART_VIEW = ("view", "facet", "colour")
+
+
 def _charts(blocks: list[dict]) -> dict[str, dict]:
-    """What the page's script draws, by block index: each chart block's curves."""
-    keys = ("metric", "x", "band", "colours", "groups", "staleness")
+    """What the page's script draws, by block index: each chart block's curves, and the view its
+    link asked for (small multiples by a field, or one overlay; its colours)."""
     return {
-        str(i): {k: block["data"][k] for k in keys}
+        str(i): {k: block["data"].get(k) for k in CHART_DATA}
+        | {k: (block.get("query") or {}).get(k) for k in CHART_VIEW}
         for i, block in enumerate(blocks)
         if block.get("kind") == "chart" and "data" in block
     }
@@ -192,7 +199,8 @@ def export_html(request: HttpRequest, report: Report, version: ReportVersion) ->
     by Plotly from the data inline, so it opens offline; its CSP (`export_policy`) lets it load
     nothing, and its prose's images are links (`reports.prose_html`). The page and the API serve it."""
     scripts = [
-        _static(name) for name in ("plotly/plotly.min.js", "experiments/plots.js", "dashboards/report.js")
+        _static(name)
+        for name in ("plotly/plotly-cartesian.min.js", "experiments/plots.js", "dashboards/report.js")
     ]
     html = render_to_string(
         "dashboards/report_export.html",

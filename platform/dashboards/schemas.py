@@ -193,6 +193,10 @@ class SpeedupOut(Schema):
     )
     reference_wall_per_step_s: float | None
     n_pairs: int = Field(description="seed pairs of measured runs that count")
+    others_cores: float | None = Field(
+        description="mean cores other processes used while the cell's measured runs ran (None: none measured)"
+    )
+    reference_others_cores: float | None = Field(description="the same for the reference cell's runs")
     n_left_out: int = Field(
         description="runs of the two cells left out: contended, not measured, still going or ended early"
     )
@@ -262,8 +266,14 @@ class StatisticsCellOut(Schema):
     experiment: int
     staleness: str
     n: int
-    few_seeds: bool = Field(description="fewer than few_seeds runs: take its intervals with care")
+    few_seeds: bool = Field(
+        description="fewer than few_seeds runs: its interval is no CI (the page shows none, as for every "
+        "interval over fewer than 5 seeds)"
+    )
     n_ended_early: int = Field(description="runs of the cell that ended before their last step: left out")
+    n_active: int = Field(
+        description="runs of the cell still queued or running: their values so far are in it (provisional)"
+    )
     iqm: EstimateOut = Field(description="interquartile mean (25% trimmed) over the cell's seeds")
     mean: EstimateOut
 
@@ -346,6 +356,24 @@ class FindingOut(Schema):
     provisional: bool = Field(description="some runs of the claim's cells are still queued or running")
     runs_active: int
     runs: int = Field(description="runs of the claim's cells, those that ended early left out")
+
+
+class FindingLeftOutOut(Schema):
+    experiment: int
+    variant: str = Field(description='the variant it was left out of ("" if the sweep has none)')
+    template: str = Field(description="the claim template left out")
+    claim: str
+    absent: list[str] = Field(description="the presets it names that the sweep never ran")
+
+
+class EvalNoiseOut(Schema):
+    eval_size: int = Field(description="prompts per evaluation (the fewest of the runs')")
+    accuracy: float = Field(description="the runs' mean final accuracy")
+    evaluations: int = Field(description="evaluations the final value averages (mean of the last k: k)")
+    standard_error: float = Field(
+        description="√(p(1 − p)/eval_size/evaluations): one run's final value's noise"
+    )
+    exceeds_delta: bool = Field(description="the standard error is larger than δ: one run cannot resolve δ")
 
 
 class LagOut(Schema):
@@ -444,6 +472,13 @@ class ComparisonOut(Schema):
     robustness: list[RobustnessOut]
     ties: list[TieOut]
     findings: list[FindingOut]
+    eval_noise: EvalNoiseOut | None = Field(
+        description="the held-out accuracy's evaluation noise beside δ (eval/accuracy, rules last, best, "
+        "mean of the last k; else null)"
+    )
+    findings_left_out: list[FindingLeftOutOut] = Field(
+        description="the paper's claim templates not checked: the sweep never ran their presets"
+    )
     borrowed: list[BorrowedOut] = Field(description="lines whose on-policy baseline is another experiment's")
     contrasts: list[ContrastOut] = Field(
         description="each varied field's values against its first, in cells differing in that field only, paired by seed"

@@ -176,6 +176,14 @@ def _mean(pairs: Pairs, costs: Mapping[int, Cost], index: int, field: str) -> fl
     return curves.scalar(float(np.mean([getattr(costs[pair[index].pk], field) for pair in pairs.values()])))
 
 
+def _outside_load(pairs: Mapping[int, tuple[Run, Run]], costs: Mapping[int, Cost], side: int) -> float | None:
+    """The mean of the cores other processes used while one side's measured runs of `pairs` ran
+    (None if none was measured): a drift in outside load between the cells shows beside their ratio."""
+    cores = [costs[pair[side].pk].others_cores for pair in pairs.values()]
+    cores = [c for c in cores if math.isfinite(c)]
+    return sum(cores) / len(cores) if cores else None
+
+
 def speedups(
     runs: list[Run],
     costs: Mapping[int, Cost],
@@ -191,7 +199,8 @@ def speedups(
     reference's, paired by seed and rounded to `digits` like every drop. Only measured runs that
     completed their steps (not `Run.ended_early`) and count (`Cost.counts`) are paired;
     `n_left_out` says how many runs of the two cells were not, `n_active` and `n_ended_early` how
-    many of those are still going or ended early."""
+    many of those are still going or ended early; `others_cores` / `reference_others_cores` the
+    mean cores other processes used while each side's runs ran."""
     simulated: dict[tuple[int, str, tuple], dict[int, Run]] = {}
     cells: dict[tuple[int, str, str], list[Run]] = {}
     for run in runs:
@@ -252,6 +261,8 @@ def speedups(
                     "wall_per_step_s": _mean(good, costs, 0, "wall_per_step_s"),
                     "reference_wall_per_step_s": _mean(good, costs, 1, "wall_per_step_s"),
                     "n_pairs": len(good),
+                    "others_cores": _outside_load(pairs, costs, 0),
+                    "reference_others_cores": _outside_load(pairs, costs, 1),
                     "n_left_out": sum(not usable(r) for pair in pairs.values() for r in pair),
                     "n_active": sum(r.status in Run.ACTIVE for pair in pairs.values() for r in pair),
                     "n_ended_early": sum(r.ended_early for pair in pairs.values() for r in pair),

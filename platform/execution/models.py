@@ -56,6 +56,15 @@ class Worker(models.Model):
         }
 
     @classmethod
+    def live_count(cls, queue: str) -> int:
+        """Workers seen within `LAB_HEARTBEAT_TIMEOUT_S` that listen on `queue`."""
+        since = timezone.now() - timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S)
+        return sum(
+            queue in queues
+            for queues in cls.objects.filter(last_seen__gte=since).values_list("queues", flat=True)
+        )
+
+    @classmethod
     def precision_problems(cls, configs: list[RunConfig]) -> list[tuple[str, str]]:
         """`rollout.dtype` settings that no live worker of the queue generating their batches can run
         (while none listens there, nothing is known: the runs wait, as `missing_for` warns)."""

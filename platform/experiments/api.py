@@ -32,6 +32,8 @@ from experiments.schemas import (
     RunOut,
     RunPageOut,
     RunTagsIn,
+    SeedsIn,
+    SeedsOut,
     SweepIn,
     SweepOut,
     TaggedOut,
@@ -171,6 +173,20 @@ def _counted_experiment_out(experiment: Experiment) -> dict[str, Any]:
 def cancel_experiment(request: HttpRequest, experiment_id: int):
     """Cancel every queued or running run of the experiment (and their rollout jobs)."""
     return {"cancelled": _visible_experiment(request, experiment_id).cancel()}
+
+
+@router.post("/experiments/{experiment_id}/seeds", response=responses({201: SeedsOut}, 404, 422))
+def add_seeds(request: HttpRequest, experiment_id: int, body: SeedsIn):
+    """Queue every cell of the experiment's sweep again with its next `seeds` seeds, into the same
+    experiment: its comparison, claims and reports pick them up. Checked as a new sweep is (422 over
+    the team's queued cap, naming the field)."""
+    experiment = _visible_experiment(request, experiment_id)
+    try:
+        runs = sweeps.add_seeds(experiment, request.user, body.seeds)
+    except sweeps.SweepError as exc:
+        return Status(422, {"detail": _field_errors(exc.errors)})
+    added = sorted({run.seed for run in runs})
+    return Status(201, {"experiment": experiment.pk, "seeds": added, "runs": [run.pk for run in runs]})
 
 
 @router.post("/experiments/{experiment_id}/archive", response=responses({200: ExperimentOut}, 404, 422))

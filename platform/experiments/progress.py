@@ -141,19 +141,55 @@ def run_progress(
     return report
 
 
+def wall_s_per_step(runs: list[Run], rows: list[tuple[Run, dict[str, Any]]]) -> float | None:
+    """What one worker takes per step of these runs, all included (start, warm start, evaluations,
+    checkpoints, storing): over the runs that succeeded, their wall-clock over their steps; before
+    any has, over the running ones' time since they started (their step pace when that is all)."""
+    done = [r for r in runs if r.status == Run.SUCCEEDED and r.started and r.finished and r.steps]
+    if done:
+        return sum((r.finished - r.started).total_seconds() for r in done) / sum(r.steps for r in done)
+    now = timezone.now()
+    going = [r for r in runs if r.status == Run.RUNNING and r.started and r.progress > 0]
+    if going:
+        return sum((now - r.started).total_seconds() for r in going) / sum(r.progress for r in going)
+    paces = [report["s_per_step"] for _, report in rows if report["s_per_step"] is not None]
+    return sum(paces) / len(paces) if paces else None
+
+
+def steps_ahead(experiment: Experiment, queue: str) -> int:
+    """Steps other runs of `queue` have left that its workers take before or beside this
+    experiment's last queued run: running runs of other experiments, and their queued runs older
+    than that last one (first in, first out; teams taking turns makes this an estimate)."""
+    last = (
+        experiment.runs.filter(status=Run.QUEUED, queue=queue)
+        .order_by("-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    others = Run.objects.filter(queue=queue).exclude(experiment=experiment)
+    ahead = others.filter(status=Run.RUNNING)
+    if last is not None:
+        ahead = ahead | others.filter(status=Run.QUEUED, id__lt=last)
+    return sum(max(0, run.steps - run.progress) for run in ahead.only("config", "progress"))
+
+
 def sweep_progress(experiment: Experiment) -> dict[str, Any]:
-    """The sweep's progress: each run with its `run_progress`, runs and steps done,
-    and an ETA: the steps left at the mean s/step of the runs training now, shared among them."""
+    """The sweep's progress: each run with its `run_progress`, runs and steps done, and an ETA: the
+    steps left of its active runs, plus those other runs of its queue go before or beside them, at
+    the wall-clock per step its runs have taken (`wall_s_per_step`), shared among the live workers
+    of its queue."""
     runs = list(experiment.runs.all())
     live = Worker.live_queues()
     queues = QueueState.read({run.queue for run in runs if run.status == Run.QUEUED})
     rows = [(run, run_progress(run, live, queues)) for run in runs]
-    rates = [report["s_per_step"] for _, report in rows if report["s_per_step"] is not None]
     steps_left = sum(max(0, run.steps - run.progress) for run in runs if run.is_active)
-    running = sum(run.status == Run.RUNNING for run in runs)
     eta_s = None
-    if rates and running:
-        eta_s = steps_left * (sum(rates) / len(rates)) / running
+    pace = wall_s_per_step(runs, rows) if steps_left else None
+    if pace is not None:
+        queue = next(run.queue for run in runs if run.is_active)
+        workers = Worker.live_count(queue)
+        if workers:
+            eta_s = (steps_left + steps_ahead(experiment, queue)) * pace / workers
     started = [run.started for run in runs if run.started is not None]
     finished = [run.finished for run in runs if run.finished is not None]
     over = not any(run.is_active for run in runs)

@@ -42,6 +42,18 @@ class SweepIn(Schema):
     )
 
 
+class SeedsIn(Schema):
+    seeds: int = Field(
+        ge=1, le=64, description="how many seeds to add: each cell of the sweep again with the next seeds"
+    )
+
+
+class SeedsOut(Schema):
+    experiment: int
+    seeds: list[int] = Field(description="the seeds added")
+    runs: list[int] = Field(description="the runs queued, one per cell and new seed")
+
+
 class SweepOut(Schema):
     experiment: int
     runs: list[int]

@@ -451,20 +451,75 @@ def create_experiment(team: Team, owner, name: str, description: str, sweep: Swe
     row locked until commit, so two submissions cannot both pass the cap, and a member removed
     meanwhile (the removal takes the same lock) queues nothing."""
     with transaction.atomic():
-        Team.objects.select_for_update().filter(pk=team.pk).first()
-        if not Membership.objects.filter(team=team, user=owner).exists():
-            raise SweepError([("team", f"you are not a member of team {team} (any more)")])
-        if refusal := queued_cap_refusal(team, len(sweep.configs)):
-            raise SweepError([("team", refusal)])
-        if problems := Worker.precision_problems(sweep.configs):
-            field = "axes.rollout.dtype" if "rollout.dtype" in sweep.axes else "rollout.dtype"
-            raise SweepError([(field, message) for _, message in problems])
+        _admit(team, owner, sweep)
         experiment = Experiment.objects.create(
             team=team, owner=owner, name=name, description=description, spec=sweep.as_spec()
         )
-        for config, variant in zip(sweep.configs, sweep.variants or [{}] * len(sweep.configs), strict=True):
-            Run.create_for(experiment, config, serial=sweep.serial, variant=variant).enqueue()
+        _queue(experiment, sweep)
     return experiment
+
+
+def _admit(team: Team, owner, sweep: Sweep) -> None:
+    """Lock the team's row until commit and raise `SweepError` unless `owner` may queue `sweep`'s
+    runs in it now: a member, within the queued cap, every precision run by some worker."""
+    Team.objects.select_for_update().filter(pk=team.pk).first()
+    if not Membership.objects.filter(team=team, user=owner).exists():
+        raise SweepError([("team", f"you are not a member of team {team} (any more)")])
+    if refusal := queued_cap_refusal(team, len(sweep.configs)):
+        raise SweepError([("team", refusal)])
+    if problems := Worker.precision_problems(sweep.configs):
+        field = "axes.rollout.dtype" if "rollout.dtype" in sweep.axes else "rollout.dtype"
+        raise SweepError([(field, message) for _, message in problems])
+
+
+def _queue(experiment: Experiment, sweep: Sweep) -> list[Run]:
+    """One queued run of `experiment` per cell of `sweep`, each sent once the transaction commits.
+    A serial sweep's runs are made (so claimed: first in, first out) round robin by seed across its
+    cells, every cell's seed 0, then every cell's seed 1, …: a slow drift in outside load falls on
+    the cells compared alike, not between them (blocks of one cell's seeds put it between them)."""
+    cells = list(zip(sweep.configs, sweep.variants or [{}] * len(sweep.configs), strict=True))
+    if sweep.serial:
+        cells.sort(key=lambda cell: sweep.seeds.index(cell[0].seed))  # stable: cells in grid order
+    runs = []
+    for config, variant in cells:
+        run = Run.create_for(experiment, config, serial=sweep.serial, variant=variant)
+        run.enqueue()
+        runs.append(run)
+    return runs
+
+
+MAX_ADDED_SEEDS = 64
+
+
+def seeds_to_add(experiment: Experiment, n: int) -> list[int]:
+    """The next `n` seeds after the experiment's highest; `SweepError` (field `seeds`) when n is not
+    1 to `MAX_ADDED_SEEDS`."""
+    if not 1 <= n <= MAX_ADDED_SEEDS:
+        raise SweepError([("seeds", f"add 1 to {MAX_ADDED_SEEDS} seeds at a time (got {n})")])
+    start = max(experiment.spec.get("seeds") or [-1]) + 1
+    return list(range(start, start + n))
+
+
+def add_seeds(experiment: Experiment, owner, n: int) -> list[Run]:
+    """Queue every cell of `experiment`'s sweep again with its next `n` seeds, into the same
+    experiment (its claims and reports pick them up); its spec lists the new seeds too. Checked as a
+    new sweep is (the grid against today's rules, the team's cap, the workers' precisions); raises
+    `SweepError` with every problem, queuing nothing then."""
+    spec = experiment.spec
+    seeds = seeds_to_add(experiment, n)
+    sweep = expand(
+        spec["config"], spec["presets"], spec["staleness"], seeds, spec.get("serial", False), spec.get("axes")
+    )
+    with transaction.atomic():
+        _admit(experiment.team, owner, sweep)
+        locked = Experiment.objects.select_for_update().get(pk=experiment.pk)
+        if locked.spec.get("seeds") != spec.get("seeds"):
+            raise SweepError([("seeds", "seeds were added to this experiment meanwhile: look again")])
+        runs = _queue(experiment, sweep)
+        locked.spec = {**locked.spec, "seeds": [*locked.spec["seeds"], *seeds]}
+        locked.save(update_fields=["spec"])
+    experiment.spec = locked.spec
+    return runs
 
 
 DUPLICATE_WINDOW_S = 600  # a form sent again within this long after one like it is asked about first

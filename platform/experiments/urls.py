@@ -11,6 +11,7 @@ urlpatterns = [
     path("experiments/new/", views.submit_sweep, name="submit-sweep"),
     path("experiments/<int:experiment_id>/", views.experiment_detail, name="experiment-detail"),
     path("experiments/<int:experiment_id>/cancel/", views.experiment_cancel, name="experiment-cancel"),
+    path("experiments/<int:experiment_id>/seeds/", views.experiment_seeds, name="experiment-seeds"),
     path(
         "experiments/<int:experiment_id>/archive/",
         views.experiment_set_archived,

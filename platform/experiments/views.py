@@ -214,6 +214,47 @@ def experiment_save_template(request: HttpRequest, experiment_id: int) -> HttpRe
 
 
 @login_required
+def experiment_seeds(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """GET: how many runs adding seeds would queue (`?n=`, e.g. the seeds a claim says would settle
+    it), to confirm; POST: queue every cell again with the next n seeds, into this experiment."""
+    experiment = _experiment(request, experiment_id)
+    data = request.POST if request.method == "POST" else request.GET
+    text = data.get("n", "1").strip()
+    error = ""
+    n = int(text) if text.isdigit() and len(text) <= 3 else 0
+    if request.method == "POST":
+        try:
+            runs = sweeps.add_seeds(experiment, request.user, n)
+        except sweeps.SweepError as exc:
+            error = "; ".join(message for _, message in exc.errors)
+        else:
+            added = sorted({run.seed for run in runs})
+            messages.success(
+                request,
+                f"Queued {len(runs)} run{pluralize(len(runs))}: every cell with seed{pluralize(len(added))} "
+                f"{', '.join(map(str, added))}.",
+            )
+            return redirect("experiment-detail", experiment.pk)
+    try:
+        seeds = sweeps.seeds_to_add(experiment, n)
+    except sweeps.SweepError as exc:
+        error, seeds = error or exc.errors[0][1], []
+    spec = experiment.spec
+    cells = experiment.runs.values("preset", "staleness", "variant_pairs").distinct().count()
+    context = {
+        "experiment": experiment,
+        "n": text,
+        "seeds": seeds,
+        "have": spec.get("seeds", []),
+        "cells": cells,
+        "runs": cells * len(seeds),
+        "error": error,
+        "max_seeds": sweeps.MAX_ADDED_SEEDS,
+    }
+    return render(request, "experiments/seeds.html", context, status=422 if error else 200)
+
+
+@login_required
 def experiment_cancel(request: HttpRequest, experiment_id: int) -> HttpResponse:
     """GET: what cancelling would stop, to confirm; POST: cancel every queued or running run."""
     experiment = _experiment(request, experiment_id)

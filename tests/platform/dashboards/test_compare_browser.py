@@ -314,7 +314,7 @@ def test_the_trade_off_table_and_chart_of_a_mixed_sweep_with_a_contended_run(pag
     text = row.text_content()
     assert "-0.100 [-0.100, -0.100] min–max · 2 seeds" in text, text
     assert "2.00× [2.00×, 2.00×] min–max · 2 seed pairs, no CI below 5" in text, text
-    assert text.endswith("1.00 / 2.00none"), text
+    assert text.endswith("1.00 / 2.000.02 / 0.02none"), text  # s per step, outside load, runs left out
     grpo = page.text_content(
         "#speedups tr[data-preset=grpo][data-staleness='async ≤ 2'][data-reference=on-policy]"
     )
@@ -378,3 +378,16 @@ def test_the_staleness_answer_drop_table_findings_and_the_template_link(page, li
     page.click("#template-cpu-demo")
     page.wait_for_url("**template=cpu-demo")
     assert page.input_value("input[name=seeds]") == "0, 1"
+
+
+def test_paper_claims_about_presets_the_sweep_never_ran_are_one_line_not_missing_cells(
+    page, live_server, team, alice
+):
+    experiment = make_finished_experiment(team, alice)  # reinforce and grpo only
+    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]))
+    rendered(page, metric="eval/accuracy")
+    verdicts = page.eval_on_selector_all("#findings > li", "items => items.map(li => li.dataset.verdict)")
+    assert verdicts == ["contradict"], "no 'missing cells' entry for presets never run"
+    line = page.text_content("#findings-left-out")
+    assert line.startswith("Not checked, as the sweep ran none of their presets: “On-policy, reinforce,")
+    assert "(needs rec-oneside-nois, rec-oneside-nois-wide)" in line and line.count("“") == 2

@@ -38,4 +38,4 @@ def test_a_cancelled_run_is_listed_and_every_table_says_it_was_left_out(page, li
     readout = page.text_content(f"#speedups tr[data-preset=grpo][data-staleness='{ASYNC}']")
     assert readout.endswith("1 (1 ended early)"), readout
     iqm = page.text_content("#iqm tr[data-line=grpo]")
-    assert "(1 seeds* · 1 ended early, left out)" in iqm, iqm
+    assert "(1 seed, no CI below 5 · 1 ended early, left out)" in iqm, iqm

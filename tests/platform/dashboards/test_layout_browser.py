@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 from sample_experiments import make_finished_experiment
 from support import TEST_VAR
 from test_compare_browser import rendered
@@ -114,3 +115,41 @@ def test_the_run_page_shows_status_and_phase_above_its_charts(page, live_server,
     status, curves = (page.locator(s).bounding_box()["y"] for s in ("#run-status", "#run-curves"))
     assert status < curves and status < 400, "the status is on the first screen, above the charts"
     assert "Status succeeded" in page.inner_text("#run-status")
+
+
+def page_width(page) -> list[int]:
+    return page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+
+
+def test_the_experiment_page_fits_900_px_and_then_and_now_fits_1280_px(page, live_server, team, alice):
+    """At 900 px the experiment page's runs table scrolls in its own box; a report's "compare with
+    current data" page keeps its long links inside 1,280 px and shades only the changed rows."""
+    from dashboards import reports
+    from dashboards.models import Report
+
+    experiment = make_finished_experiment(team, alice, name="demo", presets=PRESETS, staleness=STALENESS)
+    page.set_viewport_size({"width": 900, "height": 900})
+    page.goto(live_server.url + reverse("experiment-detail", args=[experiment.pk]))
+    page.wait_for_selector("#sweep-runs tr td")
+    width = page_width(page)
+    assert width[0] <= width[1], f"the experiment page is {width[0]} px wide in a {width[1]} px window"
+
+    link = (
+        f"/experiments/{experiment.pk}/compare/?metric=eval/accuracy&x=step&band=ci&rule=mean_last_k&k=10"
+        "&delta=0.02&view=grid&facet=staleness&colour=preset&smooth=0.5&contended=0"
+    )
+    report = Report.objects.create(team=team, author=alice, title="Then", source=f"{{{{ table {link} }}}}")
+    reports.publish(report, alice)
+    Run.objects.filter(pk=experiment.runs.first().pk).update(archived=timezone.now())
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(live_server.url + reverse("report-current", args=[report.pk]))
+    page.wait_for_selector("section.current-block")
+    width = page_width(page)
+    assert width[0] <= width[1], f"the then-and-now page is {width[0]} px wide in a {width[1]} px window"
+    shading = page.evaluate(
+        """() => [getComputedStyle(document.querySelector('section.current-block')).backgroundColor,
+                  [...document.querySelectorAll('tr.changed')].map(tr => getComputedStyle(tr).backgroundColor)]"""
+    )
+    assert shading[0] == "rgba(0, 0, 0, 0)", "the block itself is not shaded"
+    assert shading[1] and set(shading[1]) == {"rgb(255, 244, 214)"}, "the changed rows are"
+    page.screenshot(path=SCREENSHOTS / "report-then-and-now.png", full_page=True)

@@ -183,3 +183,41 @@ def test_an_experiment_with_another_config_lends_no_baseline(alice_client, team,
     assert data.json()["borrowed"] == [] and not [
         d for d in data.json()["drops"] if d["experiment"] == stale.pk
     ]
+
+
+def test_each_pair_shows_the_outside_load_its_runs_ran_under(alice_client, team, alice):
+    """A drift in outside load between the cells compared shows beside their ratio."""
+    experiment = make_finished_experiment(team, alice, presets=("grpo",), staleness=CELLS, seeds=(0, 1))
+    for run in experiment.runs.all():
+        run.summary = measured(1.0 if run.staleness == "async ≤ 2" else 2.0, 1.0)
+        run.summary["machine/others_cores"] = 0.3 if run.staleness == "async ≤ 2" else 0.1 + 0.1 * run.seed
+        run.save(update_fields=["summary"])
+    row = readout(payload(alice_client, experiment), "async ≤ 2", "sync_offset=2")
+    assert row["others_cores"] == pytest.approx(0.3)
+    assert row["reference_others_cores"] == pytest.approx(0.15), "the mean of 0.1 and 0.2"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_when_every_run_ran_contended_the_readout_says_so_first_and_draws_no_empty_chart(
+    page, live_server, team, alice
+):
+    experiment = make_finished_experiment(team, alice, presets=("grpo",), staleness=CELLS[:3], seeds=(0, 1))
+    for run in experiment.runs.all():
+        run.summary = measured(2.0, 2.0, contended=True)
+        run.summary["machine/others_cores"] = (
+            0.9 + 0.1 * run.seed + (0.5 if run.staleness == "on-policy" else 0)
+        )
+        run.save(update_fields=["summary"])
+    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]))
+    page.wait_for_selector("#speedups tr[data-preset=grpo]")
+    note = page.text_content("#speedups-contended")
+    assert note.startswith(
+        "All 6 runs of these cells ran contended: 0.9–1.5 cores used by other processes"
+    ), note
+    assert page.is_hidden("#speedup-chart"), "no empty chart"
+    page.click("#speedups-contended a")
+    page.wait_for_url("**contended=1**")
+    page.wait_for_function(
+        "() => document.getElementById('speedup-chart').querySelector('.main-svg') !== null"
+    )
+    assert page.is_hidden("#speedups-contended") and page.is_visible("#speedup-chart")

@@ -145,3 +145,33 @@ def test_a_retried_run_while_queued_shows_no_step_or_start_of_its_last_attempt(t
     assert (run.status, run.attempt, run.progress, run.started, run.phase) == (Run.QUEUED, 2, 0, None, "")
     shown = api_run(client, ApiToken.issue(alice), run)
     assert shown["progress_report"]["step"] == 0 and shown["started"] is None
+
+
+def test_a_sweeps_eta_is_its_steps_left_and_those_ahead_at_its_measured_pace_over_live_workers(team, alice):
+    """Two of four 6-step runs took 60 s each start to end (10 s a step, all included): the two left
+    take 120 s on one worker; another experiment's running run with 4 steps left adds 40 s; two
+    workers halve it. Mid-sweep, with no run training at this moment, it still has one."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from experiments.progress import sweep_progress
+
+    experiment = queue_sweep(team, alice, "eta", seeds=(0, 1, 2, 3))
+    now = timezone.now()
+    for run in experiment.runs.order_by("pk")[:2]:
+        Run.objects.filter(pk=run.pk).update(
+            status=Run.SUCCEEDED,
+            progress=6,
+            started=now - timedelta(seconds=100),
+            finished=now - timedelta(seconds=40),
+        )
+    Worker.seen("one:1:a", ["cpu"])
+    assert sweep_progress(experiment)["eta_s"] == pytest.approx(120)
+    other = queue_sweep(team, alice, "beside").runs.get()
+    Run.objects.filter(pk=other.pk).update(status=Run.RUNNING, progress=2, started=now)
+    assert sweep_progress(experiment)["eta_s"] == pytest.approx(160)
+    Worker.seen("two:2:b", ["cpu", "rollout"])
+    assert sweep_progress(experiment)["eta_s"] == pytest.approx(80)
+    Worker.objects.all().delete()
+    assert sweep_progress(experiment)["eta_s"] is None, "no live worker: no ETA"

@@ -19,6 +19,7 @@ OPERATIONS = {
     ("post", "/api/sweeps"): {201, 401, 422},
     ("get", "/api/experiments"): {200, 401, 422},
     ("post", "/api/experiments/{experiment_id}/cancel"): {200, 401, 404, 422},
+    ("post", "/api/experiments/{experiment_id}/seeds"): {201, 401, 404, 422},
     ("post", "/api/experiments/{experiment_id}/archive"): {200, 401, 404, 422},
     ("post", "/api/experiments/{experiment_id}/unarchive"): {200, 401, 404, 422},
     ("delete", "/api/experiments/{experiment_id}"): {200, 401, 403, 404, 409, 422},

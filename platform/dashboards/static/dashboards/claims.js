@@ -71,6 +71,16 @@
       rows.append(item);
     }
     li.append(verdict, " ", link, about, rows);
+    // Where more seeds would settle it: queue them into this experiment, after a confirmation page.
+    const short = claim.by_setting.flatMap((e) => e.parts).filter((p) => p.seeds_needed && p.n && p.seeds_needed > p.n);
+    if (form.dataset.experiment && short.length) {
+      const more = Math.max(...short.map((p) => p.seeds_needed - p.n));
+      const add = document.createElement("a");
+      add.className = "add-seeds";
+      add.href = `/experiments/${form.dataset.experiment}/seeds/?n=${more}`;
+      add.textContent = `Add ${more} seed${more === 1 ? "" : "s"}…`;
+      li.append(add);
+    }
     return li;
   }
 

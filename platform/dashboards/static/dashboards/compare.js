@@ -280,7 +280,32 @@
     return staleness === "on-policy" ? "" : ` (baseline: ${staleness})`;
   }
 
+  // The final value's own noise beside δ: one evaluation of n prompts wobbles by √(p(1 − p)/n).
+  function drawEvalNoise() {
+    const note = document.getElementById("eval-noise");
+    const noise = payload.eval_noise;
+    note.hidden = !noise;
+    if (!noise) return;
+    const what = noise.evaluations === 1 ? `One evaluation of ${noise.eval_size} prompts` : `The mean of ${noise.evaluations} evaluations of ${noise.eval_size} prompts`;
+    const text = `${what} at accuracy ${noise.accuracy.toFixed(2)} has a standard error of about ${noise.standard_error.toFixed(3)}, ${noise.exceeds_delta ? "more" : "less"} than δ = ${payload.delta}`;
+    note.className = noise.exceeds_delta ? "warning" : "helptext";
+    if (!noise.exceeds_delta) {
+      note.textContent = `${text}.`;
+      return;
+    }
+    const smoother = (rule) => {
+      const url = new URL(window.location.href);
+      url.searchParams.set("rule", rule);
+      const link = document.createElement("a");
+      link.href = url.toString();
+      link.textContent = rule === "auc" ? "the AUC" : "the mean of the last k";
+      return link;
+    };
+    note.replaceChildren(`${text}: one run's final value cannot resolve δ; more seeds, or a smoother rule: `, smoother("mean_last_k"), " or ", smoother("auc"), ".");
+  }
+
   function drawStalenessAnswer() {
+    drawEvalNoise();
     const stale = payload.staleness.filter((s) => payload.drops.some((d) => d.staleness === s));
     const table = document.getElementById("drops");
     table.replaceChildren();
@@ -332,6 +357,14 @@
         return li;
       }),
     );
+    // One line for the templates about presets the sweep never ran, not a "missing cells" each.
+    const leftOut = new Map();
+    for (const f of payload.findings_left_out) leftOut.set(f.template, f);
+    const skipped = document.getElementById("findings-left-out");
+    skipped.hidden = leftOut.size === 0;
+    skipped.textContent = leftOut.size
+      ? `Not checked, as the sweep ran none of their presets: ${[...leftOut.values()].map((f) => `“${f.claim}” (needs ${f.absent.join(", ")})`).join("; ")}.`
+      : "";
   }
 
   function drawSummary() {
@@ -493,16 +526,44 @@
     return `${r.n_left_out} (${why.join("; ")})`;
   }
 
+  const coresText = (cores) => (cores === null || cores === undefined ? "–" : cores.toFixed(2));
+
+  // The runs of the speed-ups' cells: the distributed or async runs and their simulated references.
+  function speedupRuns(rows) {
+    const cells = new Set(rows.flatMap((r) => [`${r.experiment}\u0000${r.line}\u0000${r.staleness}`, `${r.experiment}\u0000${r.line}\u0000${r.reference}`]));
+    return new Set(payload.runs.filter((run) => cells.has(`${run.experiment}\u0000${run.line}\u0000${run.staleness}`)).map((run) => run.id));
+  }
+
   function drawSpeedups() {
     const table = document.getElementById("speedups");
     table.replaceChildren();
     const rows = payload.speedups;
     document.getElementById("speedups-none").hidden = rows.length > 0;
     if (!rows.length) {
+      document.getElementById("speedups-contended").hidden = true;
       Plotly.purge("speedup-chart");
       return;
     }
-    cellRow(table, ["preset", "cell", "against", `${payload.metric} change`, "wall-clock speed-up", "CPU cost", "s per steady step (cell / reference)", "runs left out"], true);
+    // Every pair left out for contention (the default leaves contended runs out): say so first,
+    // with the counted view one click away, and draw no empty chart.
+    const note = document.getElementById("speedups-contended");
+    const measured = payload.runs.filter((r) => speedupRuns(rows).has(r.id) && r.others_cores !== null);
+    const allContended = !payload.contended && rows.every((r) => r.n_pairs === 0) && measured.length > 0 && measured.every((r) => r.contended);
+    note.hidden = !allContended;
+    if (allContended) {
+      const cores = measured.map((r) => r.others_cores);
+      const counted = new URL(window.location.href);
+      counted.searchParams.set("contended", "1");
+      const link = document.createElement("a");
+      link.href = counted.toString();
+      link.textContent = "count them anyway";
+      note.replaceChildren(
+        `All ${measured.length} runs of these cells ran contended: ${Math.min(...cores).toFixed(1)}–${Math.max(...cores).toFixed(1)} cores used by other processes, so no speed-up is measured (`,
+        link,
+        ").",
+      );
+    }
+    cellRow(table, ["preset", "cell", "against", `${payload.metric} change`, "wall-clock speed-up", "CPU cost", "s per steady step (cell / reference)", "outside load, cores (cell / reference)", "runs left out"], true);
     const several = payload.experiments.length > 1;
     for (const r of rows) {
       const seconds = r.wall_per_step_s === null ? "–" : `${r.wall_per_step_s.toPrecision(3)} / ${r.reference_wall_per_step_s.toPrecision(3)}`;
@@ -515,13 +576,20 @@
         ratioText(r.speedup),
         ratioText(r.cpu_cost),
         seconds,
+        `${coresText(r.others_cores)} / ${coresText(r.reference_others_cores)}`,
         leftOut(r),
       ]);
       tr.dataset.preset = r.preset;
       tr.dataset.staleness = r.staleness;
       tr.dataset.reference = r.reference;
     }
-    const presets = [...new Set(rows.map((r) => r.line))];
+    const plotted = rows.filter((r) => r.speedup.value !== null && r.accuracy_change.value !== null);
+    document.getElementById("speedup-chart").hidden = plotted.length === 0;
+    if (!plotted.length) {
+      Plotly.purge("speedup-chart");
+      return;
+    }
+    const presets = [...new Set(plotted.map((r) => r.line))];
     const traces = presets.map((line) => {
       const preset = rows.find((r) => r.line === line).preset;
       const mine = rows.filter((r) => r.line === line && r.speedup.value !== null && r.accuracy_change.value !== null);
@@ -607,23 +675,33 @@
     }
   }
 
+  // The tables first (the answer), painted before the charts are drawn (their pictures): a page of
+  // many runs shows its numbers without waiting for Plotly. `data-filled` and `data-rendered` say
+  // which view each has reached.
+  let drawTicket = 0;
   function draw() {
     fillFieldControls();
     drawWarnings();
-    if (control("view").value === "overlay") drawOverlay();
-    else drawGrid();
     drawSummary();
     drawCollapsed();
     drawEndedEarly();
     drawStalenessAnswer();
+    drawContrasts();
+    const runs = payload.runs.length;
+    status.textContent = `${runs} run${runs === 1 ? "" : "s"} in ${payload.groups.length} groups${payload.active ? " · some still running, refreshing" : ""}`;
+    root.dataset.filled = new URLSearchParams(state()).toString();
+    const ticket = ++drawTicket;
+    requestAnimationFrame(() => setTimeout(() => ticket === drawTicket && drawCharts(), 0));
+  }
+
+  function drawCharts() {
+    if (control("view").value === "overlay") drawOverlay();
+    else drawGrid();
     drawTradeOff();
     drawSpeedups();
     drawContended();
     drawScatter();
-    drawContrasts();
     document.getElementById("smooth-value").textContent = control("smooth").value;
-    const runs = payload.runs.length;
-    status.textContent = `${runs} run${runs === 1 ? "" : "s"} in ${payload.groups.length} groups${payload.active ? " · some still running, refreshing" : ""}`;
     root.dataset.rendered = new URLSearchParams(state()).toString();
   }
 

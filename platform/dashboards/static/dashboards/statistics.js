@@ -28,7 +28,7 @@
     const digits = Math.max(3, payload.digits);
     const first = stats.cells[0];
     document.getElementById("statistics-method").textContent = first
-      ? `${first.iqm.method}, ${first.iqm.reps} reps (P(a > b): ${stats.improvement[0] ? stats.improvement[0].poi.reps : "–"}), RNG seed ${first.iqm.seed}, ${Math.round(first.iqm.confidence * 100)}% CIs; * fewer than ${stats.few_seeds} seeds.`
+      ? `${first.iqm.method}, ${first.iqm.reps} reps (P(a > b): ${stats.improvement[0] ? stats.improvement[0].poi.reps : "–"}), RNG seed ${first.iqm.seed}, ${Math.round(first.iqm.confidence * 100)}% CIs from ${stats.few_seeds} seeds on; fewer: the estimate alone, no CI, as everywhere on this page.`
       : "No final values yet.";
     const table = document.getElementById("iqm");
     table.replaceChildren();
@@ -39,8 +39,10 @@
         const c = cells.get(`${line}\u0000${s}`);
         if (!c) return ["", ""];
         const early = c.n_ended_early ? ` · ${c.n_ended_early} ended early, left out` : "";
-        const mark = c.few_seeds ? ` (${c.n} seeds*${early})` : ` (${c.n} seeds${early})`;
-        return [estimate(c.iqm, digits) + mark, estimate(c.mean, digits)];
+        const going = c.n_active ? ` · provisional: ${c.n_active} still going, their values so far` : "";
+        const value = (e) => (c.few_seeds ? fmt(e.value, digits) : estimate(e, digits));
+        const mark = ` (${c.n} seed${c.n === 1 ? "" : "s"}${c.few_seeds ? `, no CI below ${stats.few_seeds}` : ""}${early}${going})`;
+        return [value(c.iqm) + mark, value(c.mean)];
       });
       row(table, [line, ...values]).dataset.line = line;
     }
@@ -48,7 +50,8 @@
     poi.replaceChildren();
     row(poi, ["setting", "a", "b", "P(a > b) [95% CI]", "pairing", "seeds"], true);
     for (const r of stats.improvement) {
-      const tr = row(poi, [r.staleness, r.a, r.b, estimate(r.poi, 2), r.paired ? "paired by seed" : "unpaired (other seeds)", String(r.poi.n)]);
+      const p = r.poi.n >= stats.few_seeds ? estimate(r.poi, 2) : `${fmt(r.poi.value, 2)} (no CI below ${stats.few_seeds} seeds)`;
+      const tr = row(poi, [r.staleness, r.a, r.b, p, r.paired ? "paired by seed" : "unpaired (other seeds)", String(r.poi.n)]);
       tr.dataset.a = r.a;
       tr.dataset.b = r.b;
       tr.dataset.staleness = r.staleness;
