@@ -13,6 +13,7 @@ import json
 
 import pytest
 import test_compare
+import test_speedup
 from django.urls import reverse
 from sample_experiments import make_finished_experiment
 from support import log_points
@@ -31,24 +32,8 @@ demo = test_compare.demo  # the fixture: an experiment shaped like the paper's c
 
 
 def measured(wall_per_step_s: float, contended: bool = False, steps: int = 38) -> dict:
-    """A run summary as `workers.measure` writes it: `steps` steady steps of `wall_per_step_s`
-    (three quarters training, a quarter evaluating), a CPU second each."""
-    return {
-        "time/startup_s": 3.0,
-        "time/warm_start_s": 7.0,
-        "time/first_step_s": 1.5,
-        "time/steady_s": 0.75 * wall_per_step_s * steps,
-        "time/eval_steady_s": 0.25 * wall_per_step_s * steps,
-        "time/checkpoint_steady_s": 0.0,
-        "time/attempt_s": 100.0,
-        "steps/steady": float(steps),
-        "tokens/steady": 1000.0 * steps,
-        "cpu/trainer_steady_s": 0.5 * steps,
-        "cpu/rollout_steady_s": 0.5 * steps,
-        "threads/trainer": 1.0,
-        "machine/others_cores": 1.0 if contended else 0.02,
-        "machine/contended": float(contended),
-    }
+    """A run summary as `workers.measure` writes it (`test_speedup.measured`), a CPU second a step."""
+    return test_speedup.measured(wall_per_step_s, 1.0, contended, steps)
 
 
 def end_at(run: Run, status: str, step: int) -> None:
