@@ -46,10 +46,11 @@ class QueueState:
                 running.setdefault(queue, {})[team] = n
         return cls(place, running)
 
-    def waiting(self, run: Run, team: int) -> tuple[int | None, str]:
-        """(its place among its team's queued runs of its queue, 1 = next; what it waits for)."""
-        place = self.place.get(run.pk)
-        ahead = (place or 1) - 1
+    def waiting(self, run: Run, team: int) -> tuple[int, str]:
+        """(its place among its team's queued runs of its queue, 1 = next; what it waits for), for
+        a run queued when this state was read."""
+        place = self.place[run.pk]
+        ahead = place - 1
         parts = [
             f"next of its team's runs on queue {run.queue}"
             if ahead == 0
@@ -106,6 +107,10 @@ def run_progress(
     if run.status == Run.QUEUED:
         if queues is None:
             queues = QueueState.read([run.queue])
+        if run.pk not in queues.place:
+            # Claimed (or cancelled) since the caller read the run: it is not next any more.
+            report.update(phase="starting", text="starting: a worker has just taken it")
+            return report
         team = run.experiment.team_id
         place, waiting = queues.waiting(run, team)
         report["queue_position"] = place

@@ -175,3 +175,20 @@ def test_a_sweeps_eta_is_its_steps_left_and_those_ahead_at_its_measured_pace_ove
     assert sweep_progress(experiment)["eta_s"] == pytest.approx(80)
     Worker.objects.all().delete()
     assert sweep_progress(experiment)["eta_s"] is None, "no live worker: no ETA"
+
+
+def test_two_queued_runs_never_both_read_next_when_one_is_claimed_while_the_page_reads(team, alice):
+    """A sweep's page reads its runs, then where the queued ones stand: a run a worker claims in
+    between is no longer queued when the queue is read. It said "next" as well as the run now next."""
+    from experiments.progress import QueueState
+
+    first, second, third = queue_sweep(team, alice, "race", seeds=(0, 1, 2)).runs.order_by("id")
+    assert first.claim("w:1", attempt=first.attempt)  # a worker takes it after the page read its runs
+    first.status = Run.QUEUED  # the page's copy, read before the claim
+    queues = QueueState.read(["cpu"])
+    reports = [run_progress(run, {"cpu"}, queues) for run in (first, second, third)]
+    nexts = [r for r in reports if "next of its team's runs" in r["text"]]
+    assert len(nexts) == 1 and reports[1] is nexts[0]
+    assert reports[0]["phase"] == "starting" and reports[0]["queue_position"] is None
+    assert "a worker has just taken it" in reports[0]["text"]
+    assert reports[2]["queue_position"] == 2
