@@ -58,6 +58,7 @@ TEST_FIELDS = (
     "p_support_holm",
     "p_contradict_holm",
     "seeds_needed",
+    "seeds_threshold",
 )
 
 
@@ -206,11 +207,18 @@ def _thresholds(kind: str, delta: float) -> tuple[float, ...]:
     return (-delta, delta) if kind == "equivalent" else ((delta,) if kind == "beats" else (-delta,))
 
 
+def nearest_threshold(kind: str, mean: float, delta: float) -> float:
+    """The line an undecided test's D must be told from (its seeds-needed figure aims at it): −δ
+    (holds, degrades), +δ (beats), or the nearer of ±δ (equivalent). Not 0, which is what "cannot
+    be told apart" asks: the same pair can need far more seeds here when D sits near ±δ."""
+    return min(_thresholds(kind, delta), key=lambda t: abs(mean - t))
+
+
 def seeds_needed(kind: str, s: Sample, delta: float, alpha: float) -> int | None:
     """Seeds per cell for a difference like this one (its mean and spread) to be decided at level
     `alpha` with power 0.8 by a one-sided t test against its nearest threshold; None when it sits
     on a threshold or has no spread to go on, and above `MAX_SEEDS_NEEDED`."""
-    gap = min(abs(s.mean - t) for t in _thresholds(kind, delta))
+    gap = abs(s.mean - nearest_threshold(kind, s.mean, delta))
     if gap == 0 or not math.isfinite(s.sd) or s.sd == 0:
         return None
     n = np.arange(2, MAX_SEEDS_NEEDED + 1)
@@ -306,6 +314,7 @@ def evaluate(statement: Statement, data: Data) -> dict[str, Any]:
         else:
             row["verdict"] = CANNOT_TELL
             row["seeds_needed"] = seeds_needed(row["kind"], s, delta, alpha / max(1, len(tests)))
+            row["seeds_threshold"] = nearest_threshold(row["kind"], s.mean, delta)
         row["reason"] = _reason(row)
     for entry in settings_out:
         verdicts = [p["verdict"] for p in entry["parts"]]
@@ -361,7 +370,12 @@ def _reason(row: dict[str, Any]) -> str:
         state = f"contradicts: {RULES[row['kind']][1]}"
     else:
         needed = row.get("seeds_needed")
-        state = "cannot tell" + (f" (about {needed} seeds per cell would settle it)" if needed else "")
+        state = "cannot tell"
+        if needed:
+            state += (
+                f" (about {needed} seeds per cell would settle it: D = {row['estimate']:+g} is to be told "
+                f"from {row['seeds_threshold']:+g}, one-sided)"
+            )
     return f"{row['label']}: {state}"
 
 

@@ -335,6 +335,11 @@ class ClaimTestOut(Schema):
     seeds_needed: int | None = Field(
         None, description="seeds per cell that would settle an undecided test (power 0.8); null: cannot say"
     )
+    seeds_threshold: float | None = Field(
+        None,
+        description="the line seeds_needed aims to tell D from (−δ, +δ or the nearer of ±δ; not 0, as the "
+        "comparison's 'cannot be told apart' asks)",
+    )
 
 
 class ClaimSettingOut(Schema):

@@ -420,6 +420,7 @@ def panel(
                 rows.append(
                     {
                         "line": line["line"],
+                        "n": len(scores),
                         "value": values.tolist(),
                         "lo": ci_lo.tolist(),
                         "hi": ci_hi.tolist(),

@@ -73,6 +73,24 @@ def test_seeds_needed_is_the_smallest_n_whose_t_test_has_the_power():
     assert power(n) >= 0 > power(n - 1)
 
 
+@pytest.mark.parametrize(
+    ("kind", "by", "threshold"),
+    [("holds", -0.01, -0.02), ("degrades", -0.01, -0.02), ("beats", 0.01, 0.02), ("equivalent", 0.015, 0.02)],
+)
+def test_an_undecided_test_names_the_line_its_seeds_figure_tells_d_from(kind, by, threshold):
+    """Not 0, as "cannot be told apart" asks, but the ±δ the claim states: the two figures differ
+    for the same pair, and the reason says which line this one is about."""
+    a = {s: BASE[s] + by + e for s, e in zip(range(3), (-0.02, 0.0, 0.02), strict=True)}
+    (row,) = verdict(kind, a, BASE if kind in claims.NEEDS_Y else None)["by_setting"][0]["parts"]
+    assert row["verdict"] == CANNOT_TELL and row["seeds_needed"] > 3, row
+    assert row["seeds_threshold"] == threshold
+    assert row["reason"].endswith(
+        f"cannot tell (about {row['seeds_needed']} seeds per cell would settle it: D = {row['estimate']:+g} "
+        f"is to be told from {threshold:+g}, one-sided)"
+    ), row["reason"]
+    assert claims.nearest_threshold("equivalent", -0.015, 0.02) == -0.02
+
+
 def test_the_tost_is_two_one_sided_t_tests_and_the_interval_is_90_percent():
     a = shifted(0.008, noise=np.array([-0.01, 0.004, 0.0, 0.01, -0.004]))
     result = verdict("equivalent", a, BASE)

@@ -210,6 +210,7 @@ def test_when_every_run_ran_contended_the_readout_says_so_first_and_draws_no_emp
         run.save(update_fields=["summary"])
     page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]))
     page.wait_for_selector("#speedups tr[data-preset=grpo]")
+    assert page.is_visible("#answer-speedups"), "an async cell: the speed-up is one of the page's answers"
     note = page.text_content("#speedups-contended")
     assert note.startswith(
         "All 6 runs of these cells ran contended: 0.9–1.5 cores used by other processes"
@@ -221,3 +222,7 @@ def test_when_every_run_ran_contended_the_readout_says_so_first_and_draws_no_emp
         "() => document.getElementById('speedup-chart').querySelector('.main-svg') !== null"
     )
     assert page.is_hidden("#speedups-contended") and page.is_visible("#speedup-chart")
+    # Counted, the answer card at the top states each cell's speed-up and its accuracy change.
+    assert page.is_visible("#answer-speedups")
+    card = page.locator("#answer-speedups li[data-preset=grpo]").all_text_contents()
+    assert len(card) == 2 and all("× [" in line and "eval/accuracy change" in line for line in card), card

@@ -9,6 +9,7 @@
   const root = document.getElementById("compare");
   const form = document.getElementById("claim-form");
   const list = document.getElementById("claims");
+  const cards = document.querySelector("#answer-claims ul");
   const errors = document.getElementById("claim-errors");
   let current = null; // the latest comparison: { payload, state }
 
@@ -47,6 +48,24 @@
     );
   }
 
+  const signed = (v) => (v > 0 ? `+${v}` : `${v}`);
+
+  // The same two lines at the same setting may sit in "Cannot be told apart" with another seeds
+  // figure: that one tells D from 0 (two-sided), a claim's tells D from its ±δ. Say so beside it.
+  function tieNote(part, setting) {
+    if (!current || part.estimate === null || part.estimate === undefined) return "";
+    const lines = new Map(current.payload.lines.map((l) => [`${l.experiment}|${l.variant_label}|${l.preset}`, l.line]));
+    const cells = [part.a, part.b].map((c) => c.slice(0, c.lastIndexOf(" × ")));
+    const tie = current.payload.ties.find((t) => {
+      if (t.staleness !== setting || t.seeds_needed === null) return false;
+      const pair = [t.a, t.b].map((preset) => lines.get(`${t.experiment}|${t.variant}|${preset}`));
+      return pair.includes(cells[0]) && pair.includes(cells[1]) && cells[0] !== cells[1];
+    });
+    if (!tie) return "";
+    const digits = current.payload.digits;
+    return `; "Cannot be told apart" says about ${tie.seeds_needed} for the same pair: that figure tells D from 0, this one from ${signed(part.seeds_threshold)}, and D = ${signed(part.estimate)} lies ${Math.abs(part.estimate).toFixed(digits)} from 0 but ${Math.abs(part.estimate - part.seeds_threshold).toFixed(digits)} from ${signed(part.seeds_threshold)}`;
+  }
+
   function claimItem(claim) {
     const li = document.createElement("li");
     li.dataset.verdict = claim.verdict;
@@ -64,23 +83,46 @@
       const item = document.createElement("li");
       const tests = entry.parts.map((p) => {
         const numbers = p.estimate === undefined || p.estimate === null ? "" : ` D = ${p.estimate} [${p.lo}, ${p.hi}], ${p.n} ${p.paired ? "seed pairs" : "seeds, unpaired"}`;
-        const needed = p.seeds_needed ? `; about ${p.seeds_needed} seeds per cell would settle it` : "";
+        const needed = p.seeds_needed ? `; about ${p.seeds_needed} seeds per cell would settle it (D told from ${signed(p.seeds_threshold)}, one-sided)${tieNote(p, entry.setting)}` : "";
         return `${p.label}:${numbers} → ${p.verdict}${needed}`;
       });
       item.textContent = `at ${entry.setting}: ${entry.verdict} (${tests.join("; ")})`;
       rows.append(item);
     }
     li.append(verdict, " ", link, about, rows);
-    // Where more seeds would settle it: queue them into this experiment, after a confirmation page.
+    const add = addSeeds(claim);
+    if (add) li.append(add);
+    return li;
+  }
+
+  // Where more seeds would settle it: a link that queues them into this experiment, after a
+  // confirmation page; null where none would or the runs are a selection, not an experiment.
+  function addSeeds(claim) {
     const short = claim.by_setting.flatMap((e) => e.parts).filter((p) => p.seeds_needed && p.n && p.seeds_needed > p.n);
-    if (form.dataset.experiment && short.length) {
-      const more = Math.max(...short.map((p) => p.seeds_needed - p.n));
-      const add = document.createElement("a");
-      add.className = "add-seeds";
-      add.href = `/experiments/${form.dataset.experiment}/seeds/?n=${more}`;
-      add.textContent = `Add ${more} seed${more === 1 ? "" : "s"}…`;
-      li.append(add);
-    }
+    if (!form.dataset.experiment || !short.length) return null;
+    const more = Math.max(...short.map((p) => p.seeds_needed - p.n));
+    const add = document.createElement("a");
+    add.className = "add-seeds";
+    add.href = `/experiments/${form.dataset.experiment}/seeds/?n=${more}`;
+    add.textContent = `Add ${more} seed${more === 1 ? "" : "s"}…`;
+    return add;
+  }
+
+  // The answer card: each claim's verdict, the seeds that would settle it, and Add seeds.
+  function claimCard(claim) {
+    const li = document.createElement("li");
+    li.dataset.verdict = claim.verdict;
+    li.dataset.claim = claim.id;
+    const verdict = document.createElement("strong");
+    verdict.textContent = claim.provisional ? `${claim.verdict} (provisional)` : claim.verdict;
+    const link = document.createElement("a");
+    link.href = `/claims/${claim.id}/`;
+    link.textContent = `#${claim.id}${claim.title ? ` ${claim.title}` : ` ${claim.statement}`}`;
+    li.append(verdict, " ", link);
+    const needed = claim.by_setting.flatMap((e) => e.parts).map((p) => p.seeds_needed).filter(Boolean);
+    if (needed.length) li.append(`: about ${Math.max(...needed)} seeds per cell would settle it`);
+    const add = addSeeds(claim);
+    if (add) li.append(" ", add);
     return li;
   }
 
@@ -91,6 +133,9 @@
     const none = document.createElement("li");
     none.textContent = "No claim stated on these runs yet.";
     list.replaceChildren(...(claims.length ? claims.map(claimItem) : [none]));
+    const card = document.createElement("li");
+    card.textContent = "No claim stated on these runs yet: state one below.";
+    cards.replaceChildren(...(claims.length ? claims.map(claimCard) : [card]));
   }
 
   // A poll that brought no new final value, status or run leaves the claims' verdicts as they are,

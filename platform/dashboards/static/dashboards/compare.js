@@ -312,12 +312,25 @@
     cellRow(table, [`change from on-policy (paired by seed)`, ...stale, "mean change", "worst change", `tolerance (δ = ${payload.delta})`, "rank"], true);
     const drops = new Map(payload.drops.map((r) => [`${r.line}\u0000${r.staleness}`, r]));
     const digits = payload.digits;
+    // An answer card stays compact: when every change rests on as many seed pairs with the same kind
+    // of interval (the usual sweep), the caption says so once and the cells show the numbers alone.
+    const kinds = new Set([...payload.drops, ...payload.robustness].filter((r) => r.n_seeds).map((r) => `${r.n_seeds}\u0000${r.interval}`));
+    const common = kinds.size === 1 && payload.drops.length ? payload.drops.find((r) => r.n_seeds) : null;
+    const caption = table.createCaption();
+    caption.textContent = common ? `Every change and verdict below rests on ${common.n_seeds} seed pair${common.n_seeds === 1 ? "" : "s"}: ${common.interval === null ? "no interval" : common.interval === "min–max" ? `their min–max, no CI below ${payload.min_ci_seeds}` : "95% bootstrap CIs"}.` : "";
+    caption.hidden = !common;
+    const cellText = (r) => {
+      if (!common || !r.n_seeds || r.interval === null || r.lo === null) return bracket(r, digits);
+      const f = (v) => (v >= 0 ? "+" : "") + Number(v).toFixed(digits);
+      return `${f(r.value)} [${f(r.lo)}, ${f(r.hi)}]`;
+    };
+    const rests = (row) => (common ? "" : restsOn(row));
     for (const row of payload.robustness) {
-      const cells = stale.map((s) => (drops.has(`${row.line}\u0000${s}`) ? bracket(drops.get(`${row.line}\u0000${s}`), digits) : ""));
+      const cells = stale.map((s) => (drops.has(`${row.line}\u0000${s}`) ? cellText(drops.get(`${row.line}\u0000${s}`)) : ""));
       const mean = row.mean_drop === null ? "–" : row.mean_drop.toFixed(digits);
       const worst = row.worst_drop === null ? "–" : row.worst_drop.toFixed(digits);
-      const tolerance = row.tolerance === null ? "–" : row.tolerance + restsOn(row);
-      const rank = row.rank === null ? "not ranked" : `${row.rank}${restsOn(row)}`;
+      const tolerance = row.tolerance === null ? "–" : row.tolerance + rests(row);
+      const rank = row.rank === null ? "not ranked" : `${row.rank}${rests(row)}`;
       const tr = cellRow(table, [row.line + baselineNote(row), ...cells, mean, worst, tolerance, rank]);
       tr.dataset.preset = row.preset;
       tr.dataset.line = row.line;
@@ -329,7 +342,7 @@
       ...(payload.ties.length || payload.lines.length < 2 ? [] : [none]),
       ...payload.ties.map((t) => {
         const li = document.createElement("li");
-        const need = t.seeds_needed === null ? "cannot tell with these data" : `about ${t.seeds_needed} seeds per preset would (α 0.05, power 0.8)`;
+        const need = t.seeds_needed === null ? "cannot tell with these data" : `about ${t.seeds_needed} seeds per preset would tell it from 0 (two-sided α 0.05, power 0.8)`;
         const variant = t.variant ? ` (${t.variant})` : "";
         li.textContent = `${t.b} − ${t.a} at ${t.staleness}${variant}: ${bracket(t, payload.digits)}: cannot be told apart; ${need}`;
         return li;
@@ -470,6 +483,13 @@
         meta: { kind: options.kind, preset, line },
       };
     });
+    // A chart with nothing to draw (no run measured its throughput yet) is left out, not drawn empty.
+    const el = document.getElementById(element);
+    el.hidden = !traces.some((t) => t.y.some((v) => v !== null && v !== undefined));
+    if (el.hidden) {
+      Plotly.purge(el);
+      return;
+    }
     // Three of these share a row: long staleness labels are tilted, and take the room they need.
     const layout = axisLayout(options.title);
     layout.margin.r = 40;
@@ -539,11 +559,26 @@
     table.replaceChildren();
     const rows = payload.speedups;
     document.getElementById("speedups-none").hidden = rows.length > 0;
+    const card = document.getElementById("answer-speedups");
+    card.hidden = rows.length === 0;
     if (!rows.length) {
       document.getElementById("speedups-contended").hidden = true;
+      document.getElementById("speedup-chart").hidden = true;
       Plotly.purge("speedup-chart");
       return;
     }
+    // The answer card: each cell's speed-up and what it cost in accuracy, one line each.
+    const several = payload.experiments.length > 1;
+    card.querySelector("ul").replaceChildren(
+      ...rows.map((r) => {
+        const li = document.createElement("li");
+        const change = { ...r.accuracy_change, n_seeds: r.accuracy_change.n_pairs };
+        const speed = r.speedup.value === null ? `no speed-up measured (runs left out: ${leftOut(r)})` : `${ratioText(r.speedup)} wall-clock`;
+        li.textContent = `${r.line}${several ? ` · #${r.experiment}` : ""} ${r.staleness} vs ${r.reference}: ${speed}; ${payload.metric} change ${bracket(change, payload.digits)}`;
+        li.dataset.preset = r.preset;
+        return li;
+      }),
+    );
     // Every pair left out for contention (the default leaves contended runs out): say so first,
     // with the counted view one click away, and draw no empty chart.
     const note = document.getElementById("speedups-contended");
@@ -564,7 +599,6 @@
       );
     }
     cellRow(table, ["preset", "cell", "against", `${payload.metric} change`, "wall-clock speed-up", "CPU cost", "s per steady step (cell / reference)", "outside load, cores (cell / reference)", "runs left out"], true);
-    const several = payload.experiments.length > 1;
     for (const r of rows) {
       const seconds = r.wall_per_step_s === null ? "–" : `${r.wall_per_step_s.toPrecision(3)} / ${r.reference_wall_per_step_s.toPrecision(3)}`;
       const change = { ...r.accuracy_change, n_seeds: r.accuracy_change.n_pairs };
@@ -641,6 +675,12 @@
         meta: { kind: "run", preset, line },
       };
     });
+    const scatter = document.getElementById("scatter");
+    scatter.hidden = !traces.some((t) => t.x.length);
+    if (scatter.hidden) {
+      Plotly.purge(scatter);
+      return;
+    }
     const key = payload.staleness.map((s, i) => `${SYMBOLS[i % SYMBOLS.length]}: ${s}`).join(" · ");
     const layout = axisLayout("last reward/mean vs last kl/init, one point per run");
     layout.xaxis = { title: { text: escapeText(`last kl/init · marker = staleness (${key})`) }, automargin: true };

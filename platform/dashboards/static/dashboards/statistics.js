@@ -70,16 +70,19 @@
       return;
     }
     const colour = (line) => payload.colours[(payload.lines.find((l) => l.line === line) || {}).preset] || "#444";
+    const few = payload.statistics.few_seeds;
     const traces = profile.lines.flatMap((l) => [
-      // The CI band as two steps, the upper filled down to the lower.
+      // The CI band as two steps, the upper filled down to the lower; none below `few` seeds (no CI).
+      ...(l.n < few ? [] : [
       { x: profile.taus, y: l.lo, line: { width: 0, shape: "hv" }, hoverinfo: "skip", showlegend: false, meta: { kind: "band-lo", line: l.line } },
       { x: profile.taus, y: l.hi, fill: "tonexty", line: { width: 0, shape: "hv" }, fillcolor: `${colour(l.line)}33`, hoverinfo: "skip", showlegend: false, meta: { kind: "band", line: l.line } },
+      ]),
       { x: profile.taus, y: l.value, name: escapeText(l.line), line: { color: colour(l.line), shape: "hv" }, meta: { kind: "profile", line: l.line } },
     ]);
     const layout = {
       height: 360,
       margin: { t: 30, r: 10, b: 50, l: 60 },
-      title: { text: escapeText(`share of runs above τ at ${profile.staleness}`), font: { size: 13 } },
+      title: { text: escapeText(`share of runs above τ at ${profile.staleness}${profile.lines.some((l) => l.n < few) ? ` (no CI band below ${few} seeds)` : ""}`), font: { size: 13 } },
       xaxis: { title: { text: escapeText(`τ (${payload.metric}, ${payload.rule})`) } },
       yaxis: { title: { text: "fraction of runs > τ" }, range: [0, 1.05] },
       legend: { orientation: "h" },
