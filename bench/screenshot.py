@@ -97,8 +97,9 @@ def main() -> int:
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=30)
-    size = args.out.stat().st_size
-    print(f"{args.out.relative_to(ROOT)}: {WIDTH} × {kept} px of a {full} px page, {size / 1e3:.0f} kB")
+    out = args.out.resolve()
+    shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+    print(f"{shown}: {WIDTH} × {kept} px of a {full} px page, {out.stat().st_size / 1e3:.0f} kB")
     return 0
 
 
