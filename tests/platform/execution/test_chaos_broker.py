@@ -6,7 +6,7 @@ expected) with every metric point once.
 
 The test starts its own redis-server on a free loopback port and a real worker against it and
 the test database, and stops both whatever happens. It prints one line of figures (runs, lost,
-duplicated) for the README's reliability section (`pytest -s`, or the `broker_chaos` property).
+duplicated) for docs/operations.md's reliability section (`pytest -s`, or the `broker_chaos` property).
 """
 
 from __future__ import annotations
