@@ -628,8 +628,11 @@ def staleness_answer(
         rows = [r for r in robustness if r["experiment"] == experiment]
         every = {s for r in rows for s in r["settings"]}
         ranked = [r for r in rows if set(r["settings"]) == every and every and r["mean_drop"] is not None]
-        for rank, row in enumerate(sorted(ranked, key=lambda r: -r["mean_drop"]), start=1):
-            row["rank"] = rank
+        # Equal mean changes (as shown) share a rank, the next one skipping: 1, 1, 3.
+        ordered = sorted(ranked, key=lambda r: -r["mean_drop"])
+        for place, row in enumerate(ordered, start=1):
+            tied = place > 1 and row["mean_drop"] == ordered[place - 2]["mean_drop"]
+            row["rank"] = ordered[place - 2]["rank"] if tied else place
         # Ties and the paper's claims compare presets within one variant (the other axes held fixed).
         for variant in dict.fromkeys(
             line["variant_label"] for line in lines if line["experiment"] == experiment

@@ -233,7 +233,9 @@ class RobustnessOut(LineOut):
     tolerance: str | None = Field(
         description="the stalest setting whose drop's interval stays within δ below 0"
     )
-    rank: int | None = Field(description="by mean drop within its experiment; null if not ranked")
+    rank: int | None = Field(
+        description="by mean drop within its experiment (equal mean drops share a rank: 1, 1, 3); null if not ranked"
+    )
     n_seeds: int = Field(description="the fewest seed pairs its drops rest on")
     interval: str | None = Field(description="the kind of interval of that drop: " + INTERVAL_HELP)
 

@@ -805,3 +805,25 @@ def test_the_final_accuracys_evaluation_noise_is_shown_beside_delta(alice_client
     assert mean_k["standard_error"] == pytest.approx((q * (1 - q) / size / 2) ** 0.5), "√2 evaluations"
     assert data(alice_client, experiment, metric="reward/mean")["eval_noise"] is None
     assert data(alice_client, experiment, metric="eval/accuracy", rule="auc")["eval_noise"] is None
+
+
+def test_equal_mean_drops_share_a_rank(alice_client, team, alice):
+    """The sample sweep's presets all drop 0.1 and 0.2: one shared rank, not 1, 2, 3, 4 by name."""
+    experiment = make_finished_experiment(
+        team, alice, presets=("reinforce", "grpo", "m2po"), staleness=({}, {"sync_offset": 2}), seeds=(0, 1)
+    )
+    rows = data(alice_client, experiment, metric="eval/accuracy")["robustness"]
+    assert len({r["mean_drop"] for r in rows}) == 1 and [r["rank"] for r in rows] == [1, 1, 1]
+    sooner = make_finished_experiment(
+        team,
+        alice,
+        name="one ahead",
+        presets=("reinforce", "grpo", "m2po"),
+        staleness=({}, {"sync_offset": 2}),
+        seeds=(0, 1),
+        final_accuracy=lambda preset, staleness, seed: (
+            0.7 - (0.05 if staleness != "on-policy" and preset == "grpo" else 0)
+        ),
+    )
+    ranks = {r["preset"]: r["rank"] for r in data(alice_client, sooner, metric="eval/accuracy")["robustness"]}
+    assert ranks == {"reinforce": 1, "m2po": 1, "grpo": 3}

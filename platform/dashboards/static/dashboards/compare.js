@@ -330,7 +330,8 @@
       const mean = row.mean_drop === null ? "–" : row.mean_drop.toFixed(digits);
       const worst = row.worst_drop === null ? "–" : row.worst_drop.toFixed(digits);
       const tolerance = row.tolerance === null ? "–" : row.tolerance + rests(row);
-      const rank = row.rank === null ? "not ranked" : `${row.rank}${rests(row)}`;
+      const tied = row.rank !== null && payload.robustness.filter((r) => r.experiment === row.experiment && r.rank === row.rank).length > 1;
+      const rank = row.rank === null ? "not ranked" : `${row.rank}${tied ? " (tied)" : ""}${rests(row)}`;
       const tr = cellRow(table, [row.line + baselineNote(row), ...cells, mean, worst, tolerance, rank]);
       tr.dataset.preset = row.preset;
       tr.dataset.line = row.line;
