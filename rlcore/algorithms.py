@@ -1,10 +1,17 @@
 """The loss family (docs/algorithms.md §2–5, §13) as pure tensor functions: `build(name, **params)` gives
 an `Algorithm` whose `advantages` are group-relative (with RED-Drop) and whose `policy_loss` has the
-spec's gradient with respect to `logp`. Shapes: N responses, T response positions."""
+spec's gradient with respect to `logp`. Shapes: N responses, T response positions.
+
+`policy_loss` is one head (`Ratios`), a surrogate picked by name from `SURROGATES`, and one tail
+(behaviour correction, regulariser, OPSM, aggregation), each part picked by name from its table:
+a new surrogate is one registered function, its name in `presets.Surrogate`, the knobs it reads in
+`presets.READS`, and a preset."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -174,86 +181,57 @@ class Algorithm:
         constant that `seq-mean-token-sum-norm` divides by (default: T).
         """
         s = self.spec
-        m = mask.to(logp.dtype)
-        anchor = self.anchor_logp(logp_old, logp_prox)
-        adv = self._effective(advantages, logp, logp_old, m)[:, None]
-        dropped = (adv == 0) & (advantages.detach().to(logp.dtype)[:, None] != 0)
-        log_ratio = logp.detach() - anchor
-        ratio = log_ratio.exp()
-        tokens_per_seq = m.sum(dim=1).clamp(min=1)
-        seq_ratio = ((log_ratio * m).sum(dim=1) / tokens_per_seq).exp()[:, None]
-        live = (logp - anchor).exp()  # the ratio with its gradient
-        ones = torch.ones_like(ratio)
-        removed = torch.zeros_like(ratio, dtype=torch.bool)  # tokens a mask takes out of the loss
+        head = self.ratios(logp, logp_old, mask, advantages, logp_prox, selected)
+        # The surrogate, by name.
+        token = _pick(SURROGATES, "surrogate", s.surrogate)(s, head)
+        clipped = token.clipped if token.clipped is not None else torch.zeros_like(head.ratio)
+        removed = (
+            token.removed if token.removed is not None else torch.zeros_like(head.ratio, dtype=torch.bool)
+        )
 
-        if s.surrogate == "rec":
-            keep = self._clip_mask(ratio, seq_ratio, adv)
-            weight = self._weight(ratio, seq_ratio, adv)
-            per_token = -adv * weight * logp * keep
-            clipped = 1 - keep
-            weight = weight * keep  # a clipped token gets no gradient: no weight applied
-        elif s.surrogate in ("ppo", "gspo"):
-            if s.surrogate == "gspo":  # value sg(s_i), gradient s_i · ∇logp
-                live = seq_ratio * (logp - logp.detach()).exp()
-            unclipped = -adv * live
-            clipped_branch = -adv * live.clamp(1 - s.eps_low, 1 + s.eps_high)
-            per_token = torch.maximum(unclipped, clipped_branch)
-            clipped = (clipped_branch > unclipped).to(logp.dtype)
-            weight = live.detach() * (1 - clipped)
-            if s.dual_clip is not None:
-                cap = -adv * s.dual_clip
-                dual = (adv < 0) & (per_token > cap)
-                per_token = torch.where(dual, cap.expand_as(per_token), per_token)
-                clipped = torch.maximum(clipped, dual.to(logp.dtype))
-        elif s.surrogate == "m2po":
-            keep = (
-                selected
-                if selected is not None
-                else self.selection(logp, logp_old, mask, advantages, logp_prox)
-            )
-            removed = keep == 0
-            per_token = -keep * live * adv
-            clipped, weight = torch.zeros_like(ratio), ratio
-        elif s.surrogate == "cispo":
-            weight = ratio.clamp(1 - s.eps_low, 1 + s.eps_high)
-            per_token = -weight * adv * logp
-            clipped = (weight != ratio).to(logp.dtype)
-        elif s.surrogate == "sapo":
-            tau = torch.where(adv > 0, s.sapo_tau_pos, s.sapo_tau_neg).to(logp.dtype)
-            gate = torch.sigmoid(tau * (live - 1))
-            per_token = -(4 / tau) * gate * adv
-            g = gate.detach()
-            clipped, weight = torch.zeros_like(ratio), 4 * g * (1 - g) * ratio
-        elif s.surrogate == "gmpo":
-            per_token, clipped, weight = self._gmpo(logp - anchor, adv, m)
-        elif s.surrogate == "topr":
-            weight = torch.where(adv <= 0, ratio.clamp(0, 1), ones)
-            per_token = -weight * adv * logp
-            clipped = torch.zeros_like(ratio)
-        elif s.surrogate == "dppo-tv":
-            moved = logp.detach().exp() - anchor.exp()
-            removed = ((moved > s.dppo_delta) & (adv > 0)) | ((moved < -s.dppo_delta) & (adv < 0))
-            per_token = -(~removed).to(logp.dtype) * adv * live
-            clipped, weight = torch.zeros_like(ratio), ratio
-        else:
-            raise ValueError(f"unknown surrogate {s.surrogate!r}")
-
-        q = (anchor - logp_old).exp()  # the behaviour weight π_prox/μ; 1 under a behaviour anchor
-        q_weight, q_removed = self._correction(q)
-        per_token = q_weight * per_token
-        weight = weight * q_weight
+        # The tail every surrogate shares.
+        q = (head.anchor - logp_old).exp()  # the behaviour weight π_prox/μ; 1 under a behaviour anchor
+        q_weight, q_removed = _pick(CORRECTIONS, "correction", s.correction)(s, q)
+        per_token = q_weight * token.per_token
+        weight = token.weight * q_weight
         removed = removed | q_removed
-        if s.reg == "k2":
-            per_token = per_token + s.reg_coef * (logp - anchor) ** 2
-        elif s.reg == "forward-kl":
-            per_token = per_token - s.reg_coef * logp
+        per_token = _pick(REGULARISERS, "reg", s.reg)(s, head, per_token)
         if s.opsm_delta is not None:
+            dropped = (head.adv == 0) & (advantages.detach().to(logp.dtype)[:, None] != 0)
             per_token = torch.where(dropped, torch.zeros_like(per_token), per_token)
             removed = removed | dropped
 
-        loss = self._aggregate(per_token, m, total_tokens, total_seqs, max_length)
-        stats = self.statistics(logp.detach(), logp_old, m, clipped.detach(), removed, weight.detach())
+        n_seqs = total_seqs if total_seqs is not None else per_token.shape[0]
+        aggregate = _pick(AGGREGATIONS, "loss_agg", s.loss_agg)
+        loss = aggregate(per_token * head.m, head.m, n_seqs, total_tokens, max_length)
+        stats = self.statistics(logp.detach(), logp_old, head.m, clipped.detach(), removed, weight.detach())
         return loss, stats
+
+    def ratios(
+        self,
+        logp: Tensor,
+        logp_old: Tensor,
+        mask: Tensor,
+        advantages: Tensor,
+        logp_prox: Tensor | None = None,
+        selected: Tensor | None = None,
+    ) -> Ratios:
+        """What every surrogate reads, computed once (the arguments are `policy_loss`'s)."""
+        m = mask.to(logp.dtype)
+        anchor = self.anchor_logp(logp_old, logp_prox)
+        log_ratio = logp.detach() - anchor
+        if selected is None:
+            selected = self.selection(logp, logp_old, mask, advantages, logp_prox)
+        return Ratios(
+            logp=logp,
+            anchor=anchor,
+            m=m,
+            adv=self._effective(advantages, logp, logp_old, m)[:, None],
+            ratio=log_ratio.exp(),
+            seq_ratio=((log_ratio * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)).exp()[:, None],
+            live=(logp - anchor).exp(),
+            selected=selected,
+        )
 
     @staticmethod
     def statistics(
@@ -285,89 +263,225 @@ class Algorithm:
             "kl/behavior_k3": float(_masked_mean(ratio - 1 - log_ratio, m)),
         }
 
-    def _correction(self, q: Tensor) -> tuple[Tensor, Tensor]:
-        """(weight, removed) of the behaviour correction applied on top of the surrogate."""
-        s = self.spec
-        none = torch.zeros_like(q, dtype=torch.bool)
-        if s.correction == "none":
-            return torch.ones_like(q), none
-        if s.correction == "decoupled":
-            removed = q > s.is_cap
-            return torch.where(removed, torch.zeros_like(q), q), removed
-        if s.correction == "tis":
-            return q.clamp(max=s.is_cap), none
-        if s.correction == "mis":
-            removed = (q < s.is_low) | (q > s.is_high)
-            return (~removed).to(q.dtype), removed
-        raise ValueError(f"unknown correction {s.correction!r}")
 
-    def _gmpo(self, x: Tensor, adv: Tensor, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """GMPO: per sequence −A·exp(mean_t c_t), c_t the sign-aware clip of x_t = π − anchor in
-        log space; broadcast to the sequence's tokens (seq-mean-token-mean then means over
-        sequences). Returns (per-token loss, clipped, gradient weight)."""
-        s = self.spec
-        sign = torch.where(adv < 0, -1.0, 1.0).to(x.dtype)
-        bounded = x.clamp(-s.eps_low, s.eps_high)
-        clipped = (sign * bounded < sign * x) & (adv != 0)
-        c = torch.where(clipped, bounded.detach(), x)
-        mean_c = (c * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1)
-        geo = mean_c.exp()
-        per_seq = -adv * geo
-        weight = torch.where(clipped, torch.zeros_like(x), geo.detach().expand_as(x))
-        return per_seq.expand_as(x), clipped.to(x.dtype), weight
+@dataclass(frozen=True)
+class Ratios:
+    """The head of the loss, shared by every surrogate ([N, T] unless said): `logp` π with its
+    gradient, `anchor` the log-probs the ratio is taken against, `m` the mask in π's dtype, `adv`
+    [N, 1] the advantages the loss uses (detached, after OPSM), `ratio` π/anchor detached,
+    `seq_ratio` [N, 1] the geometric mean of a response's ratios, detached, `live` π/anchor with
+    its gradient, and `selected` M2PO's whole-batch mask (None for every other surrogate)."""
 
-    def _clip_mask(self, ratio: Tensor, seq_ratio: Tensor, adv: Tensor) -> Tensor:
-        s = self.spec
-        lo, hi = 1 - s.eps_low, 1 + s.eps_high
-        pos, neg = adv >= 0, adv <= 0
-        if s.clip == "none":
-            keep = torch.ones_like(ratio, dtype=torch.bool)
-        elif s.clip == "one-side":
-            keep = (pos & (ratio <= hi)) | (neg & (ratio >= lo))
-        elif s.clip == "seq-one-side":
-            keep = ((pos & (seq_ratio <= hi)) | (neg & (seq_ratio >= lo))).expand_as(ratio)
-        elif s.clip == "two-side":
-            keep = (ratio >= lo) & (ratio <= hi)
-        elif s.clip == "ring":
-            inner = (ratio >= lo) & (ratio <= hi)
-            keep = inner | (pos & (ratio <= 1 - s.eps_low_prime)) | (neg & (ratio >= 1 + s.eps_high_prime))
-        else:
-            raise ValueError(f"unknown clip {s.clip!r}")
-        return keep.to(ratio.dtype)
+    logp: Tensor
+    anchor: Tensor
+    m: Tensor
+    adv: Tensor
+    ratio: Tensor
+    seq_ratio: Tensor
+    live: Tensor
+    selected: Tensor | None
 
-    def _weight(self, ratio: Tensor, seq_ratio: Tensor, adv: Tensor) -> Tensor:
-        s = self.spec
-        if s.weight == "none":
-            return torch.ones_like(ratio)
-        if s.weight == "is":
-            return ratio
-        if s.weight == "seq-is":
-            return seq_ratio.expand_as(ratio)
-        if s.weight == "advantage":
-            return (adv / s.temp).exp().expand_as(ratio)
-        if s.weight == "truncated-is":
-            return ratio.clamp(1 - s.eps_low_prime, 1 + s.eps_high_prime)
-        raise ValueError(f"unknown weight {s.weight!r}")
 
-    def _aggregate(
-        self,
-        per_token: Tensor,
-        m: Tensor,
-        total_tokens: float | None,
-        total_seqs: int | None,
-        max_length: int | None,
-    ) -> Tensor:
-        agg = self.spec.loss_agg
-        summed = per_token * m
-        n_seqs = total_seqs if total_seqs is not None else per_token.shape[0]
-        if agg == "token-mean":
-            denom = total_tokens if total_tokens is not None else m.sum().clamp(min=1)
-            return summed.sum() / denom
-        if agg == "seq-mean-token-mean":
-            return (summed.sum(dim=1) / m.sum(dim=1).clamp(min=1)).sum() / n_seqs
-        if agg == "seq-mean-token-sum":
-            return summed.sum() / n_seqs
-        if agg == "seq-mean-token-sum-norm":
-            # Dr.-GRPO: divide by a constant (the maximum response length), not by each length.
-            return summed.sum() / (n_seqs * (max_length or per_token.shape[1]))
-        raise ValueError(f"unknown loss_agg {agg!r}")
+class TokenLoss(NamedTuple):
+    """A surrogate's answer, [N, T]: the loss per token, where a clip acted (None: nowhere), the
+    importance weight its gradient carries, and the tokens a mask took out of the loss (None:
+    none)."""
+
+    per_token: Tensor
+    clipped: Tensor | None
+    weight: Tensor
+    removed: Tensor | None = None
+
+
+Fn = TypeVar("Fn", bound=Callable)
+
+
+def _pick(table: dict[str, Fn], kind: str, name: str) -> Fn:
+    if name not in table:
+        raise ValueError(f"unknown {kind} {name!r}")
+    return table[name]
+
+
+# The surrogates (presets.Surrogate) by name, each (spec, ratios) -> TokenLoss; the head
+# (`Algorithm.ratios`) and the tail (behaviour correction, regulariser, OPSM, aggregation) are
+# `policy_loss`'s, written once for all of them.
+SURROGATES: dict[str, Callable[[AlgorithmSpec, Ratios], TokenLoss]] = {}
+
+
+def surrogate(name: str) -> Callable[[Fn], Fn]:
+    def register(fn: Fn) -> Fn:
+        SURROGATES[name] = fn
+        return fn
+
+    return register
+
+
+@surrogate("rec")
+def _rec(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    """REC: −A·w·π on the tokens its clip keeps; a clipped token gets no gradient, so no weight."""
+    keep = _pick(CLIPS, "clip", s.clip)(s, r).to(r.ratio.dtype)
+    weight = _pick(WEIGHTS, "weight", s.weight)(s, r)
+    return TokenLoss(-r.adv * weight * r.logp * keep, 1 - keep, weight * keep)
+
+
+def _ppo_clip(s: AlgorithmSpec, r: Ratios, live: Tensor) -> TokenLoss:
+    """max(−A·ρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high)) on the ratio `live`, with the dual clip."""
+    unclipped = -r.adv * live
+    clipped_branch = -r.adv * live.clamp(1 - s.eps_low, 1 + s.eps_high)
+    per_token = torch.maximum(unclipped, clipped_branch)
+    clipped = (clipped_branch > unclipped).to(r.logp.dtype)
+    weight = live.detach() * (1 - clipped)
+    if s.dual_clip is not None:
+        cap = -r.adv * s.dual_clip
+        dual = (r.adv < 0) & (per_token > cap)
+        per_token = torch.where(dual, cap.expand_as(per_token), per_token)
+        clipped = torch.maximum(clipped, dual.to(r.logp.dtype))
+    return TokenLoss(per_token, clipped, weight)
+
+
+@surrogate("ppo")
+def _ppo(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    return _ppo_clip(s, r, r.live)
+
+
+@surrogate("gspo")
+def _gspo(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    """PPO-clip on the sequence ratio s_i: value sg(s_i), gradient s_i · ∇π."""
+    return _ppo_clip(s, r, r.seq_ratio * (r.logp - r.logp.detach()).exp())
+
+
+@surrogate("m2po")
+def _m2po(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    keep = r.selected
+    return TokenLoss(-keep * r.live * r.adv, None, r.ratio, keep == 0)
+
+
+@surrogate("cispo")
+def _cispo(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    weight = r.ratio.clamp(1 - s.eps_low, 1 + s.eps_high)
+    return TokenLoss(-weight * r.adv * r.logp, (weight != r.ratio).to(r.logp.dtype), weight)
+
+
+@surrogate("sapo")
+def _sapo(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    tau = torch.where(r.adv > 0, s.sapo_tau_pos, s.sapo_tau_neg).to(r.logp.dtype)
+    gate = torch.sigmoid(tau * (r.live - 1))
+    g = gate.detach()
+    return TokenLoss(-(4 / tau) * gate * r.adv, None, 4 * g * (1 - g) * r.ratio)
+
+
+@surrogate("gmpo")
+def _gmpo(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    """GMPO: per sequence −A·exp(mean_t c_t), c_t the sign-aware clip of x_t = π − anchor in
+    log space; broadcast to the sequence's tokens (seq-mean-token-mean then means over
+    sequences)."""
+    x, adv, m = r.logp - r.anchor, r.adv, r.m
+    sign = torch.where(adv < 0, -1.0, 1.0).to(x.dtype)
+    bounded = x.clamp(-s.eps_low, s.eps_high)
+    clipped = (sign * bounded < sign * x) & (adv != 0)
+    c = torch.where(clipped, bounded.detach(), x)
+    mean_c = (c * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1)
+    geo = mean_c.exp()
+    per_seq = -adv * geo
+    weight = torch.where(clipped, torch.zeros_like(x), geo.detach().expand_as(x))
+    return TokenLoss(per_seq.expand_as(x), clipped.to(x.dtype), weight)
+
+
+@surrogate("topr")
+def _topr(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    weight = torch.where(r.adv <= 0, r.ratio.clamp(0, 1), torch.ones_like(r.ratio))
+    return TokenLoss(-weight * r.adv * r.logp, None, weight)
+
+
+@surrogate("dppo-tv")
+def _dppo_tv(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    moved = r.logp.detach().exp() - r.anchor.exp()
+    removed = ((moved > s.dppo_delta) & (r.adv > 0)) | ((moved < -s.dppo_delta) & (r.adv < 0))
+    return TokenLoss(-(~removed).to(r.logp.dtype) * r.adv * r.live, None, r.ratio, removed)
+
+
+def _one_side(s: AlgorithmSpec, r: Ratios, ratio: Tensor) -> Tensor:
+    return ((r.adv >= 0) & (ratio <= 1 + s.eps_high)) | ((r.adv <= 0) & (ratio >= 1 - s.eps_low))
+
+
+def _two_side(s: AlgorithmSpec, r: Ratios) -> Tensor:
+    return (r.ratio >= 1 - s.eps_low) & (r.ratio <= 1 + s.eps_high)
+
+
+# REC's clips (presets.Clip): the tokens kept, bool [N, T].
+CLIPS: dict[str, Callable[[AlgorithmSpec, Ratios], Tensor]] = {
+    "none": lambda s, r: torch.ones_like(r.ratio, dtype=torch.bool),
+    "one-side": lambda s, r: _one_side(s, r, r.ratio),
+    "two-side": _two_side,
+    "ring": lambda s, r: (
+        _two_side(s, r)
+        | ((r.adv >= 0) & (r.ratio <= 1 - s.eps_low_prime))
+        | ((r.adv <= 0) & (r.ratio >= 1 + s.eps_high_prime))
+    ),
+    "seq-one-side": lambda s, r: _one_side(s, r, r.seq_ratio).expand_as(r.ratio),
+}
+
+# REC's importance weights (presets.Weight), [N, T].
+WEIGHTS: dict[str, Callable[[AlgorithmSpec, Ratios], Tensor]] = {
+    "none": lambda s, r: torch.ones_like(r.ratio),
+    "is": lambda s, r: r.ratio,
+    "seq-is": lambda s, r: r.seq_ratio.expand_as(r.ratio),
+    "advantage": lambda s, r: (r.adv / s.temp).exp().expand_as(r.ratio),
+    "truncated-is": lambda s, r: r.ratio.clamp(1 - s.eps_low_prime, 1 + s.eps_high_prime),
+}
+
+
+def _nothing_removed(q: Tensor) -> Tensor:
+    return torch.zeros_like(q, dtype=torch.bool)
+
+
+def _decoupled(s: AlgorithmSpec, q: Tensor) -> tuple[Tensor, Tensor]:
+    removed = q > s.is_cap
+    return torch.where(removed, torch.zeros_like(q), q), removed
+
+
+def _masked_is(s: AlgorithmSpec, q: Tensor) -> tuple[Tensor, Tensor]:
+    removed = (q < s.is_low) | (q > s.is_high)
+    return (~removed).to(q.dtype), removed
+
+
+# The behaviour corrections (presets.Correction) applied on top of the surrogate: the behaviour
+# weight q [N, T] -> (the weight applied, the tokens removed).
+CORRECTIONS: dict[str, Callable[[AlgorithmSpec, Tensor], tuple[Tensor, Tensor]]] = {
+    "none": lambda s, q: (torch.ones_like(q), _nothing_removed(q)),
+    "decoupled": _decoupled,
+    "tis": lambda s, q: (q.clamp(max=s.is_cap), _nothing_removed(q)),
+    "mis": _masked_is,
+}
+
+# The regularisers (presets.Reg): the per-token loss with the term added.
+REGULARISERS: dict[str, Callable[[AlgorithmSpec, Ratios, Tensor], Tensor]] = {
+    "none": lambda s, r, loss: loss,
+    "k2": lambda s, r, loss: loss + s.reg_coef * (r.logp - r.anchor) ** 2,
+    "forward-kl": lambda s, r, loss: loss - s.reg_coef * r.logp,
+}
+
+
+def _token_mean(summed: Tensor, m: Tensor, n_seqs: int, total_tokens: float | None, _: int | None) -> Tensor:
+    return summed.sum() / (total_tokens if total_tokens is not None else m.sum().clamp(min=1))
+
+
+def _seq_mean_token_mean(summed: Tensor, m: Tensor, n_seqs: int, *_: object) -> Tensor:
+    return (summed.sum(dim=1) / m.sum(dim=1).clamp(min=1)).sum() / n_seqs
+
+
+def _seq_mean_token_sum_norm(
+    summed: Tensor, m: Tensor, n_seqs: int, _: float | None, max_length: int | None
+) -> Tensor:
+    # Dr.-GRPO: divide by a constant (the maximum response length), not by each length.
+    return summed.sum() / (n_seqs * (max_length or summed.shape[1]))
+
+
+# The aggregations (presets.LossAgg): (loss × mask, mask, sequences, total tokens, max length) ->
+# the scalar loss; the totals are the whole (mini-)batch's under gradient accumulation.
+AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int, float | None, int | None], Tensor]] = {
+    "token-mean": _token_mean,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum": lambda summed, m, n_seqs, *_: summed.sum() / n_seqs,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+}

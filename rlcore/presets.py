@@ -4,8 +4,9 @@ uses; `rlcore.algorithms` turns a spec into tensor functions."""
 
 from __future__ import annotations
 
+import operator
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 from pydantic import Field
 
@@ -16,34 +17,46 @@ Clip = Literal["none", "one-side", "two-side", "ring", "seq-one-side"]
 Weight = Literal["none", "is", "seq-is", "advantage", "truncated-is"]
 Reg = Literal["none", "k2", "forward-kl"]
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+Std = Literal["sample", "population"]
 
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-STD_KINDS = ("sample", "population")
-ANCHORS = ("behaviour", "proximal")
-
-# The parameters a user may override on any preset (the structure fields are the preset itself).
-TUNABLE = (
-    "eps_low",
-    "eps_high",
-    "eps_low_prime",
-    "eps_high_prime",
-    "reg_coef",
-    "temp",
-    "std_normalize",
-    "std",
-    "loss_agg",
-    "dual_clip",
-    "anchor",
-    "is_cap",
-    "is_low",
-    "is_high",
-    "m2po_tau",
-    "m2po_quadrants",
-    "sapo_tau_pos",
-    "sapo_tau_neg",
-    "dppo_delta",
-    "opsm_delta",
+# (bound, test, how a message writes `value test bound`, and `bound … value` on the left of a range)
+_BOUNDS = (
+    ("gt", operator.gt, ">", "<"),
+    ("ge", operator.ge, ">=", "<="),
+    ("lt", operator.lt, "<", ">"),
+    ("le", operator.le, "<=", ">="),
 )
+
+
+@dataclass(frozen=True)
+class Knob:
+    """Marks a field of `AlgorithmSpec` as a parameter a user may override on any preset, with the
+    rule `check_param` holds it to: a bool is true or false, a `Literal` one of its values, a
+    number lies within the bounds given here (or is None where the type allows it; `null` says so
+    in the message). `why` follows the message. Pydantic does not read it, so the JSON schema (and the
+    OpenAPI document) carry no bounds."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    null: str = ""
+    why: str = ""
+
+    def _bounds(self) -> list[tuple[float, Any, str, str]]:
+        return [(bound, *how) for key, *how in _BOUNDS if (bound := getattr(self, key)) is not None]
+
+    def holds(self, value: float) -> bool:
+        return all(test(value, bound) for bound, test, _, _ in self._bounds())
+
+    def rule(self, name: str) -> str:
+        """The bounds as a message says them: `be > 0`, or `satisfy 0 < name <= 1`."""
+        bounds = self._bounds()
+        if len(bounds) == 1:
+            bound, _, sign, _ = bounds[0]
+            return f"be {sign} {bound}"
+        (low, _, _, left), (high, _, sign, _) = bounds
+        return f"satisfy {low} {left} {name} {sign} {high}"
 
 
 @dataclass(frozen=True)
@@ -59,38 +72,50 @@ class AlgorithmSpec:
     reg: Reg = "none"
     red_drop: bool = False
     eps_low: Annotated[
-        float, Field(title="Clip ε low", description="the clip window starts at ratio 1 − ε_low")
+        float,
+        Field(title="Clip ε low", description="the clip window starts at ratio 1 − ε_low"),
+        Knob(gt=0, le=1),
     ] = 0.2
     eps_high: Annotated[
-        float, Field(title="Clip ε high", description="the clip window ends at ratio 1 + ε_high")
+        float, Field(title="Clip ε high", description="the clip window ends at ratio 1 + ε_high"), Knob(gt=0)
     ] = 0.2
     eps_low_prime: Annotated[
         float,
         Field(title="Ring ε′ low", description="ring clip: positive tokens below 1 − ε′_low count again"),
+        Knob(gt=0, le=1),
     ] = 0.6
     eps_high_prime: Annotated[
         float,
         Field(title="Ring ε′ high", description="ring clip: negative tokens above 1 + ε′_high count again"),
+        Knob(gt=0),
     ] = 2.0
     reg_coef: Annotated[
-        float, Field(title="Regulariser weight c", description="weight of the k2 / forward-KL term")
+        float,
+        Field(title="Regulariser weight c", description="weight of the k2 / forward-KL term"),
+        Knob(ge=0),
     ] = 0.0
     temp: Annotated[
-        float, Field(title="RED-Weight temperature T", description="responses are weighted by exp(A / T)")
+        float,
+        Field(title="RED-Weight temperature T", description="responses are weighted by exp(A / T)"),
+        Knob(gt=0, why=": RED-Weight divides the advantage by it"),
     ] = 1.0
     std_normalize: Annotated[
-        bool, Field(title="Divide advantages by σ", description="divide each group's advantages by its σ")
+        bool,
+        Field(title="Divide advantages by σ", description="divide each group's advantages by its σ"),
+        Knob(),
     ] = False
     std: Annotated[
-        Literal["sample", "population"],
+        Std,
         Field(title="σ estimator", description="sample (n − 1) or population (n)"),
+        Knob(),
     ] = "sample"
     loss_agg: Annotated[
-        LossAgg, Field(title="Loss aggregation", description="how token losses become one number")
+        LossAgg, Field(title="Loss aggregation", description="how token losses become one number"), Knob()
     ] = "token-mean"
     dual_clip: Annotated[
         float | None,
         Field(title="Dual clip c", description="PPO surrogates: cap the loss of negative tokens at −c·A"),
+        Knob(gt=1, null=" or null to disable it"),
     ] = None
     anchor: Annotated[
         Anchor,
@@ -101,6 +126,7 @@ class AlgorithmSpec:
                 "(recomputed by the trainer under the weights at the start of the step)"
             ),
         ),
+        Knob(),
     ] = "behaviour"
     is_cap: Annotated[
         float,
@@ -108,6 +134,7 @@ class AlgorithmSpec:
             title="Behaviour-weight cap C",
             description="decoupled PPO masks tokens whose q = π_prox/μ exceeds C; TIS truncates q at C (C ≥ 1)",
         ),
+        Knob(ge=1, why=": C caps the behaviour weight q, which is 1 on-policy"),
     ] = 2.0
     is_low: Annotated[
         float,
@@ -115,6 +142,7 @@ class AlgorithmSpec:
             title="MIS lower bound",
             description="masked IS keeps tokens with is_low ≤ q ≤ is_high (0 < is_low ≤ 1)",
         ),
+        Knob(gt=0, le=1),
     ] = 0.5
     is_high: Annotated[
         float,
@@ -122,6 +150,7 @@ class AlgorithmSpec:
             title="MIS upper bound",
             description="masked IS keeps tokens with is_low ≤ q ≤ is_high (is_high ≥ 1)",
         ),
+        Knob(ge=1),
     ] = 5.0
     m2po_tau: Annotated[
         float,
@@ -129,6 +158,7 @@ class AlgorithmSpec:
             title="M2PO second-moment budget τ",
             description="mask the largest (log ρ)² tokens of the whole batch until the mean of the rest is ≤ τ",
         ),
+        Knob(gt=0),
     ] = 0.04
     m2po_quadrants: Annotated[
         bool,
@@ -136,14 +166,17 @@ class AlgorithmSpec:
             title="M2PO: only tokens that moved with A",
             description="the paper's Algorithm 1: only (A > 0, ρ > 1) or (A < 0, ρ < 1) tokens may be masked",
         ),
+        Knob(),
     ] = False
     sapo_tau_pos: Annotated[
         float,
         Field(title="SAPO τ for A > 0", description="temperature of the soft gate σ(τ(ρ − 1)) where A > 0"),
+        Knob(gt=0),
     ] = 1.0
     sapo_tau_neg: Annotated[
         float,
         Field(title="SAPO τ for A ≤ 0", description="temperature of the soft gate σ(τ(ρ − 1)) where A ≤ 0"),
+        Knob(gt=0),
     ] = 1.05
     dppo_delta: Annotated[
         float,
@@ -151,6 +184,7 @@ class AlgorithmSpec:
             title="DPPO probability bound δ",
             description="mask a token whose probability moved more than δ with its advantage (0 < δ < 1)",
         ),
+        Knob(gt=0, lt=1, why=": it bounds a change of probability"),
     ] = 0.2
     opsm_delta: Annotated[
         float | None,
@@ -158,44 +192,24 @@ class AlgorithmSpec:
             title="OPSM threshold δ",
             description="drop a response with A < 0 whose mean (μ − π) exceeds δ; blank: off",
         ),
+        Knob(gt=0, lt=1, null=", or be null to turn OPSM off"),
     ] = None
 
     def knobs(self) -> tuple[str, ...]:
-        """The tunable parameters this member's loss reads; overriding any other one changes nothing."""
+        """The tunable parameters this member's loss reads (`READS`); overriding any other one
+        changes nothing."""
         used = {"std_normalize", "loss_agg", "opsm_delta"}
-        if self.reads_ratio:
-            used.add("anchor")
-        if self.clip != "none" or self.surrogate in ("ppo", "gspo", "cispo", "gmpo"):
-            used |= {"eps_low", "eps_high"}
-        if self.correction in ("decoupled", "tis"):
-            used.add("is_cap")
-        if self.correction == "mis":
-            used |= {"is_low", "is_high"}
-        if self.surrogate == "m2po":
-            used |= {"m2po_tau", "m2po_quadrants"}
-        if self.surrogate == "sapo":
-            used |= {"sapo_tau_pos", "sapo_tau_neg"}
-        if self.surrogate == "dppo-tv":
-            used.add("dppo_delta")
-        if self.clip == "ring" or self.weight == "truncated-is":
-            used |= {"eps_low_prime", "eps_high_prime"}
-        if self.reg != "none":
-            used.add("reg_coef")
-        if self.weight == "advantage":
-            used.add("temp")
+        for part, reads in READS.items():
+            used.update(reads.get(getattr(self, part), ()))
         if self.std_normalize:
             used.add("std")
-        if self.surrogate in ("ppo", "gspo"):
-            used.add("dual_clip")
         return tuple(name for name in TUNABLE if name in used)
 
     @property
     def reads_ratio(self) -> bool:
         """Whether the loss reads a ratio π/anchor (so its anchor matters): every surrogate but plain
         REC without a clip, an importance weight or the k2 term (REINFORCE, RED, AsymRE)."""
-        if self.surrogate != "rec":
-            return True
-        return self.clip != "none" or self.weight in ("is", "seq-is", "truncated-is") or self.reg == "k2"
+        return "anchor" in self.knobs()
 
     def params(self) -> dict[str, Any]:
         """The tunable parameters with their resolved values (what a run stores)."""
@@ -203,6 +217,51 @@ class AlgorithmSpec:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_CLIP = ("eps_low", "eps_high", "anchor")
+_RING = ("eps_low_prime", "eps_high_prime")
+# The knobs each structure field's value reads, beyond std_normalize, loss_agg and opsm_delta
+# (every member reads them) and std (read when std_normalize): `anchor` wherever a ratio is read.
+READS: dict[str, dict[str, tuple[str, ...]]] = {
+    "surrogate": {
+        "ppo": (*_CLIP, "dual_clip"),
+        "gspo": (*_CLIP, "dual_clip"),
+        "m2po": ("anchor", "m2po_tau", "m2po_quadrants"),
+        "cispo": _CLIP,
+        "sapo": ("anchor", "sapo_tau_pos", "sapo_tau_neg"),
+        "gmpo": _CLIP,
+        "topr": ("anchor",),
+        "dppo-tv": ("anchor", "dppo_delta"),
+    },
+    "correction": {"decoupled": ("is_cap",), "tis": ("is_cap",), "mis": ("is_low", "is_high")},
+    "clip": {"one-side": _CLIP, "two-side": _CLIP, "ring": (*_CLIP, *_RING), "seq-one-side": _CLIP},
+    "weight": {
+        "is": ("anchor",),
+        "seq-is": ("anchor",),
+        "advantage": ("temp",),
+        "truncated-is": ("anchor", *_RING),
+    },
+    "reg": {"k2": ("anchor", "reg_coef"), "forward-kl": ("reg_coef",)},
+}
+
+
+def _knobs() -> dict[str, tuple[Any, Knob]]:
+    """Each field marked `Knob`, in the class's order: (its type, its knob)."""
+    hints = get_type_hints(AlgorithmSpec, include_extras=True)
+    found = {}
+    for field in fields(AlgorithmSpec):
+        if get_origin(hints[field.name]) is Annotated:
+            kind, *metadata = get_args(hints[field.name])
+            for knob in metadata:
+                if isinstance(knob, Knob):
+                    found[field.name] = (kind, knob)
+    return found
+
+
+_KNOBS = _knobs()
+# The parameters a user may override on any preset (the structure fields are the preset itself).
+TUNABLE = tuple(_KNOBS)
 
 
 _GSPO_EPS = {"eps_low": 3e-4, "eps_high": 4e-4, "loss_agg": "seq-mean-token-mean"}
@@ -346,8 +405,6 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-_FIELD_TYPES = {f.name: f.type for f in fields(AlgorithmSpec)}
-
 
 def preset_names() -> list[str]:
     return list(PRESETS)
@@ -374,93 +431,25 @@ def _number(name: str, value: Any) -> float:
 
 
 def check_param(name: str, value: Any) -> Any:
-    """Coerce and validate one tunable parameter; raise ValueError naming it and the rule."""
-    if name in ("eps_low", "eps_low_prime"):
-        v = _number(name, value)
-        if not 0 < v <= 1:
-            raise ValueError(f"{name} must satisfy 0 < {name} <= 1 (got {value!r})")
-        return v
-    if name in ("eps_high", "eps_high_prime"):
-        v = _number(name, value)
-        if not v > 0:
-            raise ValueError(f"{name} must be > 0 (got {value!r})")
-        return v
-    if name == "reg_coef":
-        v = _number(name, value)
-        if not v >= 0:
-            raise ValueError(f"reg_coef must be >= 0 (got {value!r})")
-        return v
-    if name == "temp":
-        v = _number(name, value)
-        if not v > 0:
-            raise ValueError(f"temp must be > 0 (got {value!r}): RED-Weight divides the advantage by it")
-        return v
-    if name == "std_normalize":
+    """Coerce and validate one tunable parameter by its field's `Knob`; raise ValueError naming it
+    and the rule."""
+    if name not in _KNOBS:
+        raise ValueError(f"unknown algorithm parameter {name!r}; known: {', '.join(TUNABLE)}")
+    kind, knob = _KNOBS[name]
+    if kind is bool:
         if not isinstance(value, bool):
-            raise ValueError(f"std_normalize must be true or false (got {value!r})")
+            raise ValueError(f"{name} must be true or false (got {value!r})")
         return value
-    if name == "std":
-        if value not in STD_KINDS:
-            raise ValueError(f"std must be one of {', '.join(STD_KINDS)} (got {value!r})")
+    if get_origin(kind) is Literal:
+        if value not in get_args(kind):
+            raise ValueError(f"{name} must be one of {', '.join(get_args(kind))} (got {value!r})")
         return value
-    if name == "loss_agg":
-        if value not in LOSS_AGGS:
-            raise ValueError(f"loss_agg must be one of {', '.join(LOSS_AGGS)} (got {value!r})")
-        return value
-    if name == "anchor":
-        if value not in ANCHORS:
-            raise ValueError(f"anchor must be one of {', '.join(ANCHORS)} (got {value!r})")
-        return value
-    if name == "is_cap":
-        v = _number(name, value)
-        if not v >= 1:
-            raise ValueError(
-                f"is_cap must be >= 1 (got {value!r}): C caps the behaviour weight q, which is 1 on-policy"
-            )
-        return v
-    if name == "is_low":
-        v = _number(name, value)
-        if not 0 < v <= 1:
-            raise ValueError(f"is_low must satisfy 0 < is_low <= 1 (got {value!r})")
-        return v
-    if name == "is_high":
-        v = _number(name, value)
-        if not v >= 1:
-            raise ValueError(f"is_high must be >= 1 (got {value!r})")
-        return v
-    if name in ("m2po_tau", "sapo_tau_pos", "sapo_tau_neg"):
-        v = _number(name, value)
-        if not v > 0:
-            raise ValueError(f"{name} must be > 0 (got {value!r})")
-        return v
-    if name == "m2po_quadrants":
-        if not isinstance(value, bool):
-            raise ValueError(f"m2po_quadrants must be true or false (got {value!r})")
-        return value
-    if name == "dppo_delta":
-        v = _number(name, value)
-        if not 0 < v < 1:
-            raise ValueError(
-                f"dppo_delta must satisfy 0 < dppo_delta < 1 (got {value!r}): it bounds a change of probability"
-            )
-        return v
-    if name == "opsm_delta":
-        if value is None:
-            return None
-        v = _number(name, value)
-        if not 0 < v < 1:
-            raise ValueError(
-                f"opsm_delta must satisfy 0 < opsm_delta < 1, or be null to turn OPSM off (got {value!r})"
-            )
-        return v
-    if name == "dual_clip":
-        if value is None:
-            return None
-        v = _number(name, value)
-        if not v > 1:
-            raise ValueError(f"dual_clip must be > 1 or null to disable it (got {value!r})")
-        return v
-    raise ValueError(f"unknown algorithm parameter {name!r}; known: {', '.join(TUNABLE)}")
+    if value is None and type(None) in get_args(kind):
+        return None
+    number = _number(name, value)
+    if not knob.holds(number):
+        raise ValueError(f"{name} must {knob.rule(name)}{knob.null} (got {value!r}){knob.why}")
+    return number
 
 
 def resolve(name: str, overrides: dict[str, Any] | None = None) -> AlgorithmSpec:

@@ -181,3 +181,25 @@ def test_every_preset_is_listed_and_builds():
         algo = algorithms.build(name)
         grad, loss, stats, _ = run(algo)
         assert math.isfinite(loss) and 0 <= stats["clip_frac"] <= 1
+
+
+def test_every_name_of_the_family_has_its_function_in_one_table():
+    from typing import get_args
+
+    from rlcore import presets
+
+    tables = {
+        "surrogate": (algorithms.SURROGATES, presets.Surrogate),
+        "clip": (algorithms.CLIPS, presets.Clip),
+        "weight": (algorithms.WEIGHTS, presets.Weight),
+        "correction": (algorithms.CORRECTIONS, presets.Correction),
+        "reg": (algorithms.REGULARISERS, presets.Reg),
+        "loss_agg": (algorithms.AGGREGATIONS, presets.LossAgg),
+    }
+    for part, (table, names) in tables.items():
+        assert sorted(table) == sorted(get_args(names)), part
+    for part, reads in presets.READS.items():
+        assert set(reads) <= set(tables[part][0]), part
+    spec = presets.AlgorithmSpec(surrogate="ppo", loss_agg="no-such-mean")
+    with pytest.raises(ValueError, match="unknown loss_agg 'no-such-mean'"):
+        run(algorithms.Algorithm(name="x", spec=spec))

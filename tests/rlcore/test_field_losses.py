@@ -328,6 +328,62 @@ def test_knobs_out_of_range_name_the_rule(knob, value, rule):
         algorithms.build("grpo", **{knob: value})
 
 
+@pytest.mark.parametrize(
+    ("knob", "value", "message"),
+    [
+        ("eps_low", 0, "eps_low must satisfy 0 < eps_low <= 1 (got 0)"),
+        ("eps_high", 0.0, "eps_high must be > 0 (got 0.0)"),
+        ("eps_low_prime", 1.5, "eps_low_prime must satisfy 0 < eps_low_prime <= 1 (got 1.5)"),
+        ("eps_high_prime", -1, "eps_high_prime must be > 0 (got -1)"),
+        ("reg_coef", -0.1, "reg_coef must be >= 0 (got -0.1)"),
+        ("temp", 0, "temp must be > 0 (got 0): RED-Weight divides the advantage by it"),
+        ("std_normalize", 1, "std_normalize must be true or false (got 1)"),
+        ("std", "n", "std must be one of sample, population (got 'n')"),
+        (
+            "loss_agg",
+            "mean",
+            "loss_agg must be one of token-mean, seq-mean-token-mean, seq-mean-token-sum, "
+            "seq-mean-token-sum-norm (got 'mean')",
+        ),
+        ("dual_clip", 1, "dual_clip must be > 1 or null to disable it (got 1)"),
+        ("anchor", None, "anchor must be one of behaviour, proximal (got None)"),
+        ("is_cap", 0.5, "is_cap must be >= 1 (got 0.5): C caps the behaviour weight q, which is 1 on-policy"),
+        ("is_low", 0, "is_low must satisfy 0 < is_low <= 1 (got 0)"),
+        ("is_high", 0.9, "is_high must be >= 1 (got 0.9)"),
+        ("m2po_tau", float("nan"), "m2po_tau must be > 0 (got nan)"),
+        ("m2po_quadrants", None, "m2po_quadrants must be true or false (got None)"),
+        ("sapo_tau_pos", "1", "sapo_tau_pos must be a number (got '1')"),
+        ("sapo_tau_neg", True, "sapo_tau_neg must be a number (got True)"),
+        (
+            "dppo_delta",
+            1,
+            "dppo_delta must satisfy 0 < dppo_delta < 1 (got 1): it bounds a change of probability",
+        ),
+        (
+            "opsm_delta",
+            1.0,
+            "opsm_delta must satisfy 0 < opsm_delta < 1, or be null to turn OPSM off (got 1.0)",
+        ),
+        ("temperature", 1, "unknown algorithm parameter 'temperature'; known: eps_low, eps_high,"),
+    ],
+)
+def test_every_knob_says_its_whole_rule(knob, value, message):
+    from rlcore.presets import check_param
+
+    with pytest.raises(ValueError) as error:
+        check_param(knob, value)
+    assert str(error.value).startswith(message)
+
+
+def test_knobs_within_their_rules_come_back_as_their_kind():
+    from rlcore.presets import TUNABLE, check_param
+
+    assert check_param("eps_low", 1) == 1.0 and isinstance(check_param("eps_low", 1), float)
+    assert check_param("dual_clip", None) is None and check_param("opsm_delta", None) is None
+    assert check_param("std", "population") == "population" and check_param("m2po_quadrants", True) is True
+    assert TUNABLE[:3] == ("eps_low", "eps_high", "eps_low_prime") and TUNABLE[-1] == "opsm_delta"
+
+
 def test_every_preset_reads_its_own_knobs_and_names_its_source():
     from rlcore.presets import PRESETS, families
 
