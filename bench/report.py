@@ -3,6 +3,10 @@ title line it writes, and refreshing it leaves every other section as it was."""
 
 from __future__ import annotations
 
+import os
+import platform
+from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 
 REPORT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
@@ -21,3 +25,18 @@ def write_section(section: str, report: Path = REPORT) -> None:
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     tail = "".join(lines[end:])
     report.write_text("".join(lines[:start]) + section + ("\n" + tail if tail else ""))
+
+
+def machine(packages: Sequence[str] = ("torch", "transformers")) -> str:
+    """The machine a benchmark ran on: its usable cores, CPU model, Python and `packages`' versions."""
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor() or "unknown CPU",
+    )
+    versions = ", ".join(f"{name} {metadata.version(name)}" for name in packages)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return f"nproc {cores}, {cpu}; Python {platform.python_version()}, {versions}"

@@ -31,16 +31,16 @@ import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from report import machine as machine_with  # bench/report.py, beside this script
 
 if TYPE_CHECKING:
     from rlcore.config import RunConfig
@@ -295,16 +295,7 @@ def run_round(side: str, warmup: int, steps: int, cache_dir: Path | None) -> Rou
 
 
 def machine() -> str:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        platform.processor() or "unknown CPU",
-    )
-    versions = ", ".join(f"{name} {metadata.version(name)}" for name in ("torch", "transformers", "trl"))
-    return f"nproc {len(os.sched_getaffinity(0))}, {cpu}; Python {platform.python_version()}, {versions}"
+    return machine_with(("torch", "transformers", "trl"))
 
 
 def verdict(rounds: list[Round], wanted: int, target: float) -> tuple[dict[str, float], float, str]:

@@ -38,15 +38,15 @@ import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
+
+from report import machine  # bench/report.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "arithmetic.yaml"
@@ -271,19 +271,6 @@ def verdict(rounds: list[dict[str, Timing]], args: argparse.Namespace) -> tuple[
     if len(shared) < args.rounds:
         return shared_median, over_median, "INCONCLUSIVE"
     return shared_median, over_median, "PASS" if shared_median <= 1 + args.margin else "FAIL"
-
-
-def machine() -> str:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        platform.processor() or "unknown CPU",
-    )
-    versions = ", ".join(f"{name} {metadata.version(name)}" for name in ("torch", "transformers"))
-    return f"nproc {usable_cores()}, {cpu}; Python {platform.python_version()}, {versions}"
 
 
 def report(rounds: list[dict[str, Timing]], workers: int, cores: int, args: argparse.Namespace):

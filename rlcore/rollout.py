@@ -152,12 +152,7 @@ class HFEngine:
     def rescore(self, rollout: Rollout, temperature: float, group_size: int = 1) -> Tensor:
         """[N, T] log-probs of the rollout's responses under the same weights in the trainer's
         precision, computed as the trainer does (0 on padding)."""
-        with torch.inference_mode():
-            device = next(self.model.parameters()).device
-            part = rollout.to(device)
-            logits = score_responses(self.model, part, group_size)
-            logp, _ = token_logprobs(logits, part.response_ids, temperature)
-            return (logp * part.response_mask).cpu().clone()
+        return rescore(self.model, rollout, temperature, group_size)
 
     def generate(
         self,
@@ -304,6 +299,15 @@ def score_responses(model: torch.nn.Module, rollout: Rollout, group_size: int = 
     return torch.cat([first[:, None, :], rest], dim=1).float()
 
 
+def rescore(model: torch.nn.Module, rollout: Rollout, temperature: float, group_size: int = 1) -> Tensor:
+    """[N, T] log-probs of the rollout's responses under `model`, as the trainer computes them (on
+    the model's device, returned on the CPU; 0 on padding)."""
+    with torch.inference_mode():
+        part = rollout.to(next(model.parameters()).device)
+        logp, _ = token_logprobs(score_responses(model, part, group_size), part.response_ids, temperature)
+        return (logp * part.response_mask).cpu().clone()
+
+
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
     """(log-probs [N, T] of `tokens`, full log-softmax [N, T, V]) of the tempered distribution."""
     logp_all = torch.log_softmax(logits / temperature, dim=-1)
@@ -441,13 +445,7 @@ class VLLMEngine:
         """[N, T] log-probs of vLLM's responses under the pushed weights, as the trainer computes them."""
         if self.scorer is None:
             raise RuntimeError("this vLLM engine was made without a scorer: pass the trainer's model")
-        with torch.inference_mode():
-            device = next(self.scorer.parameters()).device
-            part = rollout.to(device)
-            logp, _ = token_logprobs(
-                score_responses(self.scorer, part, group_size), part.response_ids, temperature
-            )
-            return (logp * part.response_mask).cpu().clone()
+        return rescore(self.scorer, rollout, temperature, group_size)
 
     def generate(
         self,

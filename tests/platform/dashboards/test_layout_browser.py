@@ -77,16 +77,21 @@ def assert_page_fits(page) -> None:
         assert scroller == "auto", f"{table} scrolls in a box of its own"
 
 
-def test_the_comparison_page_and_its_charts_fit_a_1400_px_window(page, live_server, team, alice):
-    experiment = make_finished_experiment(team, alice, name="demo", presets=PRESETS, staleness=STALENESS)
-    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]))
-    rendered(page, metric="eval/accuracy")
-    page.screenshot(path=SCREENSHOTS / "compare-layout.png", full_page=True)
+def assert_comparison_fits(page) -> None:
+    """The page no wider than the window; its curve panels and trade-off charts each fit."""
     assert_page_fits(page)
     assert assert_charts_fit(page, "#plots .panel") == 4
     # No run measured its CPU seconds: that chart has nothing to draw and is left out, not drawn empty.
     assert page.is_hidden("#throughput-cpu")
     assert assert_charts_fit(page, "#trade-off > div:not([hidden])") == 3
+
+
+def test_the_comparison_page_and_its_charts_fit_a_1400_px_window(page, live_server, team, alice):
+    experiment = make_finished_experiment(team, alice, name="demo", presets=PRESETS, staleness=STALENESS)
+    page.goto(live_server.url + reverse("experiment-compare", args=[experiment.pk]))
+    rendered(page, metric="eval/accuracy")
+    page.screenshot(path=SCREENSHOTS / "compare-layout.png", full_page=True)
+    assert_comparison_fits(page)
     assert assert_charts_fit(page, "#scatter") == 1
 
 
@@ -103,11 +108,7 @@ def test_charts_of_runs_of_two_experiments_fit_with_their_long_labels(page, live
     page.goto(f"{live_server.url}{reverse('runs-compare')}?runs={ids}")
     rendered(page, metric="eval/accuracy")
     page.screenshot(path=SCREENSHOTS / "compare-two-experiments.png", full_page=True)
-    assert_page_fits(page)
-    assert assert_charts_fit(page, "#plots .panel") == 4
-    # No run measured its CPU seconds: that chart has nothing to draw and is left out, not drawn empty.
-    assert page.is_hidden("#throughput-cpu")
-    assert assert_charts_fit(page, "#trade-off > div:not([hidden])") == 3
+    assert_comparison_fits(page)
 
 
 def test_the_run_page_shows_status_and_phase_above_its_charts(page, live_server, team, alice):
