@@ -1,4 +1,5 @@
-# Off-Policy Lab: `make up` runs it, `make test` tests it, `make bench` measures it.
+# Off-Policy Lab: `make up` runs it, `make test` tests it (all of it), `make test-fast` tests what
+# starts no browser, worker or other process (a few minutes, for iteration), `make bench` measures it.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,7 +19,7 @@ endif
 TORCH_INDEX ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
-.PHONY: install up test lint bench chromium
+.PHONY: install up test test-fast lint bench chromium
 
 install: $(VENV)/.installed-$(EXTRAS)
 
@@ -53,6 +54,11 @@ chromium:
 
 test: install lint chromium
 	$(BIN)/python -m pytest
+
+# The tests marked by what they start (tests/conftest.py) left out: Chromium, Celery workers, any
+# other process. `make test` still runs everything, and is what CI runs.
+test-fast: install
+	$(BIN)/python -m pytest -m "not browser and not workers and not subprocess"
 
 bench: install
 	$(BIN)/python bench/rl_step.py

@@ -100,7 +100,7 @@ def database_url() -> str:
 
 
 def serve(port: int) -> subprocess.Popen:
-    from execution.management.commands.up import web_command
+    from lab.management.commands.up import web_command
 
     env = {**os.environ, "DATABASE_URL": database_url()}
     proc = subprocess.Popen(

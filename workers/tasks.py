@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from execution.models import Worker
-from experiments import dispatch, packing
+from experiments import dispatch, packing, reaping
 from experiments.models import RolloutJob, Run
 from lab.celery import app
 from workers.buffer import clear_buffer
@@ -232,14 +232,10 @@ def reap_forever(interval_s: float, queues: list[str]) -> None:
         try:
             if not reachable_for(settings.LAB_HEARTBEAT_TIMEOUT_S):
                 continue  # heartbeats missed while the database was down are no sign of a dead worker
-            for run in Run.reap():
-                log.warning(
-                    "run %s lost (%s); now %s, attempt %s", run.pk, run.error, run.status, run.attempt
-                )
-            for job in RolloutJob.reap():
-                log.warning("%s lost (%s); now %s, attempt %s", job, job.error, job.status, job.attempt)
+            for what, row in reaping.reap().each():
+                log.warning("%s lost (%s); now %s, attempt %s", what, row.error, row.status, row.attempt)
         except Exception as exc:
-            log.exception("reaping lost runs failed; trying again in %.0f s", interval_s)
+            log.exception("reaping lost runs and jobs failed; trying again in %.0f s", interval_s)
             if isinstance(exc, UNREACHABLE):
                 note_unreachable()
         finally:

@@ -7,9 +7,6 @@ import io
 from typing import Any
 
 from dashboards.compare import THROUGHPUT_COLUMNS
-from experiments import series
-from experiments.models import Run
-from experiments.packing import wall_time
 
 
 def curves_csv(payload: dict[str, Any]) -> str:
@@ -81,23 +78,4 @@ def summary_csv(payload: dict[str, Any]) -> str:
         )
         values += [speed[c] for c in (*THROUGHPUT_COLUMNS, "n_seeds")]
         writer.writerow(["" if v is None else v for v in values])
-    return out.getvalue()
-
-
-def metrics_csv(run: Run, name: str = "") -> str:
-    """Every metric point of the run (or of metric `name`) as CSV: name,step,value,wall_time,note,
-    in name and step order; a missing value (NaN or infinity when logged) is empty. A damaged
-    chunk's points are left out: after its metric's points, a row with only the name and the note
-    (`series.Damage.note`)."""
-    out = io.StringIO()
-    writer = csv.writer(out)
-    writer.writerow(["name", "step", "value", "wall_time", "note"])
-    damaged: list[series.Damage] = []
-    for metric, (steps, values, times) in series.points_of(run.pk, name, damaged):
-        for step, value, us in zip(steps.tolist(), values.tolist(), times.tolist(), strict=True):
-            shown = series.shown(value)
-            writer.writerow(
-                [metric, step, "" if shown is None else repr(shown), wall_time(us).isoformat(), ""]
-            )
-        writer.writerows([metric, "", "", "", d.note()] for d in damaged if d.name == metric)
     return out.getvalue()

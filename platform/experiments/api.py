@@ -14,10 +14,10 @@ from ninja import Query, Router, Status
 from ninja.errors import HttpError
 
 from accounts.models import Team
-from dashboards.export import metrics_csv
 from execution.messages import NOT_SENT
 from experiments import progress, series, sweeps, tagging
 from experiments.models import Experiment, ExperimentNotDeletable, Note, Run, SavedView
+from experiments.run_csv import metrics_csv
 from experiments.schemas import (
     CancelledOut,
     DeletedOut,

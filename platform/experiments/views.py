@@ -26,11 +26,11 @@ from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_POST
 
 from accounts.models import Team
-from dashboards.export import metrics_csv
 from execution.messages import NOT_SENT
 from experiments import packing, progress, series, sweeps
 from experiments.forms import TEMPLATES, SweepForm, TemplateForm, initial_from_spec
 from experiments.models import Completion, Experiment, ExperimentNotDeletable, Run, SweepTemplate
+from experiments.run_csv import metrics_csv
 
 UNDISPATCHED = NOT_SENT[:1].upper() + NOT_SENT[1:] + "."
 RECENT_STEPS = 10

@@ -85,6 +85,7 @@ INSTALLED_APPS = [
     "execution",
     "experiments",
     "dashboards",
+    "lab",  # no models: the launcher's commands, `manage.py up` and `serve`
 ]
 
 MIDDLEWARE = [

@@ -282,7 +282,7 @@ def new_team_member(username: str, team: str, is_admin: bool = True):
 def start_web(env: dict[str, str], port: int, log, limit_s: int = WORKER_LIMIT_S) -> subprocess.Popen:
     """The web server as `make up` starts it (`up.web_command`) on 127.0.0.1:`port`, in its own
     process group, bounded by `timeout`, writing to the open file `log`."""
-    from execution.management.commands.up import web_command
+    from lab.management.commands.up import web_command
 
     return subprocess.Popen(
         ["timeout", "-s", "KILL", str(limit_s), *web_command("127.0.0.1", port)],

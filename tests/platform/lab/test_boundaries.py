@@ -1,12 +1,14 @@
-"""Who may import whom (docs/architecture.md, "Boundaries"): the web tier under `platform/` never
-imports `workers/` (it sends tasks by name, `execution.messages`), the worker never imports the
-sweep module (it re-validates a run's config through `Run.run_config`), rollout workers never
+"""Who may import whom (docs/architecture.md, "Boundaries"): the apps of `platform/` import only
+from the floors below their own, in the order that section states; the web tier under `platform/`
+never imports `workers/` (it sends tasks by name, `execution.messages`), the worker never imports
+the sweep module (it re-validates a run's config through `Run.run_config`), rollout workers never
 import the trainer, and no module of `rlcore/`, `workers/` or `platform/` is part of an import
 circle (every import counts: at module level, inside functions, under `TYPE_CHECKING`)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from support import REPO
@@ -93,6 +95,94 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 if len(component) > 1:
                     found.append(sorted(component))
     return found
+
+
+def stated_floors(architecture: str) -> list[list[str]]:
+    """The floors of the apps, top to bottom, as the first block of the "Boundaries" section of
+    docs/architecture.md states them: on each line, the names before its description (which is set
+    off by two spaces or more); a name is an app (`dashboards`) or a module of one (`lab.celery`)."""
+    section = architecture.split("\n## Boundaries\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```\n", 2)[1]
+    return [
+        [name.strip() for name in re.split(r"\s{2,}", line.strip())[0].split(",")]
+        for line in block.splitlines()
+        if line.strip()
+    ]
+
+
+def floor_of(module: str, floors: list[list[str]]) -> int | None:
+    """The floor (0 the top) of `module`: that of the longest stated name it is or lies under. An
+    app's own package counts as the app's lowest floor (importing any of its modules runs it)."""
+    stated = {name: i for i, floor in enumerate(floors) for name in floor}
+    if "." not in module:
+        return max((i for name, i in stated.items() if name.partition(".")[0] == module), default=None)
+    under = [name for name in stated if module == name or module.startswith(name + ".")]
+    return stated[max(under, key=len)] if under else None
+
+
+def upward_imports(root: Path, floors: list[list[str]]) -> list[str]:
+    """Each import, in a module of the apps under `root` (migrations included), of a module on a
+    floor above its own, or of another app on its own floor (`from a.b import c` imports `a.b.c`
+    when that is a module, else `a.b`)."""
+    apps = {path.parent.name for path in root.glob("*/__init__.py")}
+    files = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[0] in apps:
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    found = []
+    for name, path in files.items():
+        floor = floor_of(name, floors)
+        imported = {
+            module if module in files or module.rpartition(".")[0] not in files else module.rpartition(".")[0]
+            for module in imported_modules(path)
+            if module.partition(".")[0] in apps
+        }
+        for module in sorted(imported):
+            below = floor_of(module, floors)
+            if below < floor or (below == floor and module.partition(".")[0] != name.partition(".")[0]):
+                found.append(f"{path.relative_to(root)} (floor {floor}) imports {module} (floor {below})")
+    return sorted(found)
+
+
+def test_every_app_stands_on_a_stated_floor():
+    floors = stated_floors((REPO / "docs" / "architecture.md").read_text())
+    names = [name for floor in floors for name in floor]
+    apps = {path.parent.name for path in (REPO / "platform").glob("*/__init__.py")}
+    assert {name.partition(".")[0] for name in names} == apps
+    missing = [
+        name
+        for name in names
+        if not (REPO / "platform" / name.replace(".", "/")).with_suffix(".py").exists()
+        and not (REPO / "platform" / name.replace(".", "/") / "__init__.py").exists()
+    ]
+    assert missing == []
+
+
+def test_no_app_imports_from_a_floor_above_its_own():
+    floors = stated_floors((REPO / "docs" / "architecture.md").read_text())
+    assert upward_imports(REPO / "platform", floors) == []
+
+
+def test_the_floor_check_finds_an_import_from_above_and_one_across(tmp_path):
+    for app in ("roof", "mid", "side", "ground"):
+        (tmp_path / app).mkdir()
+        (tmp_path / app / "__init__.py").write_text("")
+    (tmp_path / "roof" / "urls.py").write_text("from mid import views\nfrom ground.wiring import x\n")
+    (tmp_path / "roof" / "wiring.py").write_text("")
+    (tmp_path / "mid" / "views.py").write_text("import ground\ndef f():\n    from roof.urls import y\n")
+    (tmp_path / "side" / "models.py").write_text("from mid.views import z\n")
+    (tmp_path / "ground" / "wiring.py").write_text("from roof.urls import w\n")
+    floors = [["roof"], ["mid", "side"], ["ground", "roof.wiring"]]
+    assert floor_of("roof", floors) == 2 and floor_of("roof.urls", floors) == 0
+    assert floor_of("roof.wiring.thing", floors) == 2
+    assert upward_imports(tmp_path, floors) == [
+        "ground/wiring.py (floor 2) imports roof.urls (floor 0)",
+        "mid/views.py (floor 1) imports roof.urls (floor 0)",
+        "side/models.py (floor 1) imports mid.views (floor 1)",
+    ]
+    stated = stated_floors("# A\n\n## Boundaries\n\nProse.\n\n```\nroof   top\nmid, side   m\nground\n```\n")
+    assert stated == [["roof"], ["mid", "side"], ["ground"]]
 
 
 def offending(folder: str, forbidden: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""`python manage.py reap`: mark runs with stale heartbeats lost and re-queue them, then send the
-messages of queued work that may be missing (`experiments.dispatch`), once.
+"""`python manage.py reap`: take back the runs and rollout jobs whose worker stopped heartbeating
+(`experiments.reaping`: lost, re-queued while they have attempts left), then send the messages of
+queued work that may be missing (`experiments.dispatch`), once.
 
 Workers do both by themselves (every LAB_REAP_INTERVAL_S and LAB_DISPATCH_INTERVAL_S); the
 command is for when none runs, or to check by hand.
@@ -7,21 +8,21 @@ command is for when none runs, or to check by hand.
 
 from django.core.management.base import BaseCommand
 
-from experiments import dispatch
-from experiments.models import Run
+from experiments import dispatch, reaping
 
 
 class Command(BaseCommand):
     help = (
-        "Mark runs whose worker stopped heartbeating as lost; re-queue those with attempts left; "
-        "send the messages of queued work that may be missing."
+        "Mark runs and rollout jobs whose worker stopped heartbeating as lost; re-queue those with "
+        "attempts left; send the messages of queued work that may be missing."
     )
 
     def handle(self, *args, **options):
-        reaped = Run.reap()
-        for run in reaped:
-            self.stdout.write(f"run {run.pk}: lost, now {run.status} (attempt {run.attempt})")
-        self.stdout.write(f"{len(reaped)} lost run(s)")
+        reaped = reaping.reap()
+        for what, row in reaped.each():
+            self.stdout.write(f"{what}: lost, now {row.status} (attempt {row.attempt})")
+        self.stdout.write(f"{len(reaped.runs)} lost run(s)")
+        self.stdout.write(f"{len(reaped.jobs)} lost rollout job(s)")
         try:
             sent = dispatch.dispatch()
         except Exception as exc:

@@ -8,7 +8,7 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from execution.management.commands.up import web_command
+from lab.management.commands.up import web_command
 
 
 class Command(BaseCommand):
