@@ -232,53 +232,83 @@ def summarise(steps, values) -> dict:
     return extend(empty_summary(), steps, values)
 
 
+MANY = 64  # points from which `extend` adds them up with numpy rather than one by one
+
+
 def extend(summary: dict, steps, values) -> dict:
     """`summary` of a series with points (sorted, every step after its `last_step`) appended: the
     point count and last step, the value at that step (None if not finite); over the finite values
-    only: their count, first and last (with steps), min, max, total, area (trapezoids over step,
-    added in step order) and the last `TAIL`. Point by point in plain Python (a flush adds a few
-    points to many series: cheaper than numpy). Changes `summary` in place and returns it. A total
-    or area that once overflowed stays None."""
-    if isinstance(steps, np.ndarray):
-        steps, values = steps.tolist(), values.tolist()
+    only: their count, first and last (with steps), min, max, total, area (trapezoids over step)
+    and the last `TAIL`. Changes `summary` in place and returns it. The sums add each point's
+    value and trapezoid in step order, so a summary is the same to the bit however its points
+    came (flush by flush, or a whole series at once); a total or area that once overflowed stays
+    None. A few points (a flush adds a few to many series) go one by one in plain Python, cheaper
+    than numpy; `MANY` or more through numpy (`np.cumsum` adds in order, as the loop does)."""
     if not len(steps):
         return summary
-    isfinite, nan = math.isfinite, math.nan
     finite = summary["finite"]
     first_step, first = summary["first_step"], summary["first"]
     last_finite_step, last_finite = summary["last_finite_step"], summary["last_finite"]
     low, high, total, area = summary["min"], summary["max"], summary["total"], summary["area"]
     # An overflowed sum is carried as NaN: a sum that is not finite stays so (∞ + x is ∞ or NaN).
-    total, area = nan if total is None else total, nan if area is None else area
+    total, area = math.nan if total is None else total, math.nan if area is None else area
     tail = list(summary["tail"])
-    for step, value in zip(steps, values, strict=True):
-        if not isfinite(value):
-            continue
-        if finite:
-            area += (step - last_finite_step) * (value + last_finite) / 2
-            total += value
-            if value < low:
-                low = value
-            elif value > high:
-                high = value
-        else:
-            first_step, first, low, high, total, area = step, value, value, value, value, 0.0
-        finite += 1
-        last_finite_step, last_finite = step, value
-        tail.append(value)
+    if len(steps) < MANY:
+        if isinstance(steps, np.ndarray):
+            steps, values = steps.tolist(), values.tolist()
+        isfinite = math.isfinite
+        for step, value in zip(steps, values, strict=True):
+            if not isfinite(value):
+                continue
+            if finite:
+                area += (step - last_finite_step) * (value + last_finite) / 2
+                total += value
+                if value < low:
+                    low = value
+                elif value > high:
+                    high = value
+            else:
+                first_step, first, low, high, total, area = step, value, value, value, value, 0.0
+            finite += 1
+            last_finite_step, last_finite = step, value
+            tail.append(value)
+        last_step, last = steps[-1], values[-1]
+    else:
+        steps, values = np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)
+        keep = np.isfinite(values)
+        fs, fv = steps[keep], values[keep]
+        if len(fv):
+            if finite:  # the trapezoid from the last finite point to the first new one comes first
+                ps, pv = np.concatenate(([last_finite_step], fs)), np.concatenate(([last_finite], fv))
+                added = fv
+            else:
+                ps, pv, added = fs, fv, fv[1:]
+                first_step, first = int(fs[0]), float(fv[0])
+                low, high, total, area = first, first, first, 0.0
+            # argmin and argmax find the first of equal values (0.0 and -0.0 alike), as the loop keeps.
+            least, most = float(fv[fv.argmin()]), float(fv[fv.argmax()])
+            low, high = least if least < low else low, most if most > high else high
+            with np.errstate(over="ignore", invalid="ignore"):
+                halves = np.diff(ps) * (pv[1:] + pv[:-1]) / 2
+                total = float(np.cumsum(np.concatenate(([total], added)))[-1])
+                area = float(np.cumsum(np.concatenate(([area], halves)))[-1])
+            finite += len(fv)
+            last_finite_step, last_finite = int(fs[-1]), float(fv[-1])
+            tail += fv[-TAIL:].tolist()
+        last_step, last = int(steps[-1]), float(values[-1])
     summary.update(
         count=summary["count"] + len(steps),
         finite=finite,
-        last_step=steps[-1],
-        last=values[-1] if isfinite(values[-1]) else None,
+        last_step=last_step,
+        last=last if math.isfinite(last) else None,
         first_step=first_step,
         first=first,
         last_finite_step=last_finite_step,
         last_finite=last_finite,
         min=low,
         max=high,
-        total=total if isfinite(total) else None,
-        area=area if isfinite(area) else None,
+        total=total if math.isfinite(total) else None,
+        area=area if math.isfinite(area) else None,
         tail=tail[-TAIL:],
     )
     return summary

@@ -21,7 +21,7 @@ def _same(a: dict, b: dict) -> bool:
 @pytest.mark.parametrize("seed", range(8))
 def test_a_summary_extended_flush_by_flush_is_that_of_the_whole_series_to_the_bit(seed):
     rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 500))
+    n = int(rng.integers(1, 3000))
     steps = np.cumsum(rng.integers(1, 30, size=n)) - 50
     values = rng.normal(size=n) * 10.0 ** rng.integers(-3, 3, size=n)
     values[rng.random(n) < 0.2] = np.nan
@@ -35,6 +35,13 @@ def test_a_summary_extended_flush_by_flush_is_that_of_the_whole_series_to_the_bi
     for part in np.array_split(np.arange(n), int(rng.integers(1, 12))):
         packing.extend(summary, steps[part].tolist(), values[part].tolist())  # as the sink's writer
     assert _same(summary, whole)
+    # A few points at a time (one by one in Python) against many at once (numpy): the same bits.
+    few, start = packing.empty_summary(), 0
+    while start < n:
+        stop = start + int(rng.integers(1, packing.MANY))
+        packing.extend(few, steps[start:stop], values[start:stop])
+        start = stop
+    assert _same(few, whole)
 
 
 def test_a_summary_counts_every_point_and_sums_the_finite_ones():
