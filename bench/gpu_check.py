@@ -91,8 +91,8 @@ def main() -> int:
     print(f"  max is_ratio/max {max(ratio.values()):.4f} (1 = vLLM's and the trainer's log-probs agree)")
     versions = max(1, PolicyVersion.objects.filter(run=run).count())
     print(
-        f"weights: {run.summary['weights/publish_bytes'] / versions / 1e6:.2f} MB per version, "
-        f"publish {1000 * run.summary['weights/publish_s_mean']:.1f} ms"
+        f"weights: {run.measured.weights_publish_bytes / versions / 1e6:.2f} MB per version, "
+        f"publish {1000 * run.measured.weights_publish_s_mean:.1f} ms"
     )
     log = (SCRATCH / "worker-rollout-gpu.log").read_text()
     loads = [float(s) for s in re.findall(r"loaded policy version \d+ in ([0-9.]+) s", log)]

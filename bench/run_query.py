@@ -4,7 +4,7 @@ plain column (`preset = grpo`), measured in the same run.
 
 Builds `--runs` runs (in experiments of 200) in a throwaway database (Django's test database for
 `DATABASE_URL`: PostgreSQL is what the acceptance line is about), each with `--evals` points of
-`eval/accuracy` and `--steps` points of `kl/init` (one `experiments.series.append` per run: this
+`eval/accuracy` and `--steps` points of `kl/init` (one `experiments.series.Writer` write per run: this
 measures reading, not ingestion), some tags, then `VACUUM ANALYZE`. Each query: one warm-up call, then the median of
 `--calls` calls through Django's test client with an API token (the whole view: auth, parsing,
 the count and the first page of 100). "Python filter" is the reference a client without a query
@@ -62,7 +62,7 @@ def build(n_runs: int, evals: int, steps: int):
 
     from accounts.models import ApiToken, Membership, Team
     from experiments.models import Experiment, Run, RunTag
-    from experiments.series import append
+    from experiments.series import Writer
     from experiments.sweeps import expand
 
     user = get_user_model().objects.create_user("bench", password="bench-password-1")
@@ -95,7 +95,7 @@ def build(n_runs: int, evals: int, steps: int):
             ]
             points += [("kl/init", s, float(rng.random()) * s / steps, now) for s in range(steps + 1)]
             with transaction.atomic():
-                append(run.pk, points)
+                Writer(run.pk).write(points)
         RunTag.objects.bulk_create([RunTag(run=run, name="look") for run in runs[::7]])
     return user, ApiToken.issue(user)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Protocol
 
@@ -211,3 +211,65 @@ EVAL_METRICS = ("eval/accuracy", "eval/reward", "eval/kl_init")
 # The metrics whose latest value a run's summary carries (the trainer's, and the platform's for
 # runs that ended without one).
 SUMMARY_LATEST = ("eval/accuracy", "reward/mean", "kl/init")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a run's worker measured of its last attempt, carried in the run's summary beside the
+    trainer's numbers: written by `workers.measure` (every run) and `workers.source` (distributed
+    and async runs) through `stored`, read through `of` (`Run.measured`). Each field is stored
+    under its name with its first "_" as "/" (`time_attempt_s` as "time/attempt_s",
+    `MEASURED_KEYS`); the names are part of the API. None: not measured (a run stored before runs
+    were measured, an attempt that failed, a machine without /proc, a simulated run's execution)."""
+
+    # workers.measure: the attempt's wall-clock by part, seconds (docs/architecture.md, "Throughput").
+    time_startup_s: float | None = None  # loading the config, imports
+    time_warm_start_s: float | None = None  # θ0's warm start
+    time_first_step_s: float | None = None
+    time_steady_s: float | None = None  # the steps after the first
+    time_eval_s: float | None = None
+    time_checkpoint_s: float | None = None
+    time_eval_steady_s: float | None = None  # the evaluations in the steady state
+    time_checkpoint_steady_s: float | None = None
+    time_attempt_s: float | None = None  # the whole attempt
+    steps_steady: float | None = None
+    tokens_total: float | None = None
+    tokens_steady: float | None = None
+    cpu_trainer_s: float | None = None  # the trainer's own process
+    cpu_trainer_steady_s: float | None = None
+    cpu_rollout_s: float | None = None  # the rollout jobs made for it
+    cpu_rollout_steady_s: float | None = None
+    threads_trainer: float | None = None  # torch threads
+    machine_cores: float | None = None
+    machine_others_cores: float | None = None  # cores other processes used meanwhile
+    machine_contended: float | None = None  # 1.0: others used more than LAB_CONTENDED_CORES
+    # workers.source: a distributed or async run's execution.
+    weights_publish_s_mean: float | None = None
+    weights_publish_bytes: float | None = None
+    evals_trainer_parts: float | None = None  # eval parts the trainer made while it waited
+    idle_trainer_frac: float | None = None  # of its wall-clock, blocked on a batch or an evaluation
+    idle_rollout_frac: float | None = None  # of the rollout workers' wall-clock, in no job
+
+    @classmethod
+    def of(cls, summary: dict | None) -> Measured:
+        """The measured fields of a run's summary (None where it has none)."""
+        summary = summary or {}
+        return cls(**{name: summary.get(key) for name, key in MEASURED_KEYS.items()})
+
+    def stored(self) -> dict[str, float]:
+        """The fields measured, under their keys in a run's summary, in the order declared."""
+        return {
+            key: value for name, key in MEASURED_KEYS.items() if (value := getattr(self, name)) is not None
+        }
+
+    @property
+    def steady_steps(self) -> int:
+        return int(self.steps_steady or 0)
+
+    @property
+    def contended(self) -> bool | None:
+        """Whether the attempt ran contended; None when not measured."""
+        return None if self.machine_contended is None else bool(self.machine_contended)
+
+
+MEASURED_KEYS = {f.name: f.name.replace("_", "/", 1) for f in fields(Measured)}

@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rlcore.sinks import CHECKPOINTING, EVALUATING, PREPARING, TRAINING, WARM_START
+from rlcore.sinks import CHECKPOINTING, EVALUATING, PREPARING, TRAINING, WARM_START, Measured
 
 PROC_STAT = Path("/proc/stat")
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -88,8 +88,8 @@ class Measurement:
             self.steady_tokens += tokens
 
     def report(self, rollout_jobs: list[tuple[str, float, datetime]]) -> dict[str, float]:
-        """The attempt's numbers, flat, for the run's summary (`time/<part>_s`, and `_steady_s` for
-        evaluations and checkpoints in the steady state). `rollout_jobs`: (worker, CPU seconds,
+        """The attempt's numbers, flat, for the run's summary (`rlcore.sinks.Measured`: `time/<part>_s`,
+        and `_steady_s` for evaluations and checkpoints in the steady state). `rollout_jobs`: (worker, CPU seconds,
         finished) of the rollout jobs made for the attempt; those made on this machine are the
         run's own work there, not other processes'."""
         from django.conf import settings
@@ -105,20 +105,20 @@ class Measurement:
         def steady(finished: datetime) -> bool:
             return self.steady_started_at is not None and finished >= self.steady_started_at
 
-        out = {f"time/{name}_s": seconds for name, seconds in parts.items()}
-        out |= {
-            "time/eval_steady_s": parts["eval"] - steady_from["eval"],
-            "time/checkpoint_steady_s": parts["checkpoint"] - steady_from["checkpoint"],
-            "time/attempt_s": wall,
-            "steps/steady": float(self.steady_steps),
-            "tokens/total": self.tokens,
-            "tokens/steady": self.steady_tokens,
-            "cpu/trainer_s": own_cpu,
-            "cpu/trainer_steady_s": cpu_now - self.steady_cpu_from if self.steady_from else 0.0,
-            "cpu/rollout_s": sum(cpu_s for _, cpu_s, _ in rollout_jobs),
-            "cpu/rollout_steady_s": sum(cpu_s for _, cpu_s, finished in rollout_jobs if steady(finished)),
-            "threads/trainer": float(_torch_threads()),
-            "machine/cores": float(os.cpu_count() or 0),
+        measured = {f"time_{name}_s": seconds for name, seconds in parts.items()}
+        measured |= {
+            "time_eval_steady_s": parts["eval"] - steady_from["eval"],
+            "time_checkpoint_steady_s": parts["checkpoint"] - steady_from["checkpoint"],
+            "time_attempt_s": wall,
+            "steps_steady": float(self.steady_steps),
+            "tokens_total": self.tokens,
+            "tokens_steady": self.steady_tokens,
+            "cpu_trainer_s": own_cpu,
+            "cpu_trainer_steady_s": cpu_now - self.steady_cpu_from if self.steady_from else 0.0,
+            "cpu_rollout_s": sum(cpu_s for _, cpu_s, _ in rollout_jobs),
+            "cpu_rollout_steady_s": sum(cpu_s for _, cpu_s, finished in rollout_jobs if steady(finished)),
+            "threads_trainer": float(_torch_threads()),
+            "machine_cores": float(os.cpu_count() or 0),
         }
         here = f"{platform.node()}:"
         rollout_cpu_here_s = sum(cpu_s for worker, cpu_s, _ in rollout_jobs if worker.startswith(here))
@@ -128,9 +128,9 @@ class Measurement:
             own_now = time.process_time() - self.own_cpu_start
             elapsed = time.perf_counter() - self.started
             others = max(0.0, busy - self.busy_start - own_now - rollout_cpu_here_s) / elapsed
-            out["machine/others_cores"] = others
-            out["machine/contended"] = float(others > settings.LAB_CONTENDED_CORES)
-        return out
+            measured["machine_others_cores"] = others
+            measured["machine_contended"] = float(others > settings.LAB_CONTENDED_CORES)
+        return Measured(**measured).stored()
 
 
 def _torch_threads() -> int:

@@ -20,7 +20,7 @@ from experiments.models import PolicyVersion, RolloutJob, Run
 from rlcore.batch import Batch
 from rlcore.config import RunConfig
 from rlcore.evaluate import EvalSums, Evaluator
-from rlcore.sinks import Stopped
+from rlcore.sinks import Measured, Stopped
 from rlcore.weights import Published
 from workers import buffer, jobs
 from workers.admission import ADMISSION, group_slices
@@ -232,13 +232,13 @@ class DatabaseSource:
         busy = sum((j.duration_s or 0.0) for j in done)
         rollout_workers = max(1, done.values("worker").distinct().count())
         seconds = self.publisher.seconds
-        return {
-            "weights/publish_s_mean": sum(seconds) / len(seconds) if seconds else 0.0,
-            "weights/publish_bytes": float(self.publisher.size_bytes),
-            "evals/trainer_parts": float(self.evals.made),
-            "idle/trainer_frac": min(1.0, self.idle_s / wall) if wall > 0 else 0.0,
-            "idle/rollout_frac": max(0.0, 1.0 - busy / (rollout_workers * wall)) if wall > 0 else 0.0,
-        }
+        return Measured(
+            weights_publish_s_mean=sum(seconds) / len(seconds) if seconds else 0.0,
+            weights_publish_bytes=float(self.publisher.size_bytes),
+            evals_trainer_parts=float(self.evals.made),
+            idle_trainer_frac=min(1.0, self.idle_s / wall) if wall > 0 else 0.0,
+            idle_rollout_frac=max(0.0, 1.0 - busy / (rollout_workers * wall)) if wall > 0 else 0.0,
+        ).stored()
 
     # ----- internals ----------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from dashboards import curves
 from experiments.models import Run
 
 
-def _get(summary: Mapping[str, Any], name: str) -> float:
-    value = summary.get(name)
+def _number(value: Any) -> float:
+    """A measured value as a float, NaN where it is not a finite number (not measured)."""
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else math.nan
 
 
@@ -42,8 +42,8 @@ class Cost:
 
     @classmethod
     def of(cls, run: Run) -> Cost:
-        s = run.summary or {}
-        steady_s, steps = _get(s, "time/steady_s"), _get(s, "steps/steady")
+        m = run.measured
+        steady_s, steps = _number(m.time_steady_s), _number(m.steps_steady)
         if not math.isfinite(steady_s):
             mean_step_s = getattr(run, "mean_step_s", None)
             mean_tokens = getattr(run, "mean_tokens_per_s", None)
@@ -58,24 +58,23 @@ class Cost:
                 tokens_per_s=math.nan if mean_tokens is None else float(mean_tokens),
                 **unknown,
             )
-        contended = s.get("machine/contended")
         per_step = steps if steps > 0 else math.nan
-        steady_wall = steady_s + _get(s, "time/eval_steady_s") + _get(s, "time/checkpoint_steady_s")
-        steady_cpu = _get(s, "cpu/trainer_steady_s") + _get(s, "cpu/rollout_steady_s")
-        tokens = _get(s, "tokens/steady")
+        steady_wall = steady_s + _number(m.time_eval_steady_s) + _number(m.time_checkpoint_steady_s)
+        steady_cpu = _number(m.cpu_trainer_steady_s) + _number(m.cpu_rollout_steady_s)
+        tokens = _number(m.tokens_steady)
         return cls(
             measured=True,
-            contended=None if contended is None else bool(contended),
-            others_cores=_get(s, "machine/others_cores"),
+            contended=m.contended,
+            others_cores=_number(m.machine_others_cores),
             steps_per_hour=3600.0 * per_step / steady_s if steady_s > 0 else math.nan,
             tokens_per_s=tokens / steady_s if steady_s > 0 else math.nan,
             tokens_per_cpu_s=tokens / steady_cpu if steady_cpu > 0 else math.nan,
-            cold_start_s=_get(s, "time/startup_s") + _get(s, "time/warm_start_s"),
-            first_step_s=_get(s, "time/first_step_s"),
+            cold_start_s=_number(m.time_startup_s) + _number(m.time_warm_start_s),
+            first_step_s=_number(m.time_first_step_s),
             wall_per_step_s=steady_wall / per_step,
             cpu_per_step_s=steady_cpu / per_step,
-            attempt_s=_get(s, "time/attempt_s"),
-            threads=_get(s, "threads/trainer"),
+            attempt_s=_number(m.time_attempt_s),
+            threads=_number(m.threads_trainer),
         )
 
     def counts(self, include_contended: bool) -> bool:

@@ -207,16 +207,8 @@ def finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def summarise(steps: np.ndarray, values: np.ndarray) -> dict:
-    """The summary of a whole series sorted by step (`SUMMARY_FIELDS`): the point count and last
-    step, the value at that step (None if not finite); over its finite values only: their count,
-    first and last (with steps), min, max, total, area (trapezoids over step) and the last `TAIL`."""
-    with np.errstate(over="ignore", invalid="ignore"):  # a sum or area that overflows is None
-        return _summarise(steps, values)
-
-
 def empty_summary() -> dict:
-    """The summary of a series with no points yet (`extend` takes it as any other)."""
+    """The summary of a series with no points yet (`SUMMARY_FIELDS`), which `extend` extends."""
     return {
         "count": 0,
         "last_step": None,
@@ -234,82 +226,89 @@ def empty_summary() -> dict:
     }
 
 
-def _summarise(steps: np.ndarray, values: np.ndarray) -> dict:
-    summary = empty_summary()
-    if not len(steps):
-        return summary
-    finite = np.isfinite(values)
-    fs, fv = steps[finite].astype(np.float64), values[finite]
-    summary.update(count=len(steps), last_step=int(steps[-1]), last=finite_or_none(values[-1]))
-    summary["finite"] = int(finite.sum())
-    if len(fv):
-        summary.update(
-            first_step=int(steps[finite][0]),
-            first=float(fv[0]),
-            last_finite_step=int(steps[finite][-1]),
-            last_finite=float(fv[-1]),
-            min=float(fv.min()),
-            max=float(fv.max()),
-            total=finite_or_none(fv.sum()),
-            area=finite_or_none(np.trapezoid(fv, fs)) if len(fv) > 1 else 0.0,
-            tail=fv[-TAIL:].tolist(),
-        )
-    return summary
+def summarise(steps, values) -> dict:
+    """The summary of a whole series sorted by step (`SUMMARY_FIELDS`): the summary of no points
+    extended by all of them, so a summary extended flush by flush is this one to the bit."""
+    return extend(empty_summary(), steps, values)
+
+
+MANY = 64  # points from which `extend` adds them up with numpy rather than one by one
 
 
 def extend(summary: dict, steps, values) -> dict:
-    """`summary` of a series with points (sorted, every step after its `last_step`) appended, point
-    by point (a flush adds a few points to many series: cheaper in plain Python than in numpy).
-    Changes `summary` in place and returns it. A total or area that once overflowed stays None."""
-    if isinstance(steps, np.ndarray):
-        steps, values = steps.tolist(), values.tolist()
-    isfinite = math.isfinite
-    count, finite, last_step, last = (
-        summary["count"],
-        summary["finite"],
-        summary["last_step"],
-        summary["last"],
-    )
+    """`summary` of a series with points (sorted, every step after its `last_step`) appended: the
+    point count and last step, the value at that step (None if not finite); over the finite values
+    only: their count, first and last (with steps), min, max, total, area (trapezoids over step)
+    and the last `TAIL`. Changes `summary` in place and returns it. The sums add each point's
+    value and trapezoid in step order, so a summary is the same to the bit however its points
+    came (flush by flush, or a whole series at once); a total or area that once overflowed stays
+    None. A few points (a flush adds a few to many series) go one by one in plain Python, cheaper
+    than numpy; `MANY` or more through numpy (`np.cumsum` adds in order, as the loop does)."""
+    if not len(steps):
+        return summary
+    finite = summary["finite"]
     first_step, first = summary["first_step"], summary["first"]
     last_finite_step, last_finite = summary["last_finite_step"], summary["last_finite"]
     low, high, total, area = summary["min"], summary["max"], summary["total"], summary["area"]
+    # An overflowed sum is carried as NaN: a sum that is not finite stays so (∞ + x is ∞ or NaN).
+    total, area = math.nan if total is None else total, math.nan if area is None else area
     tail = list(summary["tail"])
-    for step, value in zip(steps, values, strict=True):
-        count += 1
-        last_step = step
-        if not isfinite(value):
-            last = None
-            continue
-        last = value
-        if finite:
-            if area is not None:
+    if len(steps) < MANY:
+        if isinstance(steps, np.ndarray):
+            steps, values = steps.tolist(), values.tolist()
+        isfinite = math.isfinite
+        for step, value in zip(steps, values, strict=True):
+            if not isfinite(value):
+                continue
+            if finite:
                 area += (step - last_finite_step) * (value + last_finite) / 2
-                area = area if isfinite(area) else None
-            if total is not None:
                 total += value
-                total = total if isfinite(total) else None
-            if value < low:
-                low = value
-            elif value > high:
-                high = value
-        else:
-            first_step, first, low, high, total, area = step, value, value, value, value, 0.0
-        finite += 1
-        last_finite_step, last_finite = step, value
-        tail.append(value)
+                if value < low:
+                    low = value
+                elif value > high:
+                    high = value
+            else:
+                first_step, first, low, high, total, area = step, value, value, value, value, 0.0
+            finite += 1
+            last_finite_step, last_finite = step, value
+            tail.append(value)
+        last_step, last = steps[-1], values[-1]
+    else:
+        steps, values = np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)
+        keep = np.isfinite(values)
+        fs, fv = steps[keep], values[keep]
+        if len(fv):
+            if finite:  # the trapezoid from the last finite point to the first new one comes first
+                ps, pv = np.concatenate(([last_finite_step], fs)), np.concatenate(([last_finite], fv))
+                added = fv
+            else:
+                ps, pv, added = fs, fv, fv[1:]
+                first_step, first = int(fs[0]), float(fv[0])
+                low, high, total, area = first, first, first, 0.0
+            # argmin and argmax find the first of equal values (0.0 and -0.0 alike), as the loop keeps.
+            least, most = float(fv[fv.argmin()]), float(fv[fv.argmax()])
+            low, high = least if least < low else low, most if most > high else high
+            with np.errstate(over="ignore", invalid="ignore"):
+                halves = np.diff(ps) * (pv[1:] + pv[:-1]) / 2
+                total = float(np.cumsum(np.concatenate(([total], added)))[-1])
+                area = float(np.cumsum(np.concatenate(([area], halves)))[-1])
+            finite += len(fv)
+            last_finite_step, last_finite = int(fs[-1]), float(fv[-1])
+            tail += fv[-TAIL:].tolist()
+        last_step, last = int(steps[-1]), float(values[-1])
     summary.update(
-        count=count,
+        count=summary["count"] + len(steps),
         finite=finite,
         last_step=last_step,
-        last=last,
+        last=last if math.isfinite(last) else None,
         first_step=first_step,
         first=first,
         last_finite_step=last_finite_step,
         last_finite=last_finite,
         min=low,
         max=high,
-        total=total,
-        area=area,
+        total=total if math.isfinite(total) else None,
+        area=area if math.isfinite(area) else None,
         tail=tail[-TAIL:],
     )
     return summary

@@ -1,6 +1,6 @@
 """Runs' metric series in the database: chunks of packed points (`MetricChunk`, packed as
 `experiments.packing` says) and one summary per (run, metric) (`MetricSummary`), both written by
-`append` in the caller's transaction (the worker's sink, under the run's heartbeat lock), read by
+`Writer.write` in the caller's transaction (the worker's sink, under the run's heartbeat lock), read by
 the pages, the API and the comparison through the functions here. A step logged again replaces its
 point, so a re-executed step never doubles one.
 
@@ -181,12 +181,13 @@ def _compact(run_id: int, rows: list[tuple], last_parts: LastParts) -> None:
         MetricChunk.objects.filter(doomed, run_id=run_id).delete()
 
 
-def append(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]]) -> None:
-    """Store (name, step, value, wall time) points of run `run_id`: each merged into its chunk (a
-    step already there takes the new value and time), and each metric's summary brought up to
-    date (extended when every new step comes after its last one, else summed up again). A series'
-    newest chunk stays raw while it grows and is packed once the series moves past it (or `seal`).
-    Run it in a transaction: chunks are read, merged and written back."""
+def _merge(run_id: int, points: Iterable[tuple[str, int, float | None, datetime]]) -> None:
+    """`Writer.write`'s way for points that do not simply come after what is stored (a step
+    logged again or out of order): each point merged into its chunk (a step already there takes
+    the new value and time), and each metric's summary brought up to date (extended when every new
+    step comes after its last one, else summed up again). A series' newest chunk stays raw while
+    it grows and is packed once the series moves past it (or `seal`). Chunks are read, merged and
+    written back in the caller's transaction."""
     new = _by_name(points)
     if not new:
         return
@@ -264,17 +265,20 @@ RAW_NATIVE = sys.byteorder == "little"  # raw chunks are little-endian, as array
 
 
 class Writer:
-    """The one writer of a run's series (the run's sink, under its heartbeat lock): it knows each
-    series' newest chunk and summary from its own writes, so a flush of steps after the last ones
-    reads nothing, compresses nothing and rewrites nothing: its new points go in as the newest
-    chunk's next part (raw), its summary is extended point by point, and a chunk it moves past is
-    written whole, packed, as its part 0, its other parts deleted. A series it has not written yet
-    starts from what is stored of it (one read per flush that brings new names; nothing for a new
-    series). A step logged again or out of order goes through `append`, and what that wrote is read
-    back as the new starting point.
+    """The one writer of a run's series: (name, step, value, wall time) points go in through
+    `write` and nowhere else. Kept across flushes (the run's sink, under its heartbeat lock), it
+    knows each series' newest chunk and summary from its own writes, so a flush of steps after the
+    last ones reads nothing, compresses nothing and rewrites nothing: its new points go in as the
+    newest chunk's next part (raw), its summary is extended point by point, and a chunk it moves
+    past is written whole, packed, as its part 0, its other parts deleted. A series it has not
+    written yet starts from what is stored of it (one read per flush that brings new names;
+    nothing for a new series), so `Writer(run_id).write(points)` stores points once. A step logged
+    again or out of order is merged into its chunk (`_merge`), and what that wrote is read back
+    as the new starting point.
 
-    `write` runs in the caller's transaction; the caller calls `committed()` once it commits, or
-    `forget()` if it failed (what it knew may not be stored)."""
+    `write` runs in the caller's transaction (under `Run.hold` or the heartbeat: one writer per
+    run); a writer kept for the next write is told `committed()` once it commits, or `forget()` if
+    it failed (what it knew may not be stored)."""
 
     def __init__(self, run_id: int):
         self.run_id = run_id
@@ -329,7 +333,7 @@ class Writer:
         _upsert(MetricChunk, CHUNK_KEY, CHUNK_COLUMNS, segments)
         _upsert_summaries(self.run_id, summaries)
         if slow:
-            append(self.run_id, slow)
+            _merge(self.run_id, slow)
             pending |= self._read_newest({name for name, *_ in slow})
         self._pending = pending
 

@@ -296,13 +296,13 @@ def start_web(env: dict[str, str], port: int, log, limit_s: int = WORKER_LIMIT_S
 
 def log_points(run, points) -> None:
     """Store (name, step, value, wall time) points of `run` as the worker's sink does
-    (`experiments.series.append`, in a transaction)."""
+    (`experiments.series.Writer`, in a transaction)."""
     from django.db import transaction
 
     from experiments import series
 
     with transaction.atomic():
-        series.append(getattr(run, "pk", run), points)
+        series.Writer(getattr(run, "pk", run)).write(points)
 
 
 def logged(run, name: str = "") -> list[tuple[str, int, float | None]]:

@@ -29,7 +29,7 @@ from experiments.models.turns import TakingTurns
 from experiments.packing import finite_or_none
 from experiments.text import public_error, variant_label
 from rlcore.config import RunConfig, error_list
-from rlcore.sinks import SUMMARY_LATEST
+from rlcore.sinks import SUMMARY_LATEST, Measured
 
 
 def validation_context() -> dict[str, list[str]]:
@@ -479,36 +479,27 @@ class Run(TakingTurns, Leased):
         return self.config.get("execution", {}).get("mode", "simulated")
 
     @property
-    def measurement(self) -> dict[str, float | None]:
-        """Its last attempt's measured costs (workers.measure), by short name; `contended` is None
-        when not measured."""
-        s = self.summary
-        parts = ("startup", "warm_start", "first_step", "steady", "eval", "checkpoint", "attempt")
-        return {
-            **{part: s.get(f"time/{part}_s") for part in parts},
-            "steady_steps": int(s.get("steps/steady") or 0),
-            "cpu_trainer": s.get("cpu/trainer_s"),
-            "cpu_rollout": s.get("cpu/rollout_s"),
-            "threads": s.get("threads/trainer"),
-            "cores": s.get("machine/cores"),
-            "others_cores": s.get("machine/others_cores"),
-            "contended": None if s.get("machine/contended") is None else bool(s["machine/contended"]),
-        }
+    def measured(self) -> Measured:
+        """What its worker measured of its last attempt (`rlcore.sinks.Measured`), from its summary."""
+        return Measured.of(self.summary)
 
     @property
-    def execution_report(self) -> dict[str, float] | None:
-        """What a finished distributed or async run reported about its execution: mean seconds to
-        publish the weights, bytes published in all, and the fractions of wall time the trainer and
-        the rollout workers were idle. None for simulated runs and runs that have not finished."""
-        names = {
-            "publish_s_mean": "weights/publish_s_mean",
-            "publish_bytes": "weights/publish_bytes",
-            "trainer_idle_frac": "idle/trainer_frac",
-            "rollout_idle_frac": "idle/rollout_frac",
-        }
-        if self.execution_mode == "simulated" or not all(name in self.summary for name in names.values()):
+    def execution_report(self) -> Measured | None:
+        """What a finished distributed or async run reported about its execution (`Measured`'s
+        weights_publish_s_mean and weights_publish_bytes, the mean seconds to publish the weights
+        and the bytes published in all; idle_trainer_frac and idle_rollout_frac, the fractions of
+        wall time the trainer and the rollout workers were idle). None for simulated runs and runs
+        that have not finished."""
+        measured = self.measured
+        reported = (
+            measured.weights_publish_s_mean,
+            measured.weights_publish_bytes,
+            measured.idle_trainer_frac,
+            measured.idle_rollout_frac,
+        )
+        if self.execution_mode == "simulated" or None in reported:
             return None
-        return {key: self.summary[name] for key, name in names.items()}
+        return measured
 
     @property
     def needed_queues(self) -> list[str]:
