@@ -13,7 +13,7 @@ from django.db import transaction
 from django.shortcuts import get_object_or_404
 
 from dashboards.claims import templates, verdicts
-from dashboards.comparison import compare, curves, query
+from dashboards.comparison import curves, grouping, query, reads
 from dashboards.models import Claim
 from experiments.models import Experiment, Run
 from lab.errors import FieldError
@@ -32,16 +32,16 @@ def line_names(runs: list[Run]) -> dict[int, str]:
     """Each run's line as the comparison names it: its preset and variant, and its experiment when
     the runs come from several."""
     several = len({run.experiment_id for run in runs}) > 1
-    return {run.pk: compare.line_label(run.line, run.experiment, several) for run in runs}
+    return {run.pk: grouping.line_label(run.line, run.experiment, several) for run in runs}
 
 
 def cell_data(runs: list[Run], metric: str, rule: str, k: int, delta: float) -> verdicts.Data:
     """The runs' final values of `metric` by `rule` (on the step axis, as the comparison takes them:
-    `compare.final_values`) per (line, staleness) cell, with each cell's runs
+    `reads.final_values`) per (line, staleness) cell, with each cell's runs
     (queued or running, all but those that ended early: `Run.ended_early`, no finished seed) and its
     on-policy label."""
     names = line_names(runs)
-    stored = compare.final_values(runs, query.ComparisonQuery(metric=metric, rule=rule, k=k))
+    stored = reads.final_values(runs, query.ComparisonQuery(metric=metric, rule=rule, k=k))
     finals: dict[verdicts.Cell, dict[int, float]] = defaultdict(dict)
     counts: dict[verdicts.Cell, list[int]] = defaultdict(lambda: [0, 0])
     for run in runs:
@@ -187,7 +187,7 @@ def from_template(runs: list[Run], name: str, variant: str, delta: float) -> dic
         data.digits,
     )
     tested = list(dict.fromkeys(run.staleness for run in picked))
-    lags = {label: lag["mean_lag"] for label, lag in compare.mean_lags(picked).items()}
+    lags = {label: lag["mean_lag"] for label, lag in grouping.mean_lags(picked).items()}
     made, lacking = templates.instantiate(template, preset_data, tested, lags, delta)
     if lacking:
         raise ClaimError("template", f"these runs cannot state it: they need {'; '.join(lacking)}")

@@ -179,9 +179,9 @@ def compute(team, block: Block) -> dict[str, Any]:
             raise ReportError("source", where + exc.message.replace("your teams", f"team {team}")) from exc
         frozen["target"] = {"runs": ident}
     asked = query.ComparisonQuery.parse(params)
-    payload = compare.compare(runs, asked)
-    if block.kind == "table":
-        payload.pop("groups")
+    payload = compare.compare(
+        runs, asked, compare.TABLE_PANELS if block.kind == "table" else compare.ALL_PANELS
+    )
     frozen["query"] = {name: params.get(name) for name in params}
     frozen["run_ids"] = sorted(row["id"] for row in payload["runs"])
     frozen["data"] = payload

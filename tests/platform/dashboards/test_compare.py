@@ -255,7 +255,7 @@ def test_a_summary_table_that_needs_the_points_reads_them_and_agrees_with_the_co
 def test_final_values_from_the_summaries_equal_those_from_the_points(experiment):
     """Every rule over steps, for a run whose points came in pieces, out of order, logged again,
     with NaN and ±infinity among them: the summary's final value is the points'."""
-    from dashboards.comparison import compare, curves
+    from dashboards.comparison import curves, reads
     from dashboards.comparison.query import ComparisonQuery
     from experiments import series
 
@@ -281,17 +281,17 @@ def test_final_values_from_the_summaries_equal_those_from_the_points(experiment)
         steps, values, _ = series.series(one.pk, name)
         points = curves.Series.of(steps, values)
         for rule, k in [("last", 10), ("best", 10), ("auc", 10)] + [("mean_last_k", k) for k in (1, 3, 10)]:
-            stored = compare.stored_finals([one.pk], ComparisonQuery(metric=name, rule=rule, k=k))
+            stored = reads.stored_finals([one.pk], ComparisonQuery(metric=name, rule=rule, k=k))
             expected = curves.final_value(points, rule, k)
             if rule == "auc":
                 assert stored[one.pk] == pytest.approx(expected, rel=1e-12), rule
             else:
                 assert stored == {one.pk: expected}, (rule, k)
     with pytest.raises(ValueError, match="rule must be one of"):
-        compare.stored_finals([run.pk], ComparisonQuery(metric=name, rule="median"))
-    assert compare.stored_finals([run.pk], ComparisonQuery(metric=name, x="time")) is None
-    assert compare.stored_finals([run.pk], ComparisonQuery(metric=name, rule="mean_last_k", k=11)) is None
-    assert compare.stored_finals([run.pk], ComparisonQuery(metric="never/logged")) == {}
+        reads.stored_finals([run.pk], ComparisonQuery(metric=name, rule="median"))
+    assert reads.stored_finals([run.pk], ComparisonQuery(metric=name, x="time")) is None
+    assert reads.stored_finals([run.pk], ComparisonQuery(metric=name, rule="mean_last_k", k=11)) is None
+    assert reads.stored_finals([run.pk], ComparisonQuery(metric="never/logged")) == {}
 
 
 def test_an_answer_is_kept_until_a_run_logs_a_point_or_changes(alice_client, experiment):
