@@ -25,7 +25,7 @@ on the rollout worker between batches, and on the trainer while it waits.
 
 The verdict is the product's own readout, the number the comparison page shows: a serial sweep
 (measured one run at a time) of `sync_offset: 1` and `async ≤ 1` with one seed per round on the
-two workers, read through `dashboards.compare.compare` (wall-clock per steady step, paired by seed,
+two workers, read through `dashboards.comparison.compare.compare` (wall-clock per steady step, paired by seed,
 geometric mean with its interval), so this file and the page cannot disagree. Around it, outside
 the product, the machines are noisy (single runs of the same code gave 1.06–1.39×), so simulated
 with 2 threads, with 1, and async are measured in rounds (3 by default), and the stricter bar is
@@ -203,10 +203,10 @@ READOUT_CELLS = [{"sync_offset": 1}, {"mode": "async", "max_staleness": 1}]
 def product_readout(env: dict[str, str], config: dict, seeds: int) -> tuple[dict, int]:
     """The speed-up the comparison page shows for async ≤ 1 against `sync_offset: 1`: a serial
     sweep of the two cells × `seeds` seeds on a training worker and a rollout worker (1 thread
-    each), read through `dashboards.compare.compare`, the page's own payload. Returns its
+    each), read through `dashboards.comparison.compare.compare`, the page's own payload. Returns its
     readout row and the experiment's id."""
-    from dashboards.compare import compare
-    from dashboards.query import ComparisonQuery
+    from dashboards.comparison.compare import compare
+    from dashboards.comparison.query import ComparisonQuery
 
     procs = start_workers(env, SCRATCH, ("cpu", "rollout"))
     try:

@@ -13,7 +13,7 @@ run, on SQLite a Python tuple per point). Reported: the flush rate of both (poin
 spent storing them), bytes per point on disk (table, TOAST and indexes), and per metric, through
 Django's test client with a logged-in member (the whole view: auth, queries, aggregation, JSON),
 the first call of the comparison endpoint (computed) and the median of `--calls` more (as a
-polled dashboard asks: kept while no run changes, `dashboards.payloads`), the read of the
+polled dashboard asks: kept while no run changes, `dashboards.comparison.payloads`), the read of the
 metric's points from the chunks and from the reference table, and the payload size. The
 comparison page is timed until drawn in headless Chromium against a live server. Pinned to 2
 cores when the machine has more. The section, one per database engine, goes into
@@ -271,8 +271,8 @@ def measure(experiment, user, calls: int) -> list[dict]:
     from django.test import Client
     from django.urls import reverse
 
-    from dashboards import payloads
-    from dashboards import statistics as panels
+    from dashboards.comparison import payloads
+    from dashboards.comparison import statistics as panels
     from experiments import series
 
     client = Client()

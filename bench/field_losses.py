@@ -3,7 +3,7 @@ setting (the built-in tiny model, 16 prompts × 8 responses, lr 3e-5, 150 steps)
 mini-batches per step, 3 seeds, `PRESETS` × {on-policy, sync_offset 8, offline}, plus an on-policy
 pair with bfloat16 rollouts (grpo against grpo-tis). Two training workers (1 torch thread each) run
 the sweeps; the numbers are read back through the comparison page's own payload
-(`dashboards.compare.compare`): final held-out greedy accuracy per cell (mean over seeds, 95%
+(`dashboards.comparison.compare.compare`): final held-out greedy accuracy per cell (mean over seeds, 95%
 bootstrap CI from 5 seeds, their min–max below) and the paired drop from the same preset's on-policy
 runs, each also with its 95% t-interval over the seeds (the page shows min–max below 5 seeds). Writes
 its section into BENCHMARKS.md and prints it; `--report-only` reports the experiments an earlier
@@ -70,8 +70,8 @@ def paired(a: dict[int, float], b: dict[int, float]) -> str:
 
 
 def report(grid, pair, minutes: float | None, seeds: int, steps: int) -> str:
-    from dashboards.compare import compare
-    from dashboards.query import ComparisonQuery
+    from dashboards.comparison.compare import compare
+    from dashboards.comparison.query import ComparisonQuery
     from experiments import series
 
     # The page's own numbers: every mean and drop below is what the comparison shows.

@@ -64,8 +64,8 @@ def build(steps: int):
     from support import new_team_member
 
     from accounts.models import Team
-    from dashboards import reports
     from dashboards.models import Report
+    from dashboards.reports import service
 
     user = new_team_member("bench", "bench-team")
     experiment = make_finished_experiment(
@@ -84,7 +84,7 @@ def build(steps: int):
         title="bench",
         source=f"{{{{ chart {link} }}}}\n\n{{{{ table {link} }}}}",
     )
-    reports.publish(report, user)
+    service.publish(report, user)
     return experiment, report
 
 

@@ -1,4 +1,4 @@
-"""What a team states about its results: claims (`Claim`), tested by `dashboards.claims` against
+"""What a team states about its results: claims (`Claim`), tested by `dashboards.claims.verdicts` against
 the final values of an experiment's runs or of a selection of runs; and the reports it publishes
 (`Report`, frozen as `ReportVersion`s that cite their runs through `ReportRun`)."""
 
@@ -14,7 +14,7 @@ from experiments.models import Experiment, Run
 class Claim(models.Model):
     """A typed statement over lines (a preset with its variant) at staleness settings, on a metric's
     final value (rule, k), with its δ and α; its verdict is computed from the runs each time it is
-    read (`dashboards.stated.result`)."""
+    read (`dashboards.claims.service.result`)."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="claims")
     experiment = models.ForeignKey(
@@ -56,7 +56,7 @@ class Claim(models.Model):
 
 class Report(models.Model):
     """A page of Markdown prose with blocks that embed comparison charts, summary tables and
-    claims by their permalinks (`dashboards.reports`). The draft is `title` and `source`; each
+    claims by their permalinks (`dashboards.reports.service`). The draft is `title` and `source`; each
     publication freezes it into a `ReportVersion`."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="reports")

@@ -316,7 +316,7 @@ def extend(summary: dict, steps, values) -> dict:
 
 def auc(summary: dict) -> float | None:
     """The area under the finite points over their step span (the first value if one step):
-    `dashboards.curves.final_value`'s "auc" over steps."""
+    `dashboards.comparison.curves.final_value`'s "auc" over steps."""
     if not summary["finite"] or summary["area"] is None:
         return None
     span = summary["last_finite_step"] - summary["first_step"]

@@ -1,7 +1,8 @@
 """The JSON API at /api (OpenAPI docs at /api/docs): one NinjaAPI that mounts each room's router
-(`experiments.api`: sweeps, experiments, runs; `dashboards.api`: comparisons and claims; `dashboards.report_api`: reports) and answers every
-error the same way. Every call needs `Authorization: Bearer <token>` (`accounts.auth`); objects
-of teams the caller is not a member of do not exist for them (404)."""
+(`experiments.api`: sweeps, experiments, runs; `dashboards.comparison.api`: comparisons;
+`dashboards.claims.api`: claims; `dashboards.reports.api`: reports) and answers every error the
+same way. Every call needs `Authorization: Bearer <token>` (`accounts.auth`); objects of teams the
+caller is not a member of do not exist for them (404)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from ninja.errors import ValidationError
 
 from accounts import throttle
 from accounts.auth import TokenAuth, TooManyRequests
-from dashboards.api import router as dashboards_router
-from dashboards.report_api import router as reports_router
+from dashboards.claims.api import router as claims_router
+from dashboards.comparison.api import router as comparison_router
+from dashboards.reports.api import router as reports_router
 from experiments.api import router as experiments_router
 from lab.middleware import DatabaseUnreachable, unavailable_response
 
@@ -64,5 +66,6 @@ def request_validation_error(request: HttpRequest, exc: ValidationError) -> Http
 
 
 api.add_router("", experiments_router)
-api.add_router("", dashboards_router)
+api.add_router("", comparison_router)
+api.add_router("", claims_router)
 api.add_router("", reports_router)

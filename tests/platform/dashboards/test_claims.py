@@ -1,4 +1,4 @@
-"""`dashboards.claims` on constructed final values whose answer is known: each kind's clear support,
+"""`dashboards.claims.verdicts` on constructed final values whose answer is known: each kind's clear support,
 clear contradiction and too few seeds, the TOST, Holm across settings, paired and unpaired tests
 (checked against scipy's own t tests), missing and waited-for cells, and how settings combine."""
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dashboards import claims
-from dashboards.claims import CANNOT_TELL, CONTRADICT, MISSING, SUPPORT, Data, Part, Statement
+from dashboards.claims import verdicts
+from dashboards.claims.verdicts import CANNOT_TELL, CONTRADICT, MISSING, SUPPORT, Data, Part, Statement
 
 SEEDS = range(5)
 BASE = {s: 0.70 + 0.01 * s for s in SEEDS}  # on-policy: seeds differ, pairing removes that
@@ -28,7 +28,7 @@ def verdict(kind, a, b=None, delta=0.02, alpha=0.05, settings=("s",)):
     statement = Statement(
         (Part(kind, "x", "y" if b is not None else ""),), tuple(settings), delta=delta, alpha=alpha
     )
-    return claims.evaluate(statement, Data(finals))
+    return verdicts.evaluate(statement, Data(finals))
 
 
 @pytest.mark.parametrize(
@@ -52,13 +52,13 @@ def test_each_kind_supports_and_contradicts_where_the_answer_is_clear(kind, a, b
     assert row["paired"] and row["n"] == 5 and row["test"] == "paired t"
 
 
-@pytest.mark.parametrize("kind", claims.KINDS)
+@pytest.mark.parametrize("kind", verdicts.KINDS)
 def test_too_few_seeds_cannot_tell(kind):
-    one = verdict(kind, {0: 0.5}, {0: 0.5} if kind in claims.NEEDS_Y else None)
+    one = verdict(kind, {0: 0.5}, {0: 0.5} if kind in verdicts.NEEDS_Y else None)
     assert one["verdict"] == CANNOT_TELL and "one seed" in one["by_setting"][0]["parts"][0]["reason"]
     # Two seeds that disagree: the t interval over 1 degree of freedom is wide, and more seeds would settle it.
     noisy = {0: BASE[0] - 0.03, 1: BASE[1] + 0.01}
-    two = verdict(kind, noisy, {0: BASE[0], 1: BASE[1]} if kind in claims.NEEDS_Y else None)
+    two = verdict(kind, noisy, {0: BASE[0], 1: BASE[1]} if kind in verdicts.NEEDS_Y else None)
     (row,) = two["by_setting"][0]["parts"]
     assert two["verdict"] == CANNOT_TELL and row["n"] == 2
     assert row["lo"] < -0.02 < row["hi"] or row["lo"] < 0.02 < row["hi"]
@@ -81,14 +81,14 @@ def test_an_undecided_test_names_the_line_its_seeds_figure_tells_d_from(kind, by
     """Not 0, as "cannot be told apart" asks, but the ±δ the claim states: the two figures differ
     for the same pair, and the reason says which line this one is about."""
     a = {s: BASE[s] + by + e for s, e in zip(range(3), (-0.02, 0.0, 0.02), strict=True)}
-    (row,) = verdict(kind, a, BASE if kind in claims.NEEDS_Y else None)["by_setting"][0]["parts"]
+    (row,) = verdict(kind, a, BASE if kind in verdicts.NEEDS_Y else None)["by_setting"][0]["parts"]
     assert row["verdict"] == CANNOT_TELL and row["seeds_needed"] > 3, row
     assert row["seeds_threshold"] == threshold
     assert row["reason"].endswith(
         f"cannot tell (about {row['seeds_needed']} seeds per cell would settle it: D = {row['estimate']:+g} "
         f"is to be told from {threshold:+g}, one-sided)"
     ), row["reason"]
-    assert claims.nearest_threshold("equivalent", -0.015, 0.02) == -0.02
+    assert verdicts.nearest_threshold("equivalent", -0.015, 0.02) == -0.02
 
 
 def test_the_tost_is_two_one_sided_t_tests_and_the_interval_is_90_percent():
@@ -109,8 +109,8 @@ def test_the_tost_is_two_one_sided_t_tests_and_the_interval_is_90_percent():
 
 
 def test_holm_adjusts_across_settings():
-    assert claims.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
-    assert claims.holm([]) == []
+    assert verdicts.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert verdicts.holm([]) == []
     # A drop whose one-sided p is about 0.024 supports "holds" at one setting ...
     a = {s: BASE[s] - 0.0002 + e for s, e in zip(SEEDS, (-0.02, -0.01, 0.0, 0.01, 0.02), strict=True)}
     one = verdict("holds", a)
@@ -146,18 +146,18 @@ def test_a_change_of_exactly_delta_with_no_spread_is_within_delta():
 
 def test_cells_without_runs_are_missing_and_cells_still_running_are_waited_for():
     statement = Statement((Part("holds", "x"),), ("s",))
-    missing = claims.evaluate(statement, Data({("x", "on-policy"): BASE}))
+    missing = verdicts.evaluate(statement, Data({("x", "on-policy"): BASE}))
     assert missing["verdict"] == MISSING and missing["missing"] == ["x × s"]
-    waiting = claims.evaluate(statement, Data({("x", "on-policy"): BASE}, runs={("x", "s"): (2, 5)}))
+    waiting = verdicts.evaluate(statement, Data({("x", "on-policy"): BASE}, runs={("x", "s"): (2, 5)}))
     assert waiting["verdict"] == CANNOT_TELL and waiting["waiting"] == ["x × s"] and not waiting["missing"]
 
 
 def test_every_needs_each_setting_and_some_needs_one():
     finals = {("x", "on-policy"): BASE, ("x", "a"): shifted(-0.005), ("x", "b"): shifted(-0.1)}
-    every = claims.evaluate(Statement((Part("holds", "x"),), ("a", "b"), "every"), Data(finals))
-    some = claims.evaluate(Statement((Part("holds", "x"),), ("a", "b"), "some"), Data(finals))
+    every = verdicts.evaluate(Statement((Part("holds", "x"),), ("a", "b"), "every"), Data(finals))
+    some = verdicts.evaluate(Statement((Part("holds", "x"),), ("a", "b"), "some"), Data(finals))
     assert [e["verdict"] for e in every["by_setting"]] == [SUPPORT, CONTRADICT]
     assert (every["verdict"], some["verdict"]) == (CONTRADICT, SUPPORT)
     # Parts are a conjunction at each setting: one part contradicted contradicts the setting.
     both = Statement((Part("holds", "x"), Part("degrades", "x")), ("a",))
-    assert claims.evaluate(both, Data(finals))["by_setting"][0]["verdict"] == CONTRADICT
+    assert verdicts.evaluate(both, Data(finals))["by_setting"][0]["verdict"] == CONTRADICT

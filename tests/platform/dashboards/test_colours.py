@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from dashboards.compare import PALETTE, colour, preset_colours
+from dashboards.comparison.colours import PALETTE, colour, preset_colours
 from rlcore.presets import preset_names
 
 

@@ -255,8 +255,8 @@ def test_a_summary_table_that_needs_the_points_reads_them_and_agrees_with_the_co
 def test_final_values_from_the_summaries_equal_those_from_the_points(experiment):
     """Every rule over steps, for a run whose points came in pieces, out of order, logged again,
     with NaN and ±infinity among them: the summary's final value is the points'."""
-    from dashboards import compare, curves
-    from dashboards.query import ComparisonQuery
+    from dashboards.comparison import curves, reads
+    from dashboards.comparison.query import ComparisonQuery
     from experiments import series
 
     run = experiment.runs.get(preset="grpo", staleness="on-policy", seed=0)
@@ -281,17 +281,17 @@ def test_final_values_from_the_summaries_equal_those_from_the_points(experiment)
         steps, values, _ = series.series(one.pk, name)
         points = curves.Series.of(steps, values)
         for rule, k in [("last", 10), ("best", 10), ("auc", 10)] + [("mean_last_k", k) for k in (1, 3, 10)]:
-            stored = compare.stored_finals([one.pk], ComparisonQuery(metric=name, rule=rule, k=k))
+            stored = reads.stored_finals([one.pk], ComparisonQuery(metric=name, rule=rule, k=k))
             expected = curves.final_value(points, rule, k)
             if rule == "auc":
                 assert stored[one.pk] == pytest.approx(expected, rel=1e-12), rule
             else:
                 assert stored == {one.pk: expected}, (rule, k)
     with pytest.raises(ValueError, match="rule must be one of"):
-        compare.stored_finals([run.pk], ComparisonQuery(metric=name, rule="median"))
-    assert compare.stored_finals([run.pk], ComparisonQuery(metric=name, x="time")) is None
-    assert compare.stored_finals([run.pk], ComparisonQuery(metric=name, rule="mean_last_k", k=11)) is None
-    assert compare.stored_finals([run.pk], ComparisonQuery(metric="never/logged")) == {}
+        reads.stored_finals([run.pk], ComparisonQuery(metric=name, rule="median"))
+    assert reads.stored_finals([run.pk], ComparisonQuery(metric=name, x="time")) is None
+    assert reads.stored_finals([run.pk], ComparisonQuery(metric=name, rule="mean_last_k", k=11)) is None
+    assert reads.stored_finals([run.pk], ComparisonQuery(metric="never/logged")) == {}
 
 
 def test_an_answer_is_kept_until_a_run_logs_a_point_or_changes(alice_client, experiment):
@@ -748,13 +748,13 @@ def test_findings_of_a_grid_with_the_narrow_clip_but_not_the_wide_one_say_what_i
 
 @pytest.mark.parametrize("rule, k", [("auc", 10), ("mean_last_k", 4), ("mean_last_k", 15)])
 def test_claims_test_the_final_values_the_comparison_shows(alice_client, experiment, rule, k):
-    from dashboards import stated
+    from dashboards.claims import service
 
     payload = data(alice_client, experiment, rule=rule, k=k)
     shown = {(r["line"], r["staleness"], r["seed"]): r["final"] for r in payload["runs"]}
     runs = list(experiment.runs.select_related("experiment"))
     with CaptureQueriesContext(connection) as queries:
-        cells = stated.cell_data(runs, "reward/mean", rule, k, 0.02)
+        cells = service.cell_data(runs, "reward/mean", rule, k, 0.02)
     read_points = [q for q in queries if "experiments_metricchunk" in q["sql"]]
     assert bool(read_points) == (k > 10), "the summaries keep the last 10 values"
     tested = {(line, s, seed): v for (line, s), values in cells.finals.items() for seed, v in values.items()}
@@ -766,7 +766,7 @@ def test_the_json_written_is_the_document_json_would_write_even_past_64_bit_numb
 
     import numpy as np
 
-    from dashboards import payloads
+    from dashboards.comparison import payloads
 
     document = {"x": [1.5, None, 3], 7: "seven", "n": np.float64(0.25), "m": np.int64(4)}
     assert json.loads(payloads.json_bytes(document)) == {"x": [1.5, None, 3], "7": "seven", "n": 0.25, "m": 4}

@@ -164,7 +164,7 @@ def test_an_unknown_experiment_id_on_the_runs_page_shows_no_runs(alice_client, e
 
 
 def test_staleness_settings_are_ordered_by_how_stale_their_data_is(alice_client, team, alice):
-    from dashboards.compare import staleness_rank
+    from dashboards.comparison.grouping import staleness_rank
 
     make_finished_experiment(
         team,

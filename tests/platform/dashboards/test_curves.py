@@ -9,8 +9,8 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 
-from dashboards import curves
-from dashboards.curves import Series
+from dashboards.comparison import curves
+from dashboards.comparison.curves import Series
 
 
 def test_seeds_logged_at_different_steps_are_interpolated_on_the_union_of_their_steps():

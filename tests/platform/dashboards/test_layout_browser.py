@@ -129,8 +129,8 @@ def page_width(page) -> list[int]:
 def test_the_experiment_page_fits_900_px_and_then_and_now_fits_1280_px(page, live_server, team, alice):
     """At 900 px the experiment page's runs table scrolls in its own box; a report's "compare with
     current data" page keeps its long links inside 1,280 px and shades only the changed rows."""
-    from dashboards import reports
     from dashboards.models import Report
+    from dashboards.reports import service
 
     experiment = make_finished_experiment(team, alice, name="demo", presets=PRESETS, staleness=STALENESS)
     page.set_viewport_size({"width": 900, "height": 900})
@@ -144,7 +144,7 @@ def test_the_experiment_page_fits_900_px_and_then_and_now_fits_1280_px(page, liv
         "&delta=0.02&view=grid&facet=staleness&colour=preset&smooth=0.5&contended=0"
     )
     report = Report.objects.create(team=team, author=alice, title="Then", source=f"{{{{ table {link} }}}}")
-    reports.publish(report, alice)
+    service.publish(report, alice)
     Run.objects.filter(pk=experiment.runs.first().pk).update(archived=timezone.now())
     page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(live_server.url + reverse("report-current", args=[report.pk]))

@@ -9,8 +9,8 @@ import test_compare
 from django.urls import reverse
 from support import TEST_VAR
 
-from dashboards import reports
 from dashboards.models import Report
+from dashboards.reports import service
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,7 +29,7 @@ def test_each_chart_block_draws_the_view_its_link_shows(page, live_server, alice
         )
     )
     report = Report.objects.create(team=demo.team, author=alice, title="Views", source=source)
-    reports.publish(report, alice)
+    service.publish(report, alice)
     page.goto(live_server.url + reverse("report-detail", args=[report.pk]))
     for i in range(4):
         page.wait_for_selector(f".report-chart[data-index='{i}'][data-drawn]")

@@ -9,8 +9,8 @@ import test_compare
 from django.urls import reverse
 from support import new_team_member
 
-from dashboards import reports
 from dashboards.models import Report, ReportVersion
+from dashboards.reports import service
 
 demo = test_compare.demo
 
@@ -20,8 +20,8 @@ def _published_twice(demo, alice) -> Report:
     report = Report.objects.create(
         team=demo.team, author=alice, title="Kept twice", source=f"{{{{ chart {link} }}}}"
     )
-    reports.publish(report, alice)
-    reports.publish(report, alice)
+    service.publish(report, alice)
+    service.publish(report, alice)
     return report
 
 

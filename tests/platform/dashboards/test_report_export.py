@@ -17,8 +17,8 @@ from django.urls import reverse
 from sample_experiments import make_finished_experiment
 from support import log_points
 
-from dashboards import reports
 from dashboards.models import Report
+from dashboards.reports import service
 
 pytestmark = pytest.mark.django_db
 
@@ -46,7 +46,7 @@ def hostile_report(team, alice):
         f"{{{{ chart /experiments/{grid.pk}/compare/?metric={quote(HOSTILE_METRIC, safe='')} }}}}\n"
     )
     report = Report.objects.create(team=team, author=alice, title="Hostile", source=source)
-    reports.publish(report, alice)
+    service.publish(report, alice)
     return report
 
 

@@ -12,8 +12,8 @@ import pytest
 import test_compare
 from support import log_points, new_team_member
 
-from dashboards import reports
 from dashboards.models import Report, ReportRun
+from dashboards.reports import service
 from experiments import packing, series
 from experiments.models import Run
 
@@ -131,7 +131,7 @@ def api_page(api, report_id):
 
 def test_the_current_data_page_marks_what_changed(alice_client, alice, demo):
     report = Report.objects.create(team=demo.team, author=alice, title="t", source=source(demo))
-    version = reports.publish(report, alice)
+    version = service.publish(report, alice)
     run = Run.objects.filter(experiment=demo, preset="grpo", staleness="offline").first()
     run.set_archived(True)
     page = alice_client.get(f"/reports/{report.pk}/current?version={version.number}").content.decode()
@@ -142,9 +142,9 @@ def test_the_current_data_page_marks_what_changed(alice_client, alice, demo):
 
 def test_versions_are_kept_and_each_reads_as_it_was(alice_client, alice, demo):
     report = Report.objects.create(team=demo.team, author=alice, title="first", source=source(demo))
-    reports.publish(report, alice)
-    reports.save(report, "second", "Only prose now.")
-    reports.publish(report, alice)
+    service.publish(report, alice)
+    service.save(report, "second", "Only prose now.")
+    service.publish(report, alice)
     assert list(report.versions.values_list("number", "title")) == [(2, "second"), (1, "first")]
     latest = alice_client.get(f"/reports/{report.pk}/").content.decode()
     first = alice_client.get(f"/reports/{report.pk}/?version=1").content.decode()
@@ -215,7 +215,7 @@ def elements(html):
 
 
 def test_prose_is_rendered_inert():
-    html = reports.prose_html(MALICIOUS)
+    html = service.prose_html(MALICIOUS)
     tags = elements(html)
     assert {tag for tag, _ in tags} == {"p", "a"}, "no script, img or raw a element"
     assert [attrs for tag, attrs in tags if tag == "a"] == [
@@ -227,7 +227,7 @@ def test_prose_is_rendered_inert():
 
 def test_the_csv_bundle_holds_each_blocks_numbers(alice_client, alice, demo):
     report = Report.objects.create(team=demo.team, author=alice, title="t", source=source(demo))
-    version = reports.publish(report, alice)
+    version = service.publish(report, alice)
     response = alice_client.get(f"/reports/{report.pk}/export-csv.zip")
     assert response["Content-Type"] == "application/zip"
     bundle = zipfile.ZipFile(io.BytesIO(response.content))
@@ -248,7 +248,7 @@ def test_the_csv_bundle_holds_each_blocks_numbers(alice_client, alice, demo):
 
 def test_the_html_export_carries_plotly_and_the_data_inline(alice_client, alice, demo):
     report = Report.objects.create(team=demo.team, author=alice, title="t", source=source(demo))
-    reports.publish(report, alice)
+    service.publish(report, alice)
     response = alice_client.get(f"/reports/{report.pk}/export.html")
     html = response.content.decode()
     assert 'attachment; filename="report-' in response["Content-Disposition"]
@@ -264,7 +264,7 @@ def test_the_html_export_carries_plotly_and_the_data_inline(alice_client, alice,
 
 def test_runs_a_published_report_cites_can_be_archived_but_not_deleted(api, alice_client, alice, demo):
     report = Report.objects.create(team=demo.team, author=alice, title="Kept", source=source(demo))
-    reports.publish(report, alice)
+    service.publish(report, alice)
     refused = api.call("delete", f"/experiments/{demo.pk}")
     assert refused.status_code == 409
     assert (
@@ -283,7 +283,7 @@ def test_runs_a_published_report_cites_can_be_archived_but_not_deleted(api, alic
 
 def test_another_teams_reports_do_not_exist(client, alice, demo):
     report = Report.objects.create(team=demo.team, author=alice, title="Secret", source=source(demo))
-    reports.publish(report, alice)
+    service.publish(report, alice)
     bob = new_team_member("bob", "team-b")
     client.force_login(bob)
     for path in ("", "edit", "current", "export.html", "export-csv.zip"):

@@ -1,4 +1,4 @@
-"""`dashboards.statistics` against rliable 1.2 (tests/platform/dashboards/rliable/fixture.json, made by
+"""`dashboards.comparison.statistics` against rliable 1.2 (tests/platform/dashboards/rliable/fixture.json, made by
 make_fixture.py there): the same IQM, CIs, probability of improvement and performance profiles,
 the bootstrap drawn in rliable's order from the same seed."""
 
@@ -10,7 +10,7 @@ import pytest
 import test_compare
 from sample_experiments import make_finished_experiment
 
-from dashboards import statistics
+from dashboards.comparison import statistics
 
 FIXTURE = json.loads((Path(__file__).parent / "rliable" / "fixture.json").read_text())
 INPUTS = {name: np.array(v) for name, v in FIXTURE["inputs"].items()}

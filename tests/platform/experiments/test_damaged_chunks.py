@@ -16,7 +16,7 @@ from django.db import connection
 from django.urls import reverse
 from sample_experiments import make_finished_experiment
 
-from dashboards import payloads
+from dashboards.comparison import payloads
 from experiments import packing, series
 from experiments.models import MetricChunk
 

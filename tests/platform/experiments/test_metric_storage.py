@@ -13,7 +13,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from support import log_points, logged
 
-from dashboards import curves
+from dashboards.comparison import curves
 from experiments import packing, series
 from experiments.models import MetricChunk, MetricSummary
 

@@ -1,5 +1,5 @@
 """Writes fixture.json: rliable 1.2's IQM, its CI, probability of improvement and performance
-profiles on fixed inputs, for `dashboards.statistics` to be checked against.
+profiles on fixed inputs, for `dashboards.comparison.statistics` to be checked against.
 
 Run it with rliable 1.2 installed (it pins old dependencies, so in a venv of its own):
     python -m venv /tmp/rl && /tmp/rl/bin/pip install rliable==1.2.0 "pandas<3"  # arch 7.2 breaks on pandas 3

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dashboards import curves
+from dashboards.comparison import curves
 from experiments.models import Run
 
 

@@ -6,7 +6,7 @@ import csv
 import io
 from typing import Any
 
-from dashboards.compare import THROUGHPUT_COLUMNS
+from dashboards.comparison.compare import THROUGHPUT_COLUMNS
 
 
 def curves_csv(payload: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 from django.http import QueryDict
 from ninja import Field, Schema
 
-from dashboards import curves
+from dashboards.comparison import curves
 from experiments.models import Run
 from lab.errors import FieldError
 

@@ -12,9 +12,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboards import query, stated
+from dashboards.claims import service
+from dashboards.claims.schemas import ClaimIn
+from dashboards.comparison import query
 from dashboards.models import Claim
-from dashboards.schemas import ClaimIn
 
 
 def _errors(field: str, message: str) -> JsonResponse:
@@ -35,7 +36,7 @@ def claims_data(request: HttpRequest) -> HttpResponse:
         except query.QueryError as exc:
             return _errors(exc.param, exc.message)
         found = found.filter(experiment=None, run_ids=ids)
-    claims = [stated.as_dict(claim, stated.result(claim)) for claim in found[: stated.MAX_LISTED]]
+    claims = [service.as_dict(claim, service.result(claim)) for claim in found[: service.MAX_LISTED]]
     return JsonResponse({"claims": claims})
 
 
@@ -56,15 +57,15 @@ def claim_new(request: HttpRequest) -> HttpResponse:
         first = errors[0]
         return _errors(".".join(map(str, first["loc"])), first["msg"])
     try:
-        return JsonResponse(stated.submit(request.user, body.dict(exclude_none=True)), status=201)
-    except stated.ClaimError as exc:
+        return JsonResponse(service.submit(request.user, body.dict(exclude_none=True)), status=201)
+    except service.ClaimError as exc:
         return _errors(exc.field, exc.message)
 
 
 @login_required
 def claim_detail(request: HttpRequest, claim_id: int) -> HttpResponse:
     claim = get_object_or_404(Claim.visible_to(request.user).select_related("author", "team"), pk=claim_id)
-    outcome = stated.as_dict(claim, stated.result(claim))
+    outcome = service.as_dict(claim, service.result(claim))
     return render(
         request,
         "dashboards/claim.html",
@@ -73,7 +74,7 @@ def claim_detail(request: HttpRequest, claim_id: int) -> HttpResponse:
             "outcome": outcome,
             "confidence": round(100 * outcome["confidence"]),
             "compare_query": f"metric={claim.metric}&rule={claim.rule}&k={claim.k}&delta={claim.delta:g}",
-            "may_withdraw": stated.may_withdraw(request.user, claim),
+            "may_withdraw": service.may_withdraw(request.user, claim),
         },
     )
 
@@ -82,7 +83,7 @@ def claim_detail(request: HttpRequest, claim_id: int) -> HttpResponse:
 @require_POST
 def claim_withdraw(request: HttpRequest, claim_id: int) -> HttpResponse:
     claim = get_object_or_404(Claim.visible_to(request.user), pk=claim_id)
-    if not stated.may_withdraw(request.user, claim):
+    if not service.may_withdraw(request.user, claim):
         return HttpResponse("Only its author or an admin of its team can withdraw a claim.", status=403)
     experiment = claim.experiment_id
     claim.delete()

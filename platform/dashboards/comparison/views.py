@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
-from dashboards import compare, curves, export, payloads, points, query, statistics
+from dashboards.comparison import compare, curves, export, payloads, points, query, statistics
 from experiments import collapse, packing, series
 from experiments.models import Experiment, Run
 

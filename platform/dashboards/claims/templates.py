@@ -1,4 +1,4 @@
-"""The paper's claims (docs/algorithms.md §9–10) as claim templates (`dashboards.claims`), checked
+"""The paper's claims (docs/algorithms.md §9–10) as claim templates (`dashboards.claims.verdicts`), checked
 against one experiment's final values within one variant: each **supported**, **contradicted**,
 **cannot tell yet** or naming the cells it lacks, with the test that decided it per setting and
 preset, and `provisional` while its cells still have runs queued or running.
@@ -6,24 +6,24 @@ preset, and `provisional` while its cells still have runs queued or running.
 A template is data: its parts name presets (a part may stand for each of a list of presets the
 experiment ran on-policy), its settings are chosen by a rule (`on-policy`, `stale`: every tested
 setting but on-policy, `large`: offline or a mean lag of at least `min_mean_lag` steps), and it
-may fix its own δ. `instantiate` turns one into a `claims.Statement` for an experiment's cells."""
+may fix its own δ. `instantiate` turns one into a `verdicts.Statement` for an experiment's cells."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from dashboards import claims
+from dashboards.claims import verdicts
 from rlcore.config import cell_label
 
 ON_POLICY = "on-policy"
 ON_POLICY_DISTRIBUTED = cell_label("distributed", ON_POLICY, None)
 OFFLINE = "offline"
 SUPPORT, CONTRADICT, CANNOT_TELL, MISSING = (
-    claims.SUPPORT,
-    claims.CONTRADICT,
-    claims.CANNOT_TELL,
-    claims.MISSING,
+    verdicts.SUPPORT,
+    verdicts.CONTRADICT,
+    verdicts.CANNOT_TELL,
+    verdicts.MISSING,
 )
 
 CLIPPED = ["grpo", "rec-oneside-is", "rec-oneside-nois", "rec-oneside-nois-wide"]
@@ -83,11 +83,11 @@ def template_settings(
 
 def instantiate(
     template: Mapping[str, Any],
-    data: claims.Data,
+    data: verdicts.Data,
     tested: Sequence[str],
     mean_lags: Mapping[str, float],
     delta: float,
-) -> tuple[claims.Statement, list[str]]:
+) -> tuple[verdicts.Statement, list[str]]:
     """The template's statement for these cells, and what it cannot be stated without (a list of
     presets none of which was run on-policy; a rule no tested setting meets)."""
     parts, lacking = [], []
@@ -100,28 +100,28 @@ def instantiate(
             ]
             if not ran:
                 lacking.append(f"{part['as']} ({', '.join(part['each_of'])}) × {data.on_policy}")
-            parts += [claims.Part(part["kind"], p) for p in ran]
+            parts += [verdicts.Part(part["kind"], p) for p in ran]
         else:
-            parts.append(claims.Part(part["kind"], part["x"], part.get("y", "")))
+            parts.append(verdicts.Part(part["kind"], part["x"], part.get("y", "")))
     settings = template_settings(template, tested, data.on_policy, mean_lags)
     if not settings:
         what = template["settings"].get("as", "a staleness setting besides on-policy")
         names = sorted({p.x for p in parts} | {p.y for p in parts if p.y})
         lacking.append(f"{' and '.join(names)} at {what}")
-    statement = claims.Statement(
+    statement = verdicts.Statement(
         tuple(parts), tuple(settings), template["quantifier"], template.get("delta", delta)
     )
     return statement, lacking
 
 
-def finding(template: Mapping[str, Any], result: dict[str, Any], data: claims.Data) -> dict[str, Any]:
+def finding(template: Mapping[str, Any], result: dict[str, Any], data: verdicts.Data) -> dict[str, Any]:
     """A claim's result in the findings panel's words: `claim`, `verdict`, `text` (the numbers),
     `reasons` (the decisive condition per setting and preset), `missing` cells."""
     parts, reasons = [], []
     for entry in result["by_setting"]:
         rows = entry["parts"]
         numbers = ", ".join(
-            f"{r['label']} {claims.measured(r, result['confidence'], data.digits)}" for r in rows
+            f"{r['label']} {verdicts.measured(r, result['confidence'], data.digits)}" for r in rows
         )
         parts.append(f"at {entry['setting']}: {numbers}")
         decided = "; ".join(r["reason"] for r in rows)
@@ -154,7 +154,7 @@ def absent(template: Mapping[str, Any], presets: Collection[str]) -> list[str]:
 
 
 def findings(
-    data: claims.Data,
+    data: verdicts.Data,
     tested: Sequence[str],
     mean_lags: Mapping[str, float],
     delta: float,
@@ -170,7 +170,7 @@ def findings(
             left_out.append({"template": template["name"], "claim": template["title"], "absent": lacks})
             continue
         statement, lacking = instantiate(template, data, tested, mean_lags, delta)
-        result = claims.evaluate(statement, data) | {"delta": statement.delta}
+        result = verdicts.evaluate(statement, data) | {"delta": statement.delta}
         found = finding(template, result, data)
         if lacking:
             found.update(verdict=MISSING, missing=found["missing"] + lacking)
@@ -181,7 +181,7 @@ def findings(
                 if result["missing"]
                 else f"Waiting for {', '.join(result['waiting'])}."
             )
-        cells = claims.cells(statement, data.on_policy)
+        cells = verdicts.cells(statement, data.on_policy)
         active = sum(data.runs.get(cell, (0, 0))[0] for cell in cells)
         total = sum(data.runs.get(cell, (0, 0))[1] for cell in cells)
         found.update(provisional=active > 0, runs_active=active, runs=total)

@@ -1,6 +1,6 @@
 """Claims a team states (`dashboards.models.Claim`), read against their runs: the final values per
 cell for a claim's metric and rule, the validation of a new claim (every error names its field),
-templates made claims, and each claim's verdict (`dashboards.claims.evaluate`)."""
+templates made claims, and each claim's verdict (`dashboards.claims.verdicts.evaluate`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 
-from dashboards import claims, compare, curves, findings, query
+from dashboards.claims import templates, verdicts
+from dashboards.comparison import curves, grouping, query, reads
 from dashboards.models import Claim
 from experiments.models import Experiment, Run
 from lab.errors import FieldError
@@ -31,18 +32,18 @@ def line_names(runs: list[Run]) -> dict[int, str]:
     """Each run's line as the comparison names it: its preset and variant, and its experiment when
     the runs come from several."""
     several = len({run.experiment_id for run in runs}) > 1
-    return {run.pk: compare.line_label(run.line, run.experiment, several) for run in runs}
+    return {run.pk: grouping.line_label(run.line, run.experiment, several) for run in runs}
 
 
-def cell_data(runs: list[Run], metric: str, rule: str, k: int, delta: float) -> claims.Data:
+def cell_data(runs: list[Run], metric: str, rule: str, k: int, delta: float) -> verdicts.Data:
     """The runs' final values of `metric` by `rule` (on the step axis, as the comparison takes them:
-    `compare.final_values`) per (line, staleness) cell, with each cell's runs
+    `reads.final_values`) per (line, staleness) cell, with each cell's runs
     (queued or running, all but those that ended early: `Run.ended_early`, no finished seed) and its
     on-policy label."""
     names = line_names(runs)
-    stored = compare.final_values(runs, query.ComparisonQuery(metric=metric, rule=rule, k=k))
-    finals: dict[claims.Cell, dict[int, float]] = defaultdict(dict)
-    counts: dict[claims.Cell, list[int]] = defaultdict(lambda: [0, 0])
+    stored = reads.final_values(runs, query.ComparisonQuery(metric=metric, rule=rule, k=k))
+    finals: dict[verdicts.Cell, dict[int, float]] = defaultdict(dict)
+    counts: dict[verdicts.Cell, list[int]] = defaultdict(lambda: [0, 0])
     for run in runs:
         cell = (names[run.pk], run.staleness)
         counts[cell][0] += run.is_active
@@ -50,8 +51,8 @@ def cell_data(runs: list[Run], metric: str, rule: str, k: int, delta: float) -> 
         value = stored.get(run.pk, math.nan)
         if math.isfinite(value):
             finals[cell][run.seed] = value
-    on_policy = findings.baseline({run.staleness for run in runs}) or findings.ON_POLICY
-    return claims.Data(
+    on_policy = templates.baseline({run.staleness for run in runs}) or templates.ON_POLICY
+    return verdicts.Data(
         dict(finals), {c: (a, n) for c, (a, n) in counts.items()}, on_policy, curves.decision_digits(delta)
     )
 
@@ -67,7 +68,7 @@ def validate(runs: list[Run], payload: dict[str, Any]) -> dict[str, Any]:
     """The claim's fields from `payload`, checked against the lines and settings of `runs`."""
     lines = list(dict.fromkeys(line_names(runs).values()))
     labels = list(dict.fromkeys(run.staleness for run in runs))
-    on_policy = findings.baseline(labels)
+    on_policy = templates.baseline(labels)
     parts = payload.get("parts")
     if not isinstance(parts, list) or not 1 <= len(parts) <= MAX_PARTS:
         raise ClaimError("parts", f"parts must be a list of 1 to {MAX_PARTS} statements {{kind, x, y}}")
@@ -76,9 +77,9 @@ def validate(runs: list[Run], payload: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(part, dict):
             raise ClaimError(f"parts.{i}", "each part must be an object {kind, x, y}")
         kind, x, y = part.get("kind"), part.get("x"), part.get("y") or ""
-        if kind not in claims.KINDS:
+        if kind not in verdicts.KINDS:
             raise ClaimError(
-                f"parts.{i}.kind", f"kind must be one of {', '.join(claims.KINDS)} (got {kind!r})"
+                f"parts.{i}.kind", f"kind must be one of {', '.join(verdicts.KINDS)} (got {kind!r})"
             )
         for name, line in (("x", x), ("y", y)):
             if (name == "x" or line) and line not in lines:
@@ -86,7 +87,7 @@ def validate(runs: list[Run], payload: dict[str, Any]) -> dict[str, Any]:
                     f"parts.{i}.{name}",
                     f"{name} must be one of these runs' lines: {', '.join(lines)} (got {line!r})",
                 )
-        if kind in claims.NEEDS_Y and not y:
+        if kind in verdicts.NEEDS_Y and not y:
             raise ClaimError(f"parts.{i}.y", f"a {kind} claim compares x with another line y")
         if y == x:
             raise ClaimError(f"parts.{i}.y", "y must be another line than x")
@@ -109,7 +110,7 @@ def validate(runs: list[Run], payload: dict[str, Any]) -> dict[str, Any]:
                 f"settings must be staleness settings of these runs: {', '.join(labels)} (got {setting!r})",
             )
     quantifier = payload.get("quantifier", "every")
-    if quantifier not in claims.QUANTIFIERS:
+    if quantifier not in verdicts.QUANTIFIERS:
         raise ClaimError("quantifier", f"quantifier must be every or some (got {quantifier!r})")
     try:
         asked = query.ComparisonQuery.parse(
@@ -134,9 +135,9 @@ def validate(runs: list[Run], payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def statement(claim: Claim) -> claims.Statement:
-    return claims.Statement(
-        tuple(claims.Part(p["kind"], p["x"], p.get("y", "")) for p in claim.parts),
+def statement(claim: Claim) -> verdicts.Statement:
+    return verdicts.Statement(
+        tuple(verdicts.Part(p["kind"], p["x"], p.get("y", "")) for p in claim.parts),
         tuple(claim.settings),
         claim.quantifier,
         claim.delta,
@@ -144,7 +145,7 @@ def statement(claim: Claim) -> claims.Statement:
     )
 
 
-def _cell_runs(runs: Iterable[Run], cells: set[claims.Cell]) -> list[Run]:
+def _cell_runs(runs: Iterable[Run], cells: set[verdicts.Cell]) -> list[Run]:
     runs = list(runs)
     names = line_names(runs)
     return [run for run in runs if (names[run.pk], run.staleness) in cells]
@@ -157,8 +158,8 @@ def state(user, team, experiment, run_ids: list[int], fields: dict[str, Any], te
             team=team, experiment=experiment, run_ids=run_ids, author=user, template=template, **fields
         )
         runs = list(claim.runs().select_related("experiment"))
-        on_policy = findings.baseline({run.staleness for run in runs}) or findings.ON_POLICY
-        cells = set(claims.cells(statement(claim), on_policy))
+        on_policy = templates.baseline({run.staleness for run in runs}) or templates.ON_POLICY
+        cells = set(verdicts.cells(statement(claim), on_policy))
         # A run that ended (whatever its status) or has a finish time counts as finished: the safe side.
         claim.pre_registered = not any(
             run.finished is not None or not run.is_active for run in _cell_runs(runs, cells)
@@ -169,9 +170,9 @@ def state(user, team, experiment, run_ids: list[int], fields: dict[str, Any], te
 
 def from_template(runs: list[Run], name: str, variant: str, delta: float) -> dict[str, Any]:
     """A paper template's claim fields for these runs (one variant's lines), as `validate` takes them."""
-    template = next((t for t in findings.PAPER_TEMPLATES if t["name"] == name), None)
+    template = next((t for t in templates.PAPER_TEMPLATES if t["name"] == name), None)
     if template is None:
-        names = ", ".join(t["name"] for t in findings.PAPER_TEMPLATES)
+        names = ", ".join(t["name"] for t in templates.PAPER_TEMPLATES)
         raise ClaimError("template", f"template must be one of {names} (got {name!r})")
     picked = [run for run in runs if run.variant_label == variant]
     if not picked:
@@ -179,15 +180,15 @@ def from_template(runs: list[Run], name: str, variant: str, delta: float) -> dic
     names = line_names(picked)
     by_preset = {run.preset: names[run.pk] for run in picked}
     data = cell_data(picked, "eval/accuracy", "last", 10, delta)
-    preset_data = claims.Data(
+    preset_data = verdicts.Data(
         {(p, s): v for p in by_preset for (line, s), v in data.finals.items() if line == by_preset[p]},
         {(p, s): v for p in by_preset for (line, s), v in data.runs.items() if line == by_preset[p]},
         data.on_policy,
         data.digits,
     )
     tested = list(dict.fromkeys(run.staleness for run in picked))
-    lags = {label: lag["mean_lag"] for label, lag in compare.mean_lags(picked).items()}
-    made, lacking = findings.instantiate(template, preset_data, tested, lags, delta)
+    lags = {label: lag["mean_lag"] for label, lag in grouping.mean_lags(picked).items()}
+    made, lacking = templates.instantiate(template, preset_data, tested, lags, delta)
     if lacking:
         raise ClaimError("template", f"these runs cannot state it: they need {'; '.join(lacking)}")
     missing = [p for part in made.parts for p in (part.x, part.y) if p and p not in by_preset]
@@ -252,8 +253,8 @@ def result(claim: Claim, runs: list[Run] | None = None) -> dict[str, Any]:
     runs = list(claim.runs().select_related("experiment")) if runs is None else runs
     data = cell_data(runs, claim.metric, claim.rule, claim.k, claim.delta)
     made = statement(claim)
-    out = claims.evaluate(made, data)
-    cells = claims.cells(made, data.on_policy)
+    out = verdicts.evaluate(made, data)
+    cells = verdicts.cells(made, data.on_policy)
     active = sum(data.runs.get(cell, (0, 0))[0] for cell in cells)
     total = sum(data.runs.get(cell, (0, 0))[1] for cell in cells)
     out.update(

@@ -16,8 +16,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 
 from accounts.models import Team
-from dashboards import reports
 from dashboards.models import Report, ReportRun, ReportVersion
+from dashboards.reports import service
 
 
 def _report(request: HttpRequest, report_id: int) -> Report:
@@ -50,21 +50,21 @@ def _charts(blocks: list[dict]) -> dict[str, dict]:
 
 
 def _body(source: str, blocks: list[dict], images: bool = True) -> dict:
-    return {"parts": reports.parts(source, blocks, images), "charts": _charts(blocks)}
+    return {"parts": service.parts(source, blocks, images), "charts": _charts(blocks)}
 
 
 def _live_blocks(report: Report) -> tuple[list[dict], str]:
     """The draft's blocks computed now (a failed one is {"error": …}), and the source's mistake."""
     try:
-        parsed = reports.parse(report.source)
-    except reports.ReportError as exc:
+        parsed = service.parse(report.source)
+    except service.ReportError as exc:
         return [], exc.message
     blocks = []
     for part in parsed:
-        if isinstance(part, reports.Block):
+        if isinstance(part, service.Block):
             try:
-                blocks.append(reports.compute(report.team, part))
-            except reports.ReportError as exc:
+                blocks.append(service.compute(report.team, part))
+            except service.ReportError as exc:
                 blocks.append({"kind": part.kind, "link": part.link, "line": part.line, "error": exc.message})
     return blocks, ""
 
@@ -80,10 +80,10 @@ def report_list(request: HttpRequest) -> HttpResponse:
         if team is None and not chosen and len(teams) == 1:
             team = teams.first()
         try:
-            title = reports.check_title(request.POST.get("title", ""))
+            title = service.check_title(request.POST.get("title", ""))
             if team is None:
-                raise reports.ReportError("team", "choose one of your teams")
-        except reports.ReportError as exc:
+                raise service.ReportError("team", "choose one of your teams")
+        except service.ReportError as exc:
             error = f"{exc.field}: {exc.message}"
         else:
             report = Report.objects.create(team=team, author=request.user, title=title)
@@ -114,7 +114,7 @@ def report_detail(request: HttpRequest, report_id: int) -> HttpResponse:
             "report": report,
             "version": version,
             "versions": report.versions.select_related("author"),
-            "may_edit": reports.may_edit(request.user, report),
+            "may_edit": service.may_edit(request.user, report),
         },
     )
 
@@ -124,21 +124,21 @@ def report_edit(request: HttpRequest, report_id: int) -> HttpResponse:
     """The draft's editor: `save` keeps it (a block's mistake is named, the text is kept),
     `publish` saves and freezes it as the next version."""
     report = _report(request, report_id)
-    if not reports.may_edit(request.user, report):
+    if not service.may_edit(request.user, report):
         return HttpResponse("Only its author or an admin of its team can edit a report.", status=403)
     error = ""
     title, source = report.title, report.source
     if request.method == "POST":
         title, source = request.POST.get("title", ""), request.POST.get("source", "")
         try:
-            reports.save(report, title, source)
+            service.save(report, title, source)
             if request.POST.get("action") == "publish":
-                version = reports.publish(report, request.user)
+                version = service.publish(report, request.user)
                 messages.success(request, f"Published version {version.number}: its numbers are frozen.")
                 return redirect("report-detail", report.pk)
             messages.success(request, "Draft saved.")
             return redirect("report-edit", report.pk)
-        except reports.ReportError as exc:
+        except service.ReportError as exc:
             error = f"{exc.field}: {exc.message}"
     blocks, source_error = _live_blocks(report)
     preview = _body(report.source, blocks) if not source_error else {"parts": [], "charts": {}}
@@ -168,7 +168,7 @@ def report_current(request: HttpRequest, report_id: int) -> HttpResponse:
     return render(
         request,
         "dashboards/report_current.html",
-        {"report": report, "version": version, "blocks": reports.current(version)},
+        {"report": report, "version": version, "blocks": service.current(version)},
     )
 
 
@@ -197,7 +197,7 @@ def export_policy(scripts: list[str]) -> str:
 def export_html(request: HttpRequest, report: Report, version: ReportVersion) -> HttpResponse:
     """The published `version` as one HTML file: its prose, tables and claims, and its charts drawn
     by Plotly from the data inline, so it opens offline; its CSP (`export_policy`) lets it load
-    nothing, and its prose's images are links (`reports.prose_html`). The page and the API serve it."""
+    nothing, and its prose's images are links (`service.prose_html`). The page and the API serve it."""
     scripts = [
         _static(name)
         for name in ("plotly/plotly-cartesian.min.js", "experiments/plots.js", "dashboards/report.js")
@@ -220,8 +220,8 @@ def export_html(request: HttpRequest, report: Report, version: ReportVersion) ->
 
 
 def export_csv(report: Report, version: ReportVersion) -> HttpResponse:
-    """The published `version`'s numbers as a zip of CSV files (`reports.csv_bundle`)."""
-    response = HttpResponse(reports.csv_bundle(version), content_type="application/zip")
+    """The published `version`'s numbers as a zip of CSV files (`service.csv_bundle`)."""
+    response = HttpResponse(service.csv_bundle(version), content_type="application/zip")
     response["Content-Disposition"] = f'attachment; filename="report-{report.pk}-v{version.number}-csv.zip"'
     return response
 
@@ -252,7 +252,7 @@ def report_delete(request: HttpRequest, report_id: int) -> HttpResponse:
     """GET: what deleting the report would delete; POST: delete the report and its versions (their
     runs are then no longer held). Its author or a team admin."""
     report = _report(request, report_id)
-    if not reports.may_edit(request.user, report):
+    if not service.may_edit(request.user, report):
         return HttpResponse("Only its author or an admin of its team can delete a report.", status=403)
     if request.method == "POST":
         report.delete()

@@ -1,4 +1,4 @@
-"""Reports as API operations (`dashboards.reports`): write a draft, publish it (freeze its numbers
+"""Reports as API operations (`dashboards.reports.service`): write a draft, publish it (freeze its numbers
 as a new version), read any version, set it beside the data now, delete it. Another team's report
 does not exist for the caller (404)."""
 
@@ -11,9 +11,9 @@ from django.shortcuts import get_object_or_404
 from ninja import Router, Status
 
 from accounts.models import Team
-from dashboards import report_pages, reports
 from dashboards.models import Report, ReportVersion
-from dashboards.schemas import (
+from dashboards.reports import service, views
+from dashboards.reports.schemas import (
     ReportCurrentOut,
     ReportDeletedOut,
     ReportEditIn,
@@ -26,7 +26,7 @@ from lab.schemas import responses
 router = Router()
 
 
-def _error(exc: reports.ReportError) -> Status:
+def _error(exc: service.ReportError) -> Status:
     return Status(422, {"detail": [{"loc": ["body", exc.field], "field": exc.field, "msg": exc.message}]})
 
 
@@ -90,11 +90,11 @@ def create_report(request: HttpRequest, body: ReportIn):
             422, {"detail": [{"loc": ["body", "team"], "field": "team", "msg": "you are in no team"}]}
         )
     try:
-        title = reports.check_title(body.title)
-        reports.parse(body.source)
+        title = service.check_title(body.title)
+        service.parse(body.source)
         report = Report.objects.create(team=team, author=request.user, title=title, source=body.source)
-        version = reports.publish(report, request.user) if body.publish else None
-    except reports.ReportError as exc:
+        version = service.publish(report, request.user) if body.publish else None
+    except service.ReportError as exc:
         return _error(exc)
     return Status(201, _out(report, version))
 
@@ -119,11 +119,11 @@ def get_report(request: HttpRequest, report_id: int, version: int | None = None)
 def edit_report(request: HttpRequest, report_id: int, body: ReportEditIn):
     """Change the draft's title or source (published versions stay as they are)."""
     report = _report(request, report_id)
-    if not reports.may_edit(request.user, report):
+    if not service.may_edit(request.user, report):
         return _forbidden()
     try:
-        reports.save(report, body.title, body.source)
-    except reports.ReportError as exc:
+        service.save(report, body.title, body.source)
+    except service.ReportError as exc:
         return _error(exc)
     return _out(report, report.latest())
 
@@ -137,11 +137,11 @@ def publish_report(request: HttpRequest, report_id: int):
     """Publish the draft as the next version: its blocks' run ids, queries and numbers are frozen,
     and the runs they cite can be archived but not deleted."""
     report = _report(request, report_id)
-    if not reports.may_edit(request.user, report):
+    if not service.may_edit(request.user, report):
         return _forbidden()
     try:
-        version = reports.publish(report, request.user)
-    except reports.ReportError as exc:
+        version = service.publish(report, request.user)
+    except service.ReportError as exc:
         return _error(exc)
     return Status(201, _out(report, version))
 
@@ -158,7 +158,7 @@ def report_current(request: HttpRequest, report_id: int, version: int | None = N
     shown = get_object_or_404(report.versions, number=version) if version is not None else report.latest()
     if shown is None:
         return Status(409, {"detail": "the report is not published yet"})
-    return {"report": report.pk, "version": shown.number, "blocks": reports.current(shown)}
+    return {"report": report.pk, "version": shown.number, "blocks": service.current(shown)}
 
 
 @router.delete(
@@ -169,7 +169,7 @@ def report_current(request: HttpRequest, report_id: int, version: int | None = N
 def delete_report(request: HttpRequest, report_id: int):
     """Delete a report and its versions: its author or an admin of its team."""
     report = _report(request, report_id)
-    if not reports.may_edit(request.user, report):
+    if not service.may_edit(request.user, report):
         return _forbidden()
     deleted = report.pk
     report.delete()
@@ -208,8 +208,8 @@ def export_report_html(request: HttpRequest, report_id: int, version: int | None
     with its charts' data and Plotly inline, loading nothing (its own CSP); 409 before publishing."""
     report, shown = _published(request, report_id, version)
     if shown is None:
-        return Status(409, {"detail": report_pages.NOT_PUBLISHED})
-    return report_pages.export_html(request, report, shown)
+        return Status(409, {"detail": views.NOT_PUBLISHED})
+    return views.export_html(request, report, shown)
 
 
 @router.get(
@@ -223,5 +223,5 @@ def export_report_csv(request: HttpRequest, report_id: int, version: int | None 
     before publishing."""
     report, shown = _published(request, report_id, version)
     if shown is None:
-        return Status(409, {"detail": report_pages.NOT_PUBLISHED})
-    return report_pages.export_csv(report, shown)
+        return Status(409, {"detail": views.NOT_PUBLISHED})
+    return views.export_csv(report, shown)

@@ -28,7 +28,8 @@ from django.http import QueryDict
 from markdown_it import MarkdownIt
 from markdown_it.common.utils import escapeHtml
 
-from dashboards import compare, export, query, stated
+from dashboards.claims import service as claim_service
+from dashboards.comparison import compare, export, query
 from dashboards.models import Claim, Report, ReportRun, ReportVersion
 from experiments.models import Experiment, Run
 from lab.errors import FieldError
@@ -161,7 +162,7 @@ def compute(team, block: Block) -> dict[str, Any]:
             raise ReportError("source", where + f"no claim {ident} in team {team}")
         runs = list(claim.runs().select_related("experiment"))
         return frozen | {
-            "claim": stated.as_dict(claim, stated.result(claim, runs)),
+            "claim": claim_service.as_dict(claim, claim_service.result(claim, runs)),
             "run_ids": sorted(run.pk for run in runs),
         }
     team_runs = Run.objects.filter(experiment__team=team)
@@ -177,9 +178,9 @@ def compute(team, block: Block) -> dict[str, Any]:
             raise ReportError("source", where + exc.message.replace("your teams", f"team {team}")) from exc
         frozen["target"] = {"runs": ident}
     asked = query.ComparisonQuery.parse(params)
-    payload = compare.compare(runs, asked)
-    if block.kind == "table":
-        payload.pop("groups")
+    payload = compare.compare(
+        runs, asked, compare.TABLE_PANELS if block.kind == "table" else compare.ALL_PANELS
+    )
     frozen["query"] = {name: params.get(name) for name in params}
     frozen["run_ids"] = sorted(row["id"] for row in payload["runs"])
     frozen["data"] = payload

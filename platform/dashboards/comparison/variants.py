@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dashboards import curves
+from dashboards.comparison import curves
 from experiments.models import Experiment, Run
 from experiments.text import field_names, variant_label
 
