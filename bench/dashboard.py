@@ -454,7 +454,9 @@ def team_points(rng, steps: int, n_metrics: int, start_us: int):
 
 def load_run(run_id: int, names, steps, values, times) -> None:
     """A finished run's whole history at once: its chunks packed, its summaries (bulk load)."""
-    from experiments import packing, series
+    from experiments import packing
+    from experiments.models import MetricChunk
+    from experiments.series import write
 
     chunks, summaries = [], {}
     for name, row in zip(names, values, strict=True):
@@ -462,8 +464,8 @@ def load_run(run_id: int, names, steps, values, times) -> None:
             data = packing.encode(chunk, steps[part], row[part], times[part], packed=True)
             chunks.append((run_id, name, chunk, 0, part.stop - part.start, True, *data))
         summaries[name] = packing.summarise(steps, row)
-    series._upsert(series.MetricChunk, series.CHUNK_KEY, series.CHUNK_COLUMNS, chunks)
-    series._upsert_summaries(run_id, summaries)
+    write._upsert(MetricChunk, write.CHUNK_KEY, write.CHUNK_COLUMNS, chunks)
+    write._upsert_summaries(run_id, summaries)
 
 
 def team_grid(args) -> tuple[str, bool]:
