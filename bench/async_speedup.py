@@ -208,14 +208,14 @@ def product_readout(env: dict[str, str], config: dict, seeds: int) -> tuple[dict
     from dashboards.comparison.compare import compare
     from dashboards.comparison.query import ComparisonQuery
 
-    procs = start_workers(env, SCRATCH, ("cpu", "rollout"))
+    workers = start_workers(env, SCRATCH, ("cpu", "rollout"))
     try:
         quiet()
         experiment = sweep_on_workers(
             config, "async speedup: the product's readout", READOUT_CELLS, list(range(seeds)), serial=True
         )
     finally:
-        stop_workers(procs)
+        stop_workers(workers)
     payload = compare(experiment.runs.all(), ComparisonQuery())
     row = next(r for r in payload["speedups"] if r["reference"] == "sync_offset=1")
     return row, experiment.pk
@@ -279,16 +279,16 @@ def main() -> None:
             once["simulated, final evaluation only"] = measure_simulated(
                 "simulated, final evaluation only", rare_config, 2
             )
-        procs = start_workers(env, SCRATCH, ("cpu", "rollout"))
+        workers = start_workers(env, SCRATCH, ("cpu", "rollout"))
         try:
-            pids = worker_pids(procs)
+            pids = worker_pids(workers)
             this["async"] = measure_on_workers("async", pids)
             if r == 0:
                 for mode in WORKER_MODES:
                     if mode != "async":
                         once[mode] = measure_on_workers(mode, pids)
         finally:
-            stop_workers(procs)
+            stop_workers(workers)
         rounds.append(this)
 
     print("the product's readout: a serial sweep of sync_offset 1 and async ≤ 1 ...", flush=True)

@@ -149,13 +149,13 @@ def main() -> None:
         base = {"steps": args.steps, "optimizer": {"minibatches": 4}, "device": "cpu", "samples_per_step": 0}
         seeds = list(range(args.seeds))
         started = time.monotonic()
-        procs = start_workers(env, SCRATCH, ("cpu", "cpu"), limit_s=6 * 3600)
+        workers = start_workers(env, SCRATCH, ("cpu", "cpu"), limit_s=6 * 3600)
         try:
             grid = sweep_on_workers(base, GRID_NAME, STALENESS, seeds, presets=PRESETS)
             low = {**base, "rollout": {"dtype": "bfloat16"}}
             pair = sweep_on_workers(low, PAIR_NAME, [{}], seeds, presets=["grpo", "grpo-tis"])
         finally:
-            stop_workers(procs)
+            stop_workers(workers)
         section = report(grid, pair, (time.monotonic() - started) / 60, args.seeds, args.steps)
     write_section(section)
     print(section)

@@ -72,13 +72,13 @@ def main() -> int:
         return 2
     env = setup_django(SCRATCH)
     print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}", flush=True)
-    procs = start_workers(env, SCRATCH, ("gpu", "rollout-gpu"))
+    workers = start_workers(env, SCRATCH, ("gpu", "rollout-gpu"))
     try:
         started = time.perf_counter()
         run = run_on_workers(CONFIG, "gpu check")
         wall = time.perf_counter() - started
     finally:
-        stop_workers(procs)
+        stop_workers(workers)
     from experiments.models import PolicyVersion
     from rlcore import models, tasks
     from rlcore.batch import seeded_rng

@@ -1,20 +1,23 @@
 """Real Celery workers for a benchmark: a scratch platform (SQLite and the filesystem broker
-under a folder of its own, the shared model cache), workers started on chosen queues, one
-run submitted and waited for, and its timing read back from the database; the CPU time each
-worker process used over a stretch of wall-clock (`CpuSampler`)."""
+under a folder of its own, the shared model cache), workers started on chosen queues the way the
+tests start theirs (`WorkerProcess` of tests/platform/support.py), one run submitted and waited
+for, and its timing read back from the database; the CPU time each worker process used over a
+stretch of wall-clock (`CpuSampler`)."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "platform"))
+
+from support import WorkerProcess, stop_workers  # noqa: E402
+
 CACHE = REPO / "var" / "cache"
 RUN_LIMIT_S = 900
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -62,54 +65,28 @@ def setup_existing(scratch: Path) -> dict[str, str]:
 
 def start_workers(
     env: dict[str, str], scratch: Path, queues: tuple[str, ...], limit_s: int = 3600
-) -> list[subprocess.Popen]:
+) -> list[WorkerProcess]:
     """One worker per entry of `queues` (a queue named twice gets two), each in its own process
-    group and killed after `limit_s`; returns once all say they are ready."""
-    from lab.celery import worker_command
-
-    procs = []
+    group, logging to `scratch`/worker-<name>.log and killed after `limit_s`; returns once all say
+    they are ready (`stop_workers` stops them)."""
     names = [f"{queue}-{i}" if queues.count(queue) > 1 else queue for i, queue in enumerate(queues)]
-    for queue, name in zip(queues, names, strict=True):
-        log = (scratch / f"worker-{name}.log").open("w")
-        procs.append(
-            subprocess.Popen(
-                ["timeout", "-s", "KILL", str(limit_s), *worker_command(queue, f"bench-{name}@%h")],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-    deadline = time.monotonic() + 180
-    for name in names:
-        while "ready on" not in (scratch / f"worker-{name}.log").read_text():
-            if time.monotonic() > deadline:
-                stop_workers(procs)
-                raise RuntimeError(f"the {name} worker did not start; see {scratch}/worker-{name}.log")
-            time.sleep(0.5)
-    return procs
+    workers: list[WorkerProcess] = []
+    try:
+        for queue, name in zip(queues, names, strict=True):
+            log = scratch / f"worker-{name}.log"
+            workers.append(WorkerProcess(env, log, f"bench-{name}", queue, limit_s=limit_s))
+    except BaseException:
+        stop_workers(workers)
+        raise
+    return workers
 
 
-def stop_workers(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
-    for proc in procs:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def worker_pids(procs: list[subprocess.Popen]) -> list[int]:
+def worker_pids(workers: list[WorkerProcess]) -> list[int]:
     """The Python process of each worker `start_workers` started (its child: `timeout` runs it)."""
     pids = []
-    for proc in procs:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    for worker in workers:
+        pid = worker.proc.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         pids.append(int(children[0]))
     return pids
 

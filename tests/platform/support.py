@@ -1,5 +1,6 @@
 """What the platform tests share besides fixtures: the test var/ folder, the tiny run config,
-polling, process groups, broker queues, Redis and worker processes, Chromium's flags, and
+polling, process groups, broker queues, Redis and worker processes (`WorkerProcess`, which the
+benchmarks' `bench/lab_workers.py` starts its workers with too), Chromium's flags, and
 `queue_sweep`, the one way tests queue an experiment (the `make_experiment` / `make_run` / `run`
 fixtures of conftest.py are built on it)."""
 
@@ -178,17 +179,25 @@ class RedisServer:
 
 class WorkerProcess:
     """`celery -A workers worker -Q cpu` (or another queue) in its own process group, logging to a
-    file; `prefix` goes before the command (e.g. `PID_ONE`)."""
+    file, killed after `limit_s`; `prefix` goes before the command (e.g. `PID_ONE`). Returns once
+    the worker says it is ready. The tests' workers (conftest.py) and the benchmarks'
+    (`bench/lab_workers.py`) are started this one way."""
 
     def __init__(
-        self, env: dict[str, str], log_path: Path, name: str, queue: str = "cpu", prefix: Sequence[str] = ()
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        name: str,
+        queue: str = "cpu",
+        prefix: Sequence[str] = (),
+        limit_s: int = WORKER_LIMIT_S,
     ):
         from lab.celery import worker_command
 
         self.log_path = log_path
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
-            ["timeout", "-s", "KILL", str(WORKER_LIMIT_S), *prefix, *worker_command(queue, f"{name}@%h")],
+            ["timeout", "-s", "KILL", str(limit_s), *prefix, *worker_command(queue, f"{name}@%h")],
             cwd=REPO,
             env=env,
             stdout=self._log,

@@ -6,15 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import test_compare
 from django.urls import reverse
 
 from accounts.models import ApiToken
 from experiments.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-demo = test_compare.demo
 
 
 def post(client, token, path, body):

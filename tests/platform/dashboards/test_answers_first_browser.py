@@ -9,16 +9,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import test_compare
+from dashboard_helpers import rendered
 from django.urls import reverse
 from support import TEST_VAR
-from test_compare_browser import rendered
 
 from accounts.models import ApiToken
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-demo = test_compare.demo
 SCREENSHOTS = TEST_VAR / "screenshots"
 
 # Where each part of the page sits (page coordinates), and what a person reads outside a disclosure.

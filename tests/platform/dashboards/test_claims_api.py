@@ -4,7 +4,6 @@ pre-registration, templates that give the findings panel's verdicts, field error
 import json
 
 import pytest
-import test_compare
 from sample_experiments import make_finished_experiment
 from support import new_team_member
 
@@ -27,9 +26,6 @@ def api(client, token):
             return client.delete(f"/api{path}", **headers)
 
     return Api()
-
-
-demo = test_compare.demo  # the fixture: an experiment shaped like the paper's claims
 
 
 def holds(experiment, x="grpo", setting="sync_offset=2", **extra):

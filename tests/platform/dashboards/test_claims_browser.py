@@ -5,16 +5,13 @@ withdrawal. Screenshots land in var/test/screenshots/."""
 from __future__ import annotations
 
 import pytest
-import test_compare
+from dashboard_helpers import rendered
 from django.urls import reverse
 from support import TEST_VAR
-from test_compare_browser import rendered
 
 from dashboards.models import Claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-demo = test_compare.demo  # the fixture: an experiment shaped like the paper's claims
 
 
 def test_a_claim_stated_from_the_comparison_page_shows_its_verdict_and_permalink(page, live_server, demo):

@@ -8,6 +8,7 @@ import io
 import math
 
 import pytest
+from dashboard_helpers import DEMO_PRESETS, data
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -23,15 +24,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def experiment(team, alice):
     return make_finished_experiment(team, alice)
-
-
-def data(client, experiment, **params):
-    """The payload; the sample's reward/mean unless another metric is asked for (the page's default
-    is eval/accuracy, see test_the_page_opens_on_held_out_accuracy)."""
-    params.setdefault("metric", "reward/mean")
-    response = client.get(reverse("experiment-compare-data", args=[experiment.pk]), params)
-    assert response.status_code == 200, response.content
-    return response.json()
 
 
 def group(payload, preset, staleness):
@@ -494,40 +486,6 @@ def test_metric_chunks_have_one_unique_index_and_a_step_logged_again_replaces_it
         count,
         -1.5,
         count,
-    )
-
-
-DEMO_PRESETS = ("reinforce", "grpo", "rec-oneside-nois", "rec-oneside-nois-wide")
-DEMO_STALENESS = ({}, {"sync_offset": 2}, {"offline": True})
-# grpo − rec-oneside-nois offline per seed: mean 0.01, σ_d 0.02, so ⌈(2.80158 · 0.02 / 0.01)²⌉ = 32 seeds.
-NOIS_OFFLINE = {0: 0.01, 1: 0.03, 2: -0.01}
-
-
-def demo_accuracy(preset: str, staleness: str, seed: int) -> float:
-    """Final held-out accuracy shaped like the paper's claims (docs/algorithms.md §10)."""
-    if staleness == "on-policy":
-        return 0.70 + 0.02 * seed
-    if staleness == "sync_offset=2":
-        return (0.50 if preset == "reinforce" else 0.695) + 0.02 * seed
-    offline = {
-        "reinforce": 0.40,
-        "grpo": 0.60,
-        "rec-oneside-nois": 0.60 + NOIS_OFFLINE[seed],
-        "rec-oneside-nois-wide": 0.685,
-    }
-    return offline[preset] + 0.02 * seed
-
-
-@pytest.fixture
-def demo(team, alice):
-    return make_finished_experiment(
-        team,
-        alice,
-        name="demo",
-        presets=DEMO_PRESETS,
-        staleness=DEMO_STALENESS,
-        seeds=(0, 1, 2),
-        final_accuracy=demo_accuracy,
     )
 
 

@@ -13,15 +13,22 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
+from dashboard_helpers import (
+    CELLS,
+    DEMO_PRESETS,
+    DEMO_STALENESS,
+    SCREENSHOTS,
+    demo_accuracy,
+    measured,
+    rendered,
+)
 from django.urls import reverse
 from sample_experiments import START, make_finished_experiment
-from support import TEST_VAR, log_points
+from support import log_points
 
 from experiments.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SCREENSHOTS = TEST_VAR / "screenshots"
 
 # Per panel: [kind, preset] of every trace, and the mean lines' colours.
 TRACES_JS = """() => [...document.querySelectorAll('#plots .panel')].map(panel => ({
@@ -29,17 +36,6 @@ TRACES_JS = """() => [...document.querySelectorAll('#plots .panel')].map(panel =
     traces: panel.data.map(t => ({kind: t.meta.kind, preset: t.meta.preset, staleness: t.meta.staleness || null,
                                   colour: t.line.color || null, dash: t.line.dash || null, x: t.x, y: t.y})),
 }))"""
-
-
-def rendered(page, **state) -> None:
-    """Wait until the page has drawn the view whose controls include `state`."""
-    expected = "&&".join(f"{k}={v}" for k, v in state.items())
-    page.wait_for_function(
-        """expected => { const r = document.getElementById('compare').dataset.rendered;
-            if (!r) return false; const q = new URLSearchParams(r);
-            return expected.split('&&').every(kv => { const i = kv.indexOf('='); return q.get(kv.slice(0, i)) === kv.slice(i + 1); }); }""",
-        arg=expected,
-    )
 
 
 def mean_line(panels, preset: str, staleness: str) -> dict:
@@ -285,8 +281,6 @@ def test_compared_staleness_settings_read_from_on_policy_to_the_stalest(page, li
 
 
 def test_the_trade_off_table_and_chart_of_a_mixed_sweep_with_a_contended_run(page, live_server, team, alice):
-    from test_speedup import CELLS, measured
-
     finals = {"on-policy": 0.6, "sync_offset=2": 0.55, "async ≤ 2": 0.5, "sync_offset=2 (distributed)": 0.55}
     experiment = make_finished_experiment(
         team,
@@ -346,8 +340,6 @@ def test_the_trade_off_table_and_chart_of_a_mixed_sweep_with_a_contended_run(pag
 
 
 def test_the_staleness_answer_drop_table_findings_and_the_template_link(page, live_server, team, alice):
-    from test_compare import DEMO_PRESETS, DEMO_STALENESS, demo_accuracy
-
     experiment = make_finished_experiment(
         team,
         alice,

@@ -12,76 +12,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import test_compare
-import test_speedup
+from dashboard_helpers import ASYNC, SCHEDULE, async_run, configured_for, end_at
+from dashboard_helpers import probe_measured as measured
 from django.urls import reverse
-from sample_experiments import make_finished_experiment
-from support import log_points
 
-from experiments import packing, series
-from experiments.models import MetricChunk, MetricSummary, Run
+from experiments.models import Run
 
 pytestmark = pytest.mark.django_db
 
-STALENESS = ({"sync_offset": 1}, {"mode": "async", "max_staleness": 1})
-FINALS = {"sync_offset=1": 0.50, "async ≤ 1": 0.45}
-ASYNC, SCHEDULE = "async ≤ 1", "sync_offset=1"
 ENDED = (Run.CANCELLED, Run.FAILED, Run.LOST)
-
-demo = test_compare.demo  # the fixture: an experiment shaped like the paper's claims
-
-
-def measured(wall_per_step_s: float, contended: bool = False, steps: int = 38) -> dict:
-    """A run summary as `workers.measure` writes it (`test_speedup.measured`), a CPU second a step."""
-    return test_speedup.measured(wall_per_step_s, 1.0, contended, steps)
-
-
-def end_at(run: Run, status: str, step: int) -> None:
-    """`run` as if it had ended `status` at `step`: its points after that step never stored, its
-    progress that step."""
-    kept = [
-        (name, s, v, packing.wall_time(t))
-        for name, (steps, values, times) in series.points_of(run.pk)
-        for s, v, t in zip(steps.tolist(), values.tolist(), times.tolist(), strict=True)
-        if s <= step
-    ]
-    MetricChunk.objects.filter(run=run).delete()
-    MetricSummary.objects.filter(run=run).delete()
-    log_points(run, kept)
-    Run.objects.filter(pk=run.pk).update(status=status, progress=step)
-
-
-def configured_for(experiment, steps: int) -> None:
-    """Its runs' configs ask for the `steps` they logged (the sample's configs keep the tiny 6)."""
-    for run in experiment.runs.all():
-        run.config = {**run.config, "steps": steps}
-        run.save(update_fields=["config"])
-
-
-@pytest.fixture
-def probe(team, alice):
-    experiment = make_finished_experiment(
-        team,
-        alice,
-        name="probe",
-        presets=("grpo",),
-        staleness=STALENESS,
-        seeds=(0, 1),
-        steps=40,
-        eval_every=10,
-        final_accuracy=lambda preset, label, seed: FINALS[label],
-    )
-    configured_for(experiment, 40)
-    # Measured alone: the schedule 2 s a step, async seed 0 1 s, async seed 1 0.5 s (until it ended).
-    walls = {(SCHEDULE, 0): 2.0, (SCHEDULE, 1): 2.0, (ASYNC, 0): 1.0, (ASYNC, 1): 0.5}
-    for run in experiment.runs.all():
-        run.summary = measured(walls[(run.staleness, run.seed)])
-        run.save(update_fields=["summary"])
-    return experiment
-
-
-def async_run(experiment, seed: int = 1) -> Run:
-    return experiment.runs.get(staleness=ASYNC, seed=seed)
 
 
 def payload(client, experiment, **params) -> dict:

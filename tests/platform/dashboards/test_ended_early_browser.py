@@ -5,16 +5,12 @@ speed-up readout say they left it out. Screenshots land in var/test/screenshots/
 from __future__ import annotations
 
 import pytest
-import test_ended_early
+from dashboard_helpers import ASYNC, SCREENSHOTS, async_run, end_at, rendered
 from django.urls import reverse
-from test_compare_browser import SCREENSHOTS, rendered
-from test_ended_early import ASYNC, async_run, end_at
 
 from experiments.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-probe = test_ended_early.probe  # the fixture
 
 
 def test_a_cancelled_run_is_listed_and_every_table_says_it_was_left_out(page, live_server, probe):

@@ -7,11 +7,11 @@ var/test/screenshots/."""
 from __future__ import annotations
 
 import pytest
+from dashboard_helpers import rendered
 from django.urls import reverse
 from django.utils import timezone
 from sample_experiments import make_finished_experiment
 from support import TEST_VAR
-from test_compare_browser import rendered
 
 from experiments.models import Run
 

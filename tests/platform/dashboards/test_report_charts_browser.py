@@ -5,7 +5,6 @@ with `view=grid&facet=staleness` once published as one overlay of 12 lines."""
 from __future__ import annotations
 
 import pytest
-import test_compare
 from django.urls import reverse
 from support import TEST_VAR
 
@@ -13,8 +12,6 @@ from dashboards.models import Report
 from dashboards.reports import service
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-demo = test_compare.demo  # 4 presets × 3 staleness settings × 3 seeds
 
 
 def test_each_chart_block_draws_the_view_its_link_shows(page, live_server, alice, demo):

@@ -5,14 +5,11 @@ deleted the report and every version. Checked with the Django client and in a re
 from __future__ import annotations
 
 import pytest
-import test_compare
 from django.urls import reverse
 from support import new_team_member
 
 from dashboards.models import Report, ReportVersion
 from dashboards.reports import service
-
-demo = test_compare.demo
 
 
 def _published_twice(demo, alice) -> Report:

@@ -8,46 +8,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
-from urllib.parse import quote
 
 import pytest
+from dashboard_helpers import PIXEL
 from django.urls import reverse
-from sample_experiments import make_finished_experiment
-from support import log_points
-
-from dashboards.models import Report
-from dashboards.reports import service
 
 pytestmark = pytest.mark.django_db
-
-# A metric name is any text: this one would be a link to another host in Plotly's title, unescaped.
-HOSTILE_METRIC = '<a href="https://evil.example.com/x">click</a>'
-PIXEL = "https://evil.example.com/pixel.png?who=report"
-
-
-@pytest.fixture
-def hostile_report(team, alice):
-    """A published report whose prose shows an image from another host and whose chart plots the
-    metric HOSTILE_METRIC (logged by every run of a reinforce, grpo × 2 staleness × 1 seed grid)."""
-    grid = make_finished_experiment(team, alice, name="grid", seeds=(0,))
-    start = datetime(2025, 1, 1, tzinfo=UTC)
-    for i, run in enumerate(grid.runs.order_by("pk")):
-        log_points(
-            run,
-            [
-                (HOSTILE_METRIC, step, 0.1 * i + 0.01 * step, start + timedelta(seconds=step))
-                for step in range(21)
-            ],
-        )
-    source = (
-        f"# Findings\n\n![a pixel]({PIXEL}) Staleness hurts.\n\n"
-        f"{{{{ chart /experiments/{grid.pk}/compare/?metric={quote(HOSTILE_METRIC, safe='')} }}}}\n"
-    )
-    report = Report.objects.create(team=team, author=alice, title="Hostile", source=source)
-    service.publish(report, alice)
-    return report
 
 
 class Page(HTMLParser):

@@ -6,14 +6,11 @@ opening the export sends no request beyond the file itself, breaking no rule of 
 from __future__ import annotations
 
 import pytest
-import test_report_export
+from dashboard_helpers import HOSTILE_METRIC, PIXEL
 from django.urls import reverse
 from support import TEST_VAR
-from test_report_export import HOSTILE_METRIC
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-hostile_report = test_report_export.hostile_report
 
 # Every Content-Security-Policy violation the page reports, kept for the test to read.
 RECORD_VIOLATIONS = """
@@ -52,7 +49,7 @@ def test_the_chart_title_is_text_on_the_site_and_the_export_loads_nothing_from_a
         opened.goto(exported.as_uri())
         chart_as_text(opened)
         assert opened.locator(".report-prose img").count() == 0
-        assert opened.get_attribute(".report-prose a", "href") == test_report_export.PIXEL
+        assert opened.get_attribute(".report-prose a", "href") == PIXEL
         assert requests == [exported.as_uri()], "nothing asked for beyond the file"
         assert opened.evaluate("window.violations") == [], "the file needs nothing its policy forbids"
         opened.screenshot(path=str(TEST_VAR / "screenshots" / "report-export-hostile.png"), full_page=True)

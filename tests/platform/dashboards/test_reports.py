@@ -9,15 +9,14 @@ import uuid
 import zipfile
 
 import pytest
-import test_compare
+from dashboard_helpers import MALICIOUS
+from sample_experiments import make_finished_experiment
 from support import log_points, new_team_member
 
 from dashboards.models import Report, ReportRun
 from dashboards.reports import service
 from experiments import packing, series
 from experiments.models import Run
-
-demo = test_compare.demo  # 4 presets × 3 staleness settings × 3 seeds, finished
 
 
 @pytest.fixture
@@ -156,7 +155,7 @@ def test_versions_are_kept_and_each_reads_as_it_was(alice_client, alice, demo):
 
 def test_blocks_with_mistakes_are_refused_naming_the_line(api, demo, alice):
     other = new_team_member("bob", "team-b").memberships.get().team
-    foreign = test_compare.make_finished_experiment(other, other.members.get(), seeds=(0,))
+    foreign = make_finished_experiment(other, other.members.get(), seeds=(0,))
     cases = {
         "{{ graph /claims/1/ }}": "line 1: a block is one of chart, table, claim (got 'graph')",
         "text\n{{ chart /runs/3/ }}": "line 2: a chart block links a comparison",
@@ -191,13 +190,6 @@ def test_a_draft_with_a_mistake_keeps_its_text_and_says_what_is_wrong(alice_clie
         "source: line 2: a chart block links a comparison" in page
         and "My text\n{{ chart /nowhere/ }}" in page
     )
-
-
-MALICIOUS = """Hello <script>window.pwned = 1</script>
-
-[click](javascript:window.pwned=2) <img src=x onerror="window.pwned=3">
-
-<a href="#" onclick="window.pwned=4">a</a> [ok](https://example.org/page)"""
 
 
 def elements(html):

@@ -5,16 +5,13 @@ its chart drawn from the data inline. Screenshots land in var/test/screenshots/.
 from __future__ import annotations
 
 import pytest
-import test_compare
+from dashboard_helpers import MALICIOUS
 from django.urls import reverse
 from support import TEST_VAR
-from test_reports import MALICIOUS
 
 from dashboards.models import Report
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-demo = test_compare.demo
 
 
 def drawn(page, selector=".report-chart[data-drawn]"):

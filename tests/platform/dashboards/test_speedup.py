@@ -8,39 +8,13 @@ from __future__ import annotations
 import math
 
 import pytest
+from dashboard_helpers import CELLS, measured
 from django.urls import reverse
 from sample_experiments import make_finished_experiment
 
 from experiments.models import Run
 
 pytestmark = pytest.mark.django_db
-
-CELLS = (
-    {},
-    {"sync_offset": 2},
-    {"mode": "async", "max_staleness": 2},
-    {"mode": "distributed", "sync_offset": 2},
-)
-
-
-def measured(wall_per_step_s: float, cpu_per_step_s: float, contended: bool = False, steps: int = 19) -> dict:
-    """A run summary as `workers.measure` writes it, for `steps` steady steps."""
-    return {
-        "time/startup_s": 3.0,
-        "time/warm_start_s": 7.0,
-        "time/first_step_s": 1.5,
-        "time/steady_s": 0.75 * wall_per_step_s * steps,
-        "time/eval_steady_s": 0.25 * wall_per_step_s * steps,
-        "time/checkpoint_steady_s": 0.0,
-        "time/attempt_s": 100.0,
-        "steps/steady": float(steps),
-        "tokens/steady": 1000.0 * steps,
-        "cpu/trainer_steady_s": 0.5 * cpu_per_step_s * steps,
-        "cpu/rollout_steady_s": 0.5 * cpu_per_step_s * steps,
-        "threads/trainer": 1.0,
-        "machine/others_cores": 1.0 if contended else 0.02,
-        "machine/contended": float(contended),
-    }
 
 
 def payload(client, experiment, **params):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import test_compare
+from dashboard_helpers import NOIS_OFFLINE, data
 from sample_experiments import make_finished_experiment
 
 from dashboards.comparison import statistics
@@ -98,15 +98,12 @@ def test_bad_scores_are_refused_with_the_rule():
         statistics.probability_of_improvement(np.zeros((3, 2)), np.zeros((3, 1)))
 
 
-demo = test_compare.demo  # the fixture: 4 presets × 3 settings × 3 seeds shaped like the paper's claims
-
-
 def test_the_comparison_gives_each_cells_iqm_p_of_improvement_and_profiles(alice_client, demo):
-    payload = test_compare.data(alice_client, demo, metric="eval/accuracy")
+    payload = data(alice_client, demo, metric="eval/accuracy")
     panel = payload["statistics"]
     cells = {(c["line"], c["staleness"]): c for c in panel["cells"]}
     nois = cells[("rec-oneside-nois", "offline")]
-    finals = [0.60 + test_compare.NOIS_OFFLINE[s] + 0.02 * s for s in range(3)]
+    finals = [0.60 + NOIS_OFFLINE[s] + 0.02 * s for s in range(3)]
     assert nois["iqm"]["value"] == pytest.approx(statistics.iqm(finals))
     assert nois["few_seeds"] and nois["n"] == 3
     expected = statistics.interval_iqm(finals, reps=statistics.PAGE_REPS).record()
@@ -134,7 +131,7 @@ def test_cells_with_other_seeds_get_an_unpaired_p_of_improvement(alice_client, t
         team, alice, presets=("reinforce", "grpo"), staleness=({},), seeds=(0, 1, 2)
     )
     experiment.runs.filter(preset="grpo", seed=2).delete()
-    panel = test_compare.data(alice_client, experiment)["statistics"]
+    panel = data(alice_client, experiment)["statistics"]
     (row,) = panel["improvement"]
     assert not row["paired"] and row["poi"]["n"] == 2
 

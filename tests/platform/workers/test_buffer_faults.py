@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.db.models import Max
 from support import TINY_CONFIG, queue_sweep, wait_for
-from test_distributed import curves, wait_until_over
+from worker_helpers import assert_curves_equal, damage, wait_until_over
 
 from experiments.models import PolicyVersion, RolloutJob, Run
 from rlcore.staleness import steps_by_version
@@ -24,13 +24,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 CONFIG = {**TINY_CONFIG, "steps": 40, "checkpoint_every": 4, "eval_every": 20}
 STALENESS = [{"sync_offset": 4}]  # batches made up to 4 steps ahead of the trainer
-
-
-def damage(path) -> None:
-    data = bytearray(path.read_bytes())
-    middle = len(data) // 2
-    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
-    path.write_bytes(bytes(data))
 
 
 class Paused:
@@ -58,13 +51,6 @@ def twin_and_run(team, alice):
     distributed = {**CONFIG, "execution": {"mode": "distributed"}}
     run = queue_sweep(team, alice, "damaged", config=distributed, staleness=STALENESS).runs.get()
     return twin, run
-
-
-def assert_curves_equal(run: Run, twin: Run) -> None:
-    mine, reference = curves(run), curves(twin)
-    assert set(mine) == set(reference)
-    for key, value in reference.items():
-        assert mine[key] == pytest.approx(value, abs=1e-5, rel=0), key
 
 
 # The trainer records version v (publishing it, with the batch jobs of later steps) before it

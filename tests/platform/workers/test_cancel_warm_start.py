@@ -11,7 +11,7 @@ import time
 import pytest
 from django.conf import settings
 from support import TINY_CONFIG, wait_for
-from test_dataset_pin import jsonl_config, write_dataset
+from worker_helpers import jsonl_config, write_dataset
 
 from experiments.models import MetricChunk, Run
 from experiments.sweeps import create_experiment, expand

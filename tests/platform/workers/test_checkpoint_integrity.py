@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 from support import TINY_CONFIG, queue_sweep, wait_for
-from test_buffer_faults import assert_curves_equal, damage
-from test_distributed import wait_until_over
+from worker_helpers import assert_curves_equal, damage, wait_until_over
 
 from experiments.models import Checkpoint, Run
 from rlcore import checkpoints

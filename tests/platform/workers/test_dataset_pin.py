@@ -6,11 +6,9 @@ jobs the same way."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-from support import TEST_VAR, TINY_CONFIG, last_step, queue_sweep, wait_for
+from support import last_step, queue_sweep, wait_for
+from worker_helpers import jsonl_config, write_dataset
 
 from experiments import packing, series
 from experiments.models import Checkpoint, Run
@@ -19,26 +17,6 @@ from workers.jobs import CannotMake
 from workers.rollout import producer_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def write_dataset(name: str, answer_of=lambda a: 2 * a) -> Path:
-    """A GSM8k-style jsonl file under the test data root: "What is a+a?" with `answer_of(a)`."""
-    path = TEST_VAR / "data" / name
-    lines = [
-        {"question": f"What is {a}+{a}?", "answer": f"{a}+{a}={2 * a} #### {answer_of(a)}"}
-        for a in range(1, 41)
-    ]
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return path
-
-
-def jsonl_config(path: Path, **changes) -> dict:
-    return {
-        **TINY_CONFIG,
-        "task": {"name": "jsonl", "path": str(path), "held_out": 8},
-        "eval_size": 8,
-        **changes,
-    }
 
 
 def test_a_resume_on_an_edited_dataset_is_refused_and_goes_on_once_it_is_restored(start_worker, team, alice):

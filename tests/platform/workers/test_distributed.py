@@ -5,32 +5,14 @@ from __future__ import annotations
 
 import pytest
 from support import TINY_CONFIG, last_step, logged, queue_sweep, wait_for
+from worker_helpers import curves, wait_until_over
 
 from experiments.models import PolicyVersion, RolloutJob, Run
-from rlcore.sinks import EVAL_METRICS, MISMATCH_METRICS, STEP_METRICS
 from rlcore.staleness import behavior_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-COMPARED = [
-    name for name in (*STEP_METRICS, *MISMATCH_METRICS, *EVAL_METRICS) if not name.startswith("time/")
-]
-COMPARED.remove("tokens_per_s")
 STALENESS = [{"sync_offset": 2}, {"sync_interval": 3}]
-
-
-def curves(run: Run) -> dict[tuple[str, int], float]:
-    return {(name, step): value for name, step, value in logged(run) if name in COMPARED}
-
-
-def wait_until_over(runs, timeout_s: float) -> None:
-    ids = [run.pk for run in runs]
-    wait_for(
-        lambda: not Run.objects.filter(pk__in=ids, status__in=Run.ACTIVE).exists(),
-        timeout_s,
-        f"runs {ids} to end",
-        interval_s=0.5,
-    )
 
 
 def test_distributed_runs_log_the_simulated_curves_exactly(start_worker, team, alice):
