@@ -33,6 +33,7 @@ MAX_DEPTH = 32
 
 # Where a grid axis lands in RunConfig, and the name the submitter used for it.
 _AXIS_FIELDS = {"algorithm.preset": "presets", "seed": "seeds"}
+_PARAMS = "algorithm.params."  # where a knob lands in RunConfig
 MAX_AXES = 4  # config fields varied besides presets, staleness and seeds
 MAX_AXIS_VALUES = 16
 # Fields with an axis of their own: varied there, not through `axes`.
@@ -95,10 +96,11 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _axis_errors(axes: Any, presets: list[str], base: dict[str, Any]) -> list[tuple[str, str]]:
+def _axis_errors(axes: Any, knobs: rl_presets.KnobCheck) -> list[tuple[str, str]]:
     """What is wrong with `axes` itself: its shape, a field with an axis of its own, a value list
     that is empty, too long, repeats itself, holds no scalars or what jsonb cannot store, a knob a
-    chosen preset (with the base config's own overrides) ignores, a knob value out of range."""
+    chosen preset (with the base config's own overrides) ignores, a knob value out of range
+    (`knobs`: `_check_knobs`)."""
     if not isinstance(axes, dict):
         return [
             ("axes", 'axes must map config fields to lists of values, e.g. {"optimizer.minibatches": [1, 4]}')
@@ -127,16 +129,11 @@ def _axis_errors(axes: Any, presets: list[str], base: dict[str, Any]) -> list[tu
             errors.append((where, problem))
         elif repeated := _duplicates(values):
             errors.append((where, f"{', '.join(map(repr, repeated))} listed twice; list each value once"))
-        elif name.startswith("algorithm.params."):
-            knob = name.removeprefix("algorithm.params.")
-            known = [p for p in dict.fromkeys(presets) if p in rl_presets.PRESETS]
-            if knob not in rl_presets.TUNABLE:
-                errors.append(
-                    (where, f"unknown algorithm parameter {knob!r}; known: {', '.join(rl_presets.TUNABLE)}")
-                )
-            elif without := [
-                p for p in known if knob not in rl_presets.resolve(p, _valid_knobs(base)).knobs()
-            ]:
+        elif name.startswith(_PARAMS):
+            knob = name.removeprefix(_PARAMS)
+            if knob in knobs.unknown:
+                errors.append((where, knobs.unknown[knob]))
+            elif without := knobs.ignored[knob]:
                 errors.append(
                     (
                         where,
@@ -144,28 +141,29 @@ def _axis_errors(axes: Any, presets: list[str], base: dict[str, Any]) -> list[tu
                     )
                 )
             else:
-                for value in values:
-                    try:
-                        rl_presets.check_param(knob, value)
-                    except ValueError as exc:
-                        errors.append((where, f"{name} = {value!r}: {exc}"))
+                errors += [
+                    (where, f"{name} = {value!r}: {why}") for value, why in knobs.refused_values.get(knob, [])
+                ]
     return errors
 
 
-def _valid_knobs(base: dict[str, Any]) -> dict[str, Any]:
-    """The base config's algorithm overrides that keep their own rules (the others are reported
-    by `_knob_errors`)."""
-    algorithm = base.get("algorithm")
+def _overrides(base: Any) -> dict[str, Any]:
+    """The base config's algorithm overrides (knob → value as submitted), {} where there are none."""
+    algorithm = base.get("algorithm") if isinstance(base, dict) else None
     overrides = algorithm.get("params") if isinstance(algorithm, dict) else None
-    if not isinstance(overrides, dict):
-        return {}
-    valid = {}
-    for knob, value in overrides.items():
-        try:
-            valid[knob] = rl_presets.check_param(knob, value)
-        except ValueError:
-            continue
-    return valid
+    return overrides if isinstance(overrides, dict) else {}
+
+
+def _check_knobs(base: Any, presets: list[str], axes: Any) -> rl_presets.KnobCheck:
+    """The base config's algorithm overrides and the knobs `axes` varies, held to their rules and
+    to the presets that read them, in one question to `rlcore.presets` (only what passes
+    `_axis_errors`'s own checks of an axis is reported from it)."""
+    varied = {
+        name.removeprefix(_PARAMS): values
+        for name, values in (axes.items() if isinstance(axes, dict) else ())
+        if isinstance(name, str) and name.startswith(_PARAMS) and isinstance(values, list)
+    }
+    return rl_presets.check_knobs(presets, _overrides(base), varied)
 
 
 def _same_cells(configs: list[RunConfig], variants: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -331,27 +329,17 @@ def _staleness_errors(
     return errors
 
 
-def _knob_errors(base: dict[str, Any], presets: list[str]) -> list[tuple[str, str]]:
+def _knob_errors(base: dict[str, Any], knobs: rl_presets.KnobCheck) -> list[tuple[str, str]]:
     """Algorithm overrides that are invalid, or that a chosen preset's loss does not read."""
-    algorithm = base.get("algorithm")
-    overrides = algorithm.get("params") if isinstance(algorithm, dict) else None
-    if not isinstance(overrides, dict):
-        return []
-    known = [name for name in dict.fromkeys(presets) if name in rl_presets.PRESETS]
-    errors = []
-    checked = {}
-    for knob, value in overrides.items():
-        try:
-            checked[knob] = rl_presets.check_param(knob, value)
-        except ValueError as exc:
-            errors.append((f"algorithm.params.{knob}", str(exc)))
-    for knob in checked:
-        without = [name for name in known if knob not in rl_presets.resolve(name, checked).knobs()]
+    overrides = _overrides(base)
+    errors = [(f"{_PARAMS}{knob}", knobs.refused[knob]) for knob in overrides if knob in knobs.refused]
+    for knob in overrides:
+        without = knobs.ignored.get(knob) if knob not in knobs.refused else None
         if without:
             its = "its" if len(without) == 1 else "their"
             errors.append(
                 (
-                    f"algorithm.params.{knob}",
+                    f"{_PARAMS}{knob}",
                     f"{knob} is not a knob of {', '.join(without)}: {its} loss does not read it; "
                     "leave it blank or choose only presets that have it",
                 )
@@ -373,7 +361,8 @@ def expand(
     for name, axis in (("presets", presets), ("staleness", staleness), ("seeds", seeds)):
         if not axis:
             errors.append((name, f"choose at least one value for {name}: the grid would be empty"))
-    axis_errors = _axis_errors(axes, presets, base if isinstance(base, dict) else {})
+    knobs = _check_knobs(base, presets, axes)
+    axis_errors = _axis_errors(axes, knobs)
     if axis_errors:  # reported with every other problem; the grid is checked without the axes
         axes = {}
     size = len(presets) * len(staleness) * len(seeds) * math.prod(len(v) for v in axes.values())
@@ -404,7 +393,7 @@ def expand(
     errors += cell_errors
     for each_steps in axes.get("steps", [steps]):  # an axis over steps checks the schedules at each
         errors += [e for e in _staleness_errors(staleness, cells, base, each_steps) if e not in errors]
-    errors += _knob_errors(base, presets)
+    errors += _knob_errors(base, knobs)
     knobs_reported = any(name.startswith("algorithm.params.") for name, _ in errors)
     configs, variants = [], []
     context = validation_context()
