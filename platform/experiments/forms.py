@@ -15,7 +15,7 @@ from django import forms
 from accounts.models import Team
 from execution.models import Worker
 from experiments import sweeps
-from experiments.models import queued_cap_refusal
+from experiments.models import Run
 from rlcore.config import SCHEDULE_MODES, RunConfig, StalenessConfig
 from rlcore.presets import PRESETS
 
@@ -543,7 +543,7 @@ class SweepForm(forms.Form):
             )
             # Not an error: runs wait in their queue until a worker starts.
             self.queue_warnings = Worker.missing_for(self.sweep.configs)
-            if refusal := queued_cap_refusal(data["team"], self.sweep.size):
+            if refusal := Run.queued_cap_refusal(data["team"], self.sweep.size):
                 self.add_error("team", refusal)
         except sweeps.SweepError as exc:
             self.add_sweep_errors(exc)

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from accounts.models import Membership, Team
 from execution.models import Worker
 from experiments import sweep_checks as checks
-from experiments.models import Experiment, Run, queued_cap_refusal, validation_context
+from experiments.models import Experiment, Run, validation_context
 from rlcore.config import RunConfig, error_list
 
 # Where a grid axis lands in RunConfig, and the name the submitter used for it.
@@ -204,7 +204,7 @@ def _admit(team: Team, owner, sweep: Sweep) -> None:
     Team.objects.select_for_update().filter(pk=team.pk).first()
     if not Membership.objects.filter(team=team, user=owner).exists():
         raise SweepError([("team", f"you are not a member of team {team} (any more)")])
-    if refusal := queued_cap_refusal(team, len(sweep.configs)):
+    if refusal := Run.queued_cap_refusal(team, len(sweep.configs)):
         raise SweepError([("team", refusal)])
     if problems := Worker.precision_problems(sweep.configs):
         field = "axes.rollout.dtype" if "rollout.dtype" in sweep.axes else "rollout.dtype"
