@@ -430,11 +430,15 @@ def _number(name: str, value: Any) -> float:
     return float(value)
 
 
+def _unknown(name: str) -> str:
+    return f"unknown algorithm parameter {name!r}; known: {', '.join(TUNABLE)}"
+
+
 def check_param(name: str, value: Any) -> Any:
     """Coerce and validate one tunable parameter by its field's `Knob`; raise ValueError naming it
     and the rule."""
     if name not in _KNOBS:
-        raise ValueError(f"unknown algorithm parameter {name!r}; known: {', '.join(TUNABLE)}")
+        raise ValueError(_unknown(name))
     kind, knob = _KNOBS[name]
     if kind is bool:
         if not isinstance(value, bool):
@@ -458,3 +462,45 @@ def resolve(name: str, overrides: dict[str, Any] | None = None) -> AlgorithmSpec
         raise ValueError(f"unknown algorithm preset {name!r}; known: {', '.join(PRESETS)}")
     checked = {key: check_param(key, value) for key, value in (overrides or {}).items()}
     return replace(PRESETS[name].spec, **checked)
+
+
+@dataclass(frozen=True)
+class KnobCheck:
+    """What `check_knobs` found of the parameters set for several presets at once (a sweep's): the
+    overrides and the varied values each knob's rule refuses, and the knobs a preset's loss does
+    not read (setting or varying one there leaves its runs alike)."""
+
+    refused: dict[str, str]  # an override → why (check_param's message)
+    unknown: dict[str, str]  # a varied name that is no knob → why
+    refused_values: dict[str, list[tuple[Any, str]]]  # a varied knob → (value, why) per value refused
+    # Each valid override and each varied knob → the presets (known ones, each once, in the order
+    # given) whose loss, with the valid overrides applied, does not read it.
+    ignored: dict[str, list[str]]
+
+
+def check_knobs(presets: list[str], overrides: dict[str, Any], varied: dict[str, list[Any]]) -> KnobCheck:
+    """Hold `overrides` (knob → value, applied to every preset) and each value of the `varied` knobs
+    to their rules, and find which of `presets` would ignore each knob (`AlgorithmSpec.knobs`, on
+    the preset with the valid overrides applied). Unknown preset names are left out."""
+    refused, valid = {}, {}
+    for name, value in overrides.items():
+        try:
+            valid[name] = check_param(name, value)
+        except ValueError as exc:
+            refused[name] = str(exc)
+    unknown = {name: _unknown(name) for name in varied if name not in _KNOBS}
+    refused_values: dict[str, list[tuple[Any, str]]] = {}
+    for name, values in varied.items():
+        if name in unknown:
+            continue
+        for value in values:
+            try:
+                check_param(name, value)
+            except ValueError as exc:
+                refused_values.setdefault(name, []).append((value, str(exc)))
+    specs = [(preset, resolve(preset, valid)) for preset in dict.fromkeys(presets) if preset in PRESETS]
+    ignored = {
+        name: [preset for preset, spec in specs if name not in spec.knobs()]
+        for name in [*valid, *(name for name in varied if name not in unknown)]
+    }
+    return KnobCheck(refused, unknown, refused_values, ignored)

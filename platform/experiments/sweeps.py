@@ -1,10 +1,11 @@
 """A sweep: one base run config crossed with presets × staleness cells × seeds × any other config
 fields' value lists (`axes`, e.g. `{"optimizer.minibatches": [1, 4]}`: each combination is a cell,
 its values the run's `variant`). A staleness cell is a schedule run simulated or distributed, or
-an async cell with its bound (`StalenessCell`), so execution is an axis of the grid beside staleness. `expand` validates every cell through
-`RunConfig` and names each problem once by the field the submitter wrote (`presets`,
-`staleness.sync_offset`, `staleness.async`, `rollout.group_size`); `create_experiment` refuses a
-sweep over `LAB_TEAM_MAX_QUEUED` and sends the runs' messages after the transaction commits."""
+an async cell with its bound (`StalenessCell`), so execution is an axis of the grid beside staleness.
+`expand` validates every cell through `RunConfig` and names each problem once by the field the
+submitter wrote (`presets`, `staleness.sync_offset`, `staleness.async`, `rollout.group_size`; the
+checks of its own are `sweep_checks`); `create_experiment` refuses a sweep over
+`LAB_TEAM_MAX_QUEUED` and sends the runs' messages after the transaction commits."""
 
 from __future__ import annotations
 
@@ -13,36 +14,21 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from accounts.models import Membership, Team
 from execution.models import Worker
-from experiments.models import Experiment, Run, queued_cap_refusal, validation_context
-from rlcore import presets as rl_presets
-from rlcore.config import RunConfig, StalenessCell, cell_label, error_list
-
-# RunConfig nests a few levels at most (algorithm.params.<knob>); a submitted config or staleness
-# setting nested deeper than this is refused before anything walks it recursively (Python's
-# recursion limit is about a thousand frames).
-MAX_DEPTH = 32
+from experiments import sweep_checks as checks
+from experiments.models import Experiment, Run, validation_context
+from rlcore.config import RunConfig, error_list
 
 # Where a grid axis lands in RunConfig, and the name the submitter used for it.
 _AXIS_FIELDS = {"algorithm.preset": "presets", "seed": "seeds"}
-MAX_AXES = 4  # config fields varied besides presets, staleness and seeds
-MAX_AXIS_VALUES = 16
-# Fields with an axis of their own: varied there, not through `axes`.
-_OWN_AXES = {
-    "algorithm.preset": "presets",
-    "seed": "seeds",
-    "staleness": "staleness",
-    "execution.mode": "staleness (a cell's mode)",
-    "execution.max_staleness": "staleness (an async cell's bound)",
-}
 
 
 class SweepError(ValueError):
@@ -95,99 +81,6 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _axis_errors(axes: Any, presets: list[str], base: dict[str, Any]) -> list[tuple[str, str]]:
-    """What is wrong with `axes` itself: its shape, a field with an axis of its own, a value list
-    that is empty, too long, repeats itself, holds no scalars or what jsonb cannot store, a knob a
-    chosen preset (with the base config's own overrides) ignores, a knob value out of range."""
-    if not isinstance(axes, dict):
-        return [
-            ("axes", 'axes must map config fields to lists of values, e.g. {"optimizer.minibatches": [1, 4]}')
-        ]
-    errors = []
-    if len(axes) > MAX_AXES:
-        errors.append(
-            ("axes", f"at most {MAX_AXES} config fields can be varied besides presets, staleness and seeds")
-        )
-    for name, values in axes.items():
-        where = f"axes.{name}"
-        own = next((axis for f, axis in _OWN_AXES.items() if name == f or name.startswith(f + ".")), None)
-        if not isinstance(name, str) or not name or any(not part for part in name.split(".")):
-            errors.append(
-                ("axes", f"{name!r} is not a config field: write it dotted, e.g. optimizer.minibatches")
-            )
-        elif own is not None:
-            errors.append((where, f"{name} has an axis of its own: vary it through {own}"))
-        elif not isinstance(values, list) or not values:
-            errors.append((where, f"{name} needs a list of at least one value (got {values!r})"))
-        elif len(values) > MAX_AXIS_VALUES:
-            errors.append((where, f"{name} lists {len(values)} values; at most {MAX_AXIS_VALUES}"))
-        elif any(isinstance(v, dict | list) for v in values):
-            errors.append((where, f"{name}'s values must be numbers, text, true/false or null, one per cell"))
-        elif problem := _unstorable(values):
-            errors.append((where, problem))
-        elif repeated := _duplicates(values):
-            errors.append((where, f"{', '.join(map(repr, repeated))} listed twice; list each value once"))
-        elif name.startswith("algorithm.params."):
-            knob = name.removeprefix("algorithm.params.")
-            known = [p for p in dict.fromkeys(presets) if p in rl_presets.PRESETS]
-            if knob not in rl_presets.TUNABLE:
-                errors.append(
-                    (where, f"unknown algorithm parameter {knob!r}; known: {', '.join(rl_presets.TUNABLE)}")
-                )
-            elif without := [
-                p for p in known if knob not in rl_presets.resolve(p, _valid_knobs(base)).knobs()
-            ]:
-                errors.append(
-                    (
-                        where,
-                        f"{knob} is not a knob of {', '.join(without)}: its runs would not differ; choose only presets that have it",
-                    )
-                )
-            else:
-                for value in values:
-                    try:
-                        rl_presets.check_param(knob, value)
-                    except ValueError as exc:
-                        errors.append((where, f"{name} = {value!r}: {exc}"))
-    return errors
-
-
-def _valid_knobs(base: dict[str, Any]) -> dict[str, Any]:
-    """The base config's algorithm overrides that keep their own rules (the others are reported
-    by `_knob_errors`)."""
-    algorithm = base.get("algorithm")
-    overrides = algorithm.get("params") if isinstance(algorithm, dict) else None
-    if not isinstance(overrides, dict):
-        return {}
-    valid = {}
-    for knob, value in overrides.items():
-        try:
-            valid[knob] = rl_presets.check_param(knob, value)
-        except ValueError:
-            continue
-    return valid
-
-
-def _same_cells(configs: list[RunConfig], variants: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """Axis values that resolve to the same run (`2` and `"2"`, or a default written out): two cells
-    of one grid that would train the same config."""
-    seen: dict[str, dict[str, Any]] = {}
-    errors = []
-    for config, variant in zip(configs, variants, strict=True):
-        key = config.model_dump_json()
-        if key in seen and seen[key] != variant:
-            names = [n for n in variant if variant[n] != seen[key].get(n)] or list(variant)
-            for name in names:
-                error = (
-                    f"axes.{name}",
-                    f"{name} = {seen[key][name]!r} and {name} = {variant[name]!r} make the same run; list each value once",
-                )
-                if error not in errors:
-                    errors.append(error)
-        seen.setdefault(key, variant)
-    return errors
-
-
 def _variants(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """Every combination of the axes' values, in order (the last axis varies fastest)."""
     names = list(axes)
@@ -199,164 +92,6 @@ def _submitted_name(dotted: str) -> str:
         if dotted == prefix or dotted.startswith(prefix + "."):
             return name
     return dotted
-
-
-def _too_deep(value: Any) -> bool:
-    """Whether `value` nests mappings and lists more than MAX_DEPTH levels deep (without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is None:
-            continue
-        if depth > MAX_DEPTH:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
-
-
-def _depth_error(what: str) -> str:
-    return f"{what} is nested more than {MAX_DEPTH} levels deep; the maximum depth is {MAX_DEPTH}"
-
-
-def _unstorable(value: Any) -> str | None:
-    """Why `value` cannot be stored as PostgreSQL jsonb, or None if it can."""
-    if isinstance(value, str) and "\x00" in value:
-        return "text in the config must not contain NUL characters (\\u0000)"
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"numbers in the config must be finite (got {value})"
-    children = [*value.keys(), *value.values()] if isinstance(value, dict) else value
-    if isinstance(children, list):
-        return next((problem for child in children if (problem := _unstorable(child))), None)
-    return None
-
-
-def _duplicates(values: list[Any]) -> list[Any]:
-    seen: list[Any] = []
-    repeated: list[Any] = []
-    for value in values:
-        if value in seen and value not in repeated:
-            repeated.append(value)
-        seen.append(value)
-    return repeated
-
-
-def _described(setting: dict[str, Any]) -> str:
-    return ", ".join(f"{key}={value}" for key, value in setting.items()) or "on-policy"
-
-
-def _staleness_field(setting: dict[str, Any]) -> str:
-    """The submitted field a staleness setting came from (the form shows each kind in its own box)."""
-    if setting.get("mode") == "async" or "max_staleness" in setting:
-        return "staleness.async"
-    if setting.get("offline"):
-        return "staleness.offline"
-    for key in ("sync_offset", "sync_interval"):
-        if key in setting:
-            return f"staleness.{key}"
-    return "staleness"
-
-
-def _valid_steps(steps: Any) -> int | None:
-    """`steps` if it keeps the field's own rule (a whole number within RunConfig's bounds), else None:
-    a rule that combines fields is checked only on fields that are valid on their own."""
-    field = RunConfig.model_fields["steps"]
-    try:
-        return TypeAdapter(Annotated[int, *field.metadata]).validate_python(steps)
-    except ValidationError:
-        return None
-
-
-def _cells(staleness: list[dict[str, Any]]) -> tuple[list[StalenessCell | None], list[tuple[str, str]]]:
-    """Each staleness setting as a cell (None where it is not one), and why each such is not."""
-    cells: list[StalenessCell | None] = []
-    errors: list[tuple[str, str]] = []
-    for setting in staleness:
-        try:
-            cells.append(StalenessCell.model_validate(setting))
-        except ValidationError as exc:
-            cells.append(None)
-            for dotted, message in error_list(exc):
-                if dotted in ("mode", "max_staleness"):
-                    error = (_staleness_field(setting), f"{dotted}: {message}")
-                elif dotted == "config":  # a rule of the whole cell
-                    error = (_staleness_field(setting), message)
-                else:
-                    error = (f"staleness.{dotted}", message)
-                if error not in errors:
-                    errors.append(error)
-    return cells, errors
-
-
-def _staleness_errors(
-    staleness: list[dict[str, Any]], cells: list[StalenessCell | None], base: dict[str, Any], steps: Any
-) -> list[tuple[str, str]]:
-    """Cells that repeat another one (the same schedule in the same mode, or the same async bound),
-    or that never leave θ₀ within `steps` (offline in disguise).
-
-    Settings that are no cell are reported by `_cells`; the rule about `steps` is left to RunConfig
-    while `steps` itself is not valid (RunConfig names its own error)."""
-    steps = _valid_steps(steps)
-    execution = base.get("execution") if isinstance(base.get("execution"), dict) else {}
-    errors = []
-    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for setting, cell in zip(staleness, cells, strict=True):
-        if cell is None:
-            continue
-        resolved = cell.schedule
-        cell_execution = cell.execution(execution)
-        mode = cell_execution.get("mode", "simulated")
-        bound = cell_execution.get("max_staleness", 1) if mode == "async" else None
-        # (A schedule in an async sweep is refused by RunConfig, saying why.)
-        label = resolved.label if mode == "async" and resolved.label != "on-policy" else None
-        label = label or cell_label(mode, resolved.label, bound)
-        field = _staleness_field(setting)
-        key = (mode, resolved, bound)
-        if key in seen:
-            first = seen[key]
-            same = "is listed twice" if first == setting else f"is the same setting as {_described(first)}"
-            errors.append((field, f"{_described(setting)} {same} ({label}); list each setting once"))
-            continue
-        seen[key] = setting
-        k, d = resolved.sync_interval, resolved.sync_offset
-        if not resolved.offline and steps is not None and (k, d) != (1, 0) and k + d >= steps:
-            what = f"sync_offset {d}" if d else f"sync_interval {k}"
-            errors.append(
-                (
-                    field,
-                    f"{what} with {steps} steps would make an offline run: v(t) = k·max(0, ⌊(t − d − 1)/k⌋) "
-                    f"is 0 for every step t ≤ {steps} when k + d ≥ steps (here k = {k}, d = {d}); use offline",
-                )
-            )
-    return errors
-
-
-def _knob_errors(base: dict[str, Any], presets: list[str]) -> list[tuple[str, str]]:
-    """Algorithm overrides that are invalid, or that a chosen preset's loss does not read."""
-    algorithm = base.get("algorithm")
-    overrides = algorithm.get("params") if isinstance(algorithm, dict) else None
-    if not isinstance(overrides, dict):
-        return []
-    known = [name for name in dict.fromkeys(presets) if name in rl_presets.PRESETS]
-    errors = []
-    checked = {}
-    for knob, value in overrides.items():
-        try:
-            checked[knob] = rl_presets.check_param(knob, value)
-        except ValueError as exc:
-            errors.append((f"algorithm.params.{knob}", str(exc)))
-    for knob in checked:
-        without = [name for name in known if knob not in rl_presets.resolve(name, checked).knobs()]
-        if without:
-            its = "its" if len(without) == 1 else "their"
-            errors.append(
-                (
-                    f"algorithm.params.{knob}",
-                    f"{knob} is not a knob of {', '.join(without)}: {its} loss does not read it; "
-                    "leave it blank or choose only presets that have it",
-                )
-            )
-    return errors
 
 
 def expand(
@@ -373,7 +108,8 @@ def expand(
     for name, axis in (("presets", presets), ("staleness", staleness), ("seeds", seeds)):
         if not axis:
             errors.append((name, f"choose at least one value for {name}: the grid would be empty"))
-    axis_errors = _axis_errors(axes, presets, base if isinstance(base, dict) else {})
+    knobs = checks.check_knobs(base, presets, axes)
+    axis_errors = checks.axis_errors(axes, knobs)
     if axis_errors:  # reported with every other problem; the grid is checked without the axes
         axes = {}
     size = len(presets) * len(staleness) * len(seeds) * math.prod(len(v) for v in axes.values())
@@ -384,27 +120,27 @@ def expand(
                 f"the grid has {size} runs, more than the limit of {settings.LAB_MAX_SWEEP_RUNS}; split it",
             )
         )
-    if _too_deep(base):
-        errors.append(("config", _depth_error("the config")))
-    elif problem := _unstorable(base):
+    if checks.too_deep(base):
+        errors.append(("config", checks.depth_error("the config")))
+    elif problem := checks.unstorable(base):
         errors.append(("config", problem))
-    if any(_too_deep(setting) for setting in staleness):
-        errors.append(("staleness", _depth_error("a staleness setting")))
+    if any(checks.too_deep(setting) for setting in staleness):
+        errors.append(("staleness", checks.depth_error("a staleness setting")))
     if errors:
         raise SweepError(errors + axis_errors)
     # Reported with the grid's own errors, so that one submission shows every problem.
     for name, axis in (("presets", presets), ("seeds", seeds)):
-        if repeated := _duplicates(axis):
+        if repeated := checks.duplicates(axis):
             shown = ", ".join(str(value) for value in repeated)
             errors.append(
                 (name, f"{shown} {'is' if len(repeated) == 1 else 'are'} listed twice; list each once")
             )
     steps = base.get("steps", RunConfig.model_fields["steps"].default)
-    cells, cell_errors = _cells(staleness)
+    cells, cell_errors = checks.cells(staleness)
     errors += cell_errors
     for each_steps in axes.get("steps", [steps]):  # an axis over steps checks the schedules at each
-        errors += [e for e in _staleness_errors(staleness, cells, base, each_steps) if e not in errors]
-    errors += _knob_errors(base, presets)
+        errors += [e for e in checks.staleness_errors(staleness, cells, base, each_steps) if e not in errors]
+    errors += checks.knob_errors(base, knobs)
     knobs_reported = any(name.startswith("algorithm.params.") for name, _ in errors)
     configs, variants = [], []
     context = validation_context()
@@ -434,10 +170,13 @@ def expand(
                 if varied is not None:
                     error = (f"axes.{varied}", f"{varied} = {variant[varied]!r}: {message}")
                 else:
-                    error = (_staleness_field(setting) if from_cell else _submitted_name(dotted), message)
+                    error = (
+                        checks.staleness_field(setting) if from_cell else _submitted_name(dotted),
+                        message,
+                    )
                 if error not in errors and not (knobs_reported and dotted == "algorithm.params"):
                     errors.append(error)
-    errors += axis_errors + _same_cells(configs, variants)
+    errors += axis_errors + checks.same_cells(configs, variants)
     if errors:
         raise SweepError(errors)
     return Sweep(base, presets, staleness, seeds, configs, serial, axes, variants)
@@ -465,7 +204,7 @@ def _admit(team: Team, owner, sweep: Sweep) -> None:
     Team.objects.select_for_update().filter(pk=team.pk).first()
     if not Membership.objects.filter(team=team, user=owner).exists():
         raise SweepError([("team", f"you are not a member of team {team} (any more)")])
-    if refusal := queued_cap_refusal(team, len(sweep.configs)):
+    if refusal := Run.queued_cap_refusal(team, len(sweep.configs)):
         raise SweepError([("team", refusal)])
     if problems := Worker.precision_problems(sweep.configs):
         field = "axes.rollout.dtype" if "rollout.dtype" in sweep.axes else "rollout.dtype"

@@ -384,6 +384,31 @@ def test_knobs_within_their_rules_come_back_as_their_kind():
     assert TUNABLE[:3] == ("eps_low", "eps_high", "eps_low_prime") and TUNABLE[-1] == "opsm_delta"
 
 
+def test_check_knobs_answers_a_sweeps_whole_question_at_once():
+    from rlcore.presets import check_knobs
+
+    found = check_knobs(
+        ["grpo", "reinforce", "grpo", "no-such-preset"],
+        {"eps_high": 0, "std_normalize": True, "temp": 2},
+        {"std": ["sample", "bad"], "epsilon": [1], "eps_low": [0.1, 1.5]},
+    )
+    assert found.refused == {"eps_high": "eps_high must be > 0 (got 0)"}
+    assert list(found.unknown) == ["epsilon"] and found.unknown["epsilon"].startswith(
+        "unknown algorithm parameter 'epsilon'; known: eps_low,"
+    )
+    assert found.refused_values == {
+        "std": [("bad", "std must be one of sample, population (got 'bad')")],
+        "eps_low": [(1.5, "eps_low must satisfy 0 < eps_low <= 1 (got 1.5)")],
+    }
+    # Each preset once; std is read by both once std_normalize (a valid override) is applied.
+    assert found.ignored == {
+        "std_normalize": [],
+        "temp": ["grpo", "reinforce"],
+        "std": [],
+        "eps_low": ["reinforce"],
+    }
+
+
 def test_every_preset_reads_its_own_knobs_and_names_its_source():
     from rlcore.presets import PRESETS, families
 

@@ -11,7 +11,6 @@ from experiments.models.runs import (
     Run,
     SweepTemplate,
     Theta0Mismatch,
-    queued_cap_refusal,
     validation_context,
 )
 
@@ -33,6 +32,5 @@ __all__ = [
     "Run",
     "SweepTemplate",
     "Theta0Mismatch",
-    "queued_cap_refusal",
     "validation_context",
 ]

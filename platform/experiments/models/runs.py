@@ -1,18 +1,18 @@
-"""What was asked and what came of it: an experiment (one submitted sweep), its runs with their
-lifecycle (`queued → running → succeeded | failed | cancelled`, plus `lost`; every transition
-one conditional UPDATE, `execution.leases`), and the sweeps a team saved to start from."""
+"""What was asked and what came of it: an experiment (one submitted sweep), its runs (their fields
+and what they read; their lifecycle, `queued → running → succeeded | failed | cancelled` plus
+`lost`, is the `lifecycle` mixin's, and whose turn it is the `turns` mixin's), and the sweeps a
+team saved to start from."""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
 import uuid
-from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
@@ -24,32 +24,18 @@ from execution.models import needed_queues
 from experiments.collapse import METRIC as COLLAPSE_METRIC
 from experiments.collapse import Collapse, find_collapse
 from experiments.models.jobs import RolloutJob
+from experiments.models.lifecycle import Lifecycle
 from experiments.models.results import Completion, MetricChunk, MetricSummary
 from experiments.models.turns import TakingTurns
 from experiments.packing import finite_or_none
-from experiments.text import public_error, variant_label
-from rlcore.config import RunConfig, error_list
+from experiments.text import variant_label
+from rlcore.config import RunConfig
 from rlcore.sinks import SUMMARY_LATEST, Measured
 
 
 def validation_context() -> dict[str, list[str]]:
     """What `RunConfig` validation needs beyond the config: the folders runs may read from."""
     return {"data_roots": settings.LAB_DATA_ROOTS, "model_roots": settings.LAB_MODEL_ROOTS}
-
-
-def queued_cap_refusal(team: Team, adding: int) -> str:
-    """Why `team` may not queue `adding` more runs now ("" if it may): `LAB_TEAM_MAX_QUEUED`."""
-    cap = settings.LAB_TEAM_MAX_QUEUED
-    if not cap:
-        return ""
-    queued = Run.objects.filter(experiment__team=team, status=Run.QUEUED).count()
-    if queued + adding <= cap:
-        return ""
-    return (
-        f"team {team} has {queued} queued run{'s' if queued != 1 else ''}; {adding} more would exceed "
-        f"the limit of {cap} queued runs per team (LAB_TEAM_MAX_QUEUED): wait for some to start, "
-        "or cancel some"
-    )
 
 
 class Theta0Mismatch(ValueError):
@@ -197,7 +183,7 @@ class SweepTemplate(models.Model):
         return f"{self.name} ({self.team})"
 
 
-class Run(TakingTurns, Leased):
+class Run(TakingTurns, Lifecycle, Leased):
     QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST = (
         "queued",
         "running",
@@ -317,31 +303,6 @@ class Run(TakingTurns, Leased):
         if refusal:
             raise DatasetMismatch(refusal)
 
-    def record_provenance(self, worker: str, record: dict) -> None:
-        """Store this attempt's provenance beside the earlier attempts' (`provenance_history`),
-        pinning the experiment's θ0 and dataset files on its first run (`Experiment.pin`).
-
-        Raises `DatasetMismatch` or `Theta0Mismatch` (nothing stored) when the worker read other
-        dataset bytes or loaded other θ0 bytes than the experiment's runs did before, this run's
-        earlier attempts included: one experiment never mixes datasets or initial models.
-        """
-        self.experiment.pin(record["theta0_sha256"], self.datasets_read(record))
-        with transaction.atomic():
-            row = (
-                Run.objects.select_for_update()
-                .filter(pk=self.pk, status=Run.RUNNING, worker=worker)
-                .values("attempt", "provenance_history")
-                .first()
-            )
-            if row is None:
-                return
-            # A retried call (a database outage) replaces its own attempt's entry.
-            earlier = [entry for entry in row["provenance_history"] if entry["attempt"] != row["attempt"]]
-            Run.objects.filter(pk=self.pk).update(
-                provenance=record,
-                provenance_history=[*earlier, {"attempt": row["attempt"], "provenance": record}],
-            )
-
     @property
     def provenance_changes(self) -> list[dict]:
         """The earlier attempts' provenance as it differs from the newest's, newest first:
@@ -360,21 +321,6 @@ class Run(TakingTurns, Leased):
             }
             for entry in reversed(self.provenance_history[:-1])
         ]
-
-    def add_note(self, worker: str, text: str) -> bool:
-        """Append a note to the run while `worker` executes it (one UPDATE under the row's lock)."""
-        with transaction.atomic():
-            notes = (
-                Run.objects.select_for_update()
-                .filter(pk=self.pk, status=Run.RUNNING, worker=worker)
-                .values_list("notes", flat=True)
-                .first()
-            )
-            if notes is None:
-                return False
-            note = {"at": timezone.now().isoformat(), "attempt": self.attempt, "text": public_error(text)}
-            Run.objects.filter(pk=self.pk).update(notes=[*notes, note])
-        return True
 
     def run_config(self) -> RunConfig:
         """The stored config, validated again against today's allowed data and model roots."""
@@ -520,172 +466,10 @@ class Run(TakingTurns, Leased):
         """The run's last `limit` rollout jobs: newest step first, parts in order within a step."""
         return list(self.rollout_jobs.order_by("-step", "kind", "part")[:limit])
 
-    @classmethod
-    def claim_resets(cls) -> dict:
-        """A new attempt starts with no phase of its own yet, and no summary (the last attempt's)."""
-        return {"phase": "", "phase_detail": {}, "summary": {}}
-
-    def beat(self, worker: str, progress: int, phase: str = "", phase_detail: dict | None = None) -> bool:
-        """Heartbeat from the worker executing the run, with its progress and phase; False once it
-        no longer owns the run."""
-        return (
-            Run.objects.filter(pk=self.pk, status=Run.RUNNING, worker=worker).update(
-                heartbeat=timezone.now(), progress=progress, phase=phase, phase_detail=phase_detail or {}
-            )
-            == 1
-        )
-
-    def hold(self, worker: str) -> bool:
-        """Lock the run's row until the transaction ends if `worker` still executes it (the
-        heartbeat's conditional UPDATE); False once it no longer does: what a worker writes for a
-        run (points, seals, checkpoint hashes) goes in only under this."""
-        return (
-            Run.objects.filter(pk=self.pk, status=Run.RUNNING, worker=worker).update(heartbeat=timezone.now())
-            == 1
-        )
-
-    def stop_requested(self, worker: str) -> bool:
-        """True when the run was cancelled or taken away from `worker` (e.g. reaped as lost)."""
-        return not Run.objects.filter(
-            pk=self.pk, status=Run.RUNNING, worker=worker, cancel_requested=None
-        ).exists()
-
-    def finish(self, worker: str, summary: dict[str, float | None]) -> bool:
-        """running → succeeded, or → cancelled if a cancel arrived while it ran; `summary` is the
-        trainer's, to which the collapse keys are added."""
-        owned = Q(status=Run.RUNNING, worker=worker)
-        now = timezone.now()
-        summary = {**summary, **self.collapse_summary()}
-        if self._update(
-            owned & Q(cancel_requested=None), status=Run.SUCCEEDED, finished=now, summary=summary
-        ):
-            return True
-        return self._update(owned, status=Run.CANCELLED, finished=now, summary=summary)
-
-    def fail(self, worker: str, error: str, execution: dict[str, float] | None = None) -> bool:
-        """running → failed with `error`, and a summary of the points it logged
-        (`summary_from_points`) plus, if given and something was logged, the execution report of a
-        distributed or async run (`DatabaseSource.summary`)."""
-        summary = self.summary_from_points()
-        if summary and execution:
-            summary.update(execution)
-        return self._update(
-            Q(status=Run.RUNNING, worker=worker),
-            status=Run.FAILED,
-            finished=timezone.now(),
-            error=public_error(error),
-            summary=summary,
-        )
-
-    def set_archived(self, archived: bool) -> None:
-        """Set the run aside (kept with all it logged, cited where it was cited, but left out of the
-        lists, the comparisons and the claims) or bring it back. Not while it is queued or running."""
-        if archived and self.is_active:
-            raise ValueError(f"run {self.pk} is {self.status}: cancel it, or let it end, before archiving it")
-        Run.objects.filter(pk=self.pk).update(archived=timezone.now() if archived else None)
-        self.refresh_from_db(fields=["archived"])
-
-    def cancel(self) -> bool:
-        """A queued run is cancelled at once; a running one stops at its next step boundary.
-        Either way its rollout jobs that have not finished are cancelled."""
-        now = timezone.now()
-        with transaction.atomic():
-            done = self._update(
-                Q(status=Run.QUEUED), status=Run.CANCELLED, cancel_requested=now, finished=now
-            ) or self._update(Q(status=Run.RUNNING, cancel_requested=None), cancel_requested=now)
-            if done:
-                RolloutJob.cancel_for(self)
-        return done
-
     @property
     def buffer_dir(self) -> Path:
         """Published weights and generated batches of distributed and async execution."""
         return settings.LAB_RUNS_DIR / str(self.key) / "buffer"
-
-    def retry_refusal(self) -> str:
-        """Why `retry` would refuse this run now ("" if it would not)."""
-        if self.status not in Run.RETRYABLE:
-            return f"run {self.pk} is {self.status}; only failed, cancelled or lost runs can be retried"
-        if self.attempt >= settings.LAB_MAX_ATTEMPTS:
-            return (
-                f"run {self.pk} has used all {settings.LAB_MAX_ATTEMPTS} attempts (LAB_MAX_ATTEMPTS); "
-                "start a new sweep to run it again"
-            )
-        try:
-            self.run_config()
-        except ValidationError as exc:
-            problems = "; ".join(f"{field}: {message}" for field, message in error_list(exc))
-            return f"run {self.pk} cannot succeed: its config no longer passes today's checks ({problems})"
-        team = Team.objects.filter(experiments__runs=self.pk).first()
-        if team is None:
-            return f"run {self.pk} no longer exists"
-        return queued_cap_refusal(team, 1)
-
-    def retry(self, within_cap: bool = True) -> bool:
-        """failed / cancelled / lost → queued as a new attempt, resuming from its last checkpoint,
-        while the run has attempts left (manual retries count against LAB_MAX_ATTEMPTS too) and,
-        with `within_cap`, its team stays within LAB_TEAM_MAX_QUEUED: checked under the team's row
-        lock, as sweeps are, so concurrent retries cannot overrun it. Raises `Run.DoesNotExist`
-        if the run was deleted meanwhile.
-
-        The previous attempt's error stays visible until a worker claims the new one.
-        """
-        with transaction.atomic():
-            if within_cap:
-                team_id = Experiment.objects.filter(runs=self.pk).values_list("team_id", flat=True).first()
-                if team_id is None:
-                    raise Run.DoesNotExist(f"run {self.pk} no longer exists")
-                team = Team.objects.select_for_update().get(pk=team_id)
-                if queued_cap_refusal(team, 1):
-                    return False
-            done = self._update(
-                Q(status__in=Run.RETRYABLE, attempt__lt=settings.LAB_MAX_ATTEMPTS),
-                status=Run.QUEUED,
-                attempt=F("attempt") + 1,
-                cancel_requested=None,
-                worker="",
-                finished=None,
-                dispatched_at=timezone.now(),
-                # Queued again: no step done and no start of this attempt yet (not the last one's).
-                progress=0,
-                started=None,
-                phase="",
-                phase_detail={},
-            )
-            if done:
-                self.enqueue()
-        if done:
-            self.refresh_from_db(fields=["dispatched_at"])  # cleared if the message could not be sent
-        return done
-
-    def mark_lost(self, stale_before: datetime) -> bool:
-        """running → lost if no heartbeat arrived since `stale_before`, with a summary of the points
-        it logged (kept if it is cancelled or out of attempts; a new attempt starts without)."""
-        return self._update(
-            Q(status=Run.RUNNING, heartbeat__lt=stale_before),
-            status=Run.LOST,
-            finished=timezone.now(),
-            error=f"worker {self.worker} stopped sending heartbeats",
-            summary=self.summary_from_points(),
-        )
-
-    @classmethod
-    def reap(cls) -> list[Run]:
-        """Mark runs with stale heartbeats `lost`; re-queue those with attempts left, end those with a
-        pending cancel `cancelled`. Returns them."""
-        stale_before = timezone.now() - timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S)
-        reaped = []
-        for run in cls.objects.filter(status=cls.RUNNING, heartbeat__lt=stale_before):
-            if not run.mark_lost(stale_before):
-                continue
-            if run.cancel_requested is not None:
-                # Cancel is final: a run cancelled before its worker died is not trained again.
-                run._update(Q(status=cls.LOST), status=cls.CANCELLED)
-                RolloutJob.cancel_for(run)
-            elif run.attempt < settings.LAB_MAX_ATTEMPTS:
-                run.retry(within_cap=False)  # already admitted: a lost worker is no new submission
-            reaped.append(run)
-        return reaped
 
 
 @receiver(post_delete, sender=Run)
