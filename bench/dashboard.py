@@ -631,12 +631,9 @@ def main() -> int:
         rows = measure(experiment, user, args.calls)
         page_s = page_seconds(experiment, args.page_loads)
     section, ok = report(rows, page_s, args, connection.vendor, ingest_s, flushes, disk)
-    if not args.no_write:
-        from bench.report import write_section  # the repository is on sys.path since setup_django
+    from bench.report import publish  # the repository is on sys.path since setup_django
 
-        write_section(section)
-    print(section)
-    return 0 if ok else 1
+    return publish(section, ok, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -40,3 +40,11 @@ def machine(packages: Sequence[str] = ("torch", "transformers")) -> str:
     versions = ", ".join(f"{name} {metadata.version(name)}" for name in packages)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return f"nproc {cores}, {cpu}; Python {platform.python_version()}, {versions}"
+
+
+def publish(section: str, ok: bool, write: bool = True) -> int:
+    """Write `section` into BENCHMARKS.md (unless not `write`) and print it; the exit status: 0 if `ok`."""
+    if write:
+        write_section(section)
+    print(section)
+    return 0 if ok else 1

@@ -198,12 +198,9 @@ def main() -> int:
         rows = measure(token, args.calls)
         reference = python_filter(args.calls)
     section, ok = report(rows, reference, args, connection.vendor, build_s)
-    if not args.no_write:
-        from bench.report import write_section
+    from bench.report import publish  # the repository is on sys.path since setup_django
 
-        write_section(section)
-    print(section)
-    return 0 if ok else 1
+    return publish(section, ok, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -229,22 +229,23 @@ def export_csv(report: Report, version: ReportVersion) -> HttpResponse:
 NOT_PUBLISHED = "Publish the report first: only a published version is exported."
 
 
-@login_required
-def report_export_html(request: HttpRequest, report_id: int) -> HttpResponse:
+def _exported(request: HttpRequest, report_id: int, export) -> HttpResponse:
+    """`export(report, version)` of the version asked for (or the latest published), or 409."""
     report = _report(request, report_id)
     version = _version(request, report)
     if version is None:
         return HttpResponse(NOT_PUBLISHED, status=409)
-    return export_html(request, report, version)
+    return export(report, version)
+
+
+@login_required
+def report_export_html(request: HttpRequest, report_id: int) -> HttpResponse:
+    return _exported(request, report_id, lambda report, version: export_html(request, report, version))
 
 
 @login_required
 def report_export_csv(request: HttpRequest, report_id: int) -> HttpResponse:
-    report = _report(request, report_id)
-    version = _version(request, report)
-    if version is None:
-        return HttpResponse(NOT_PUBLISHED, status=409)
-    return export_csv(report, version)
+    return _exported(request, report_id, export_csv)
 
 
 @login_required
