@@ -272,7 +272,6 @@ def measure(experiment, user, calls: int) -> list[dict]:
     from django.urls import reverse
 
     from dashboards.comparison import payloads
-    from dashboards.comparison import statistics as panels
     from experiments import series
 
     client = Client()
@@ -291,8 +290,7 @@ def measure(experiment, user, calls: int) -> list[dict]:
             response = client.get(url, {"metric": metric})
             times.append(time.perf_counter() - started)
             assert response.status_code == 200, response.content[:500]
-            payloads.forget()  # nothing kept of this comparison: computed again
-            panels.forget()
+            payloads.forget()  # nothing kept of this comparison (JSON nor statistics): computed again
             started = time.perf_counter()
             assert client.get(url, {"metric": metric}).status_code == 200
             computed.append(time.perf_counter() - started)

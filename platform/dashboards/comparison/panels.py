@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from dashboards.comparison import curves, statistics, throughput, variants
+from dashboards.comparison import curves, payloads, statistics, throughput, variants
 from dashboards.comparison.colours import PALETTE, preset_colours
 from dashboards.comparison.drops import staleness_answer
 from dashboards.comparison.grouping import SCATTER_METRICS, Layout, comparable_config, provenance_warnings
@@ -177,9 +177,25 @@ def contrasts(layout: Layout, finals: Finals, query: ComparisonQuery) -> dict[st
 
 
 def statistics_panel(layout: Layout, finals: Finals, query: ComparisonQuery) -> dict[str, Any]:
-    """rliable's few-seed statistics of the final values (`statistics.cached_panel`)."""
-    panel = statistics.cached_panel(finals.seeds, layout.lines, layout.staleness)
+    """rliable's few-seed statistics of the final values (`kept_statistics`)."""
+    panel = kept_statistics(finals.seeds, layout.lines, layout.staleness)
     return {"statistics": _with_cell_runs(panel, layout)}
+
+
+def kept_statistics(
+    seeds: dict[tuple[int, str, str], dict[int, float]], lines: list[dict[str, Any]], staleness: list[str]
+) -> dict[str, Any]:
+    """`statistics.panel` of the same inputs, kept with the payloads (`payloads.kept`): a dashboard
+    polled while its runs go on is computed again at every new point, but its final values change
+    only when a run logs a new one, and the bootstrap is most of the comparison's time. The key is
+    everything `statistics.panel` reads (each cell's seeds and values, the lines' names, the settings)."""
+    key = (
+        "statistics",
+        tuple(sorted((cell, tuple(sorted(values.items()))) for cell, values in seeds.items())),
+        tuple((line["experiment"], line["key"], line["line"], line["variant_label"]) for line in lines),
+        tuple(staleness),
+    )
+    return payloads.kept(key, lambda: statistics.panel(seeds, lines, staleness))
 
 
 def _with_cell_runs(panel: dict[str, Any], layout: Layout) -> dict[str, Any]:

@@ -2,15 +2,18 @@
 dashboard is polled every few seconds, and a comparison of finished runs asks for the same answer
 each time. The key is the query and the state of every run it reads (`state`): a run that logs a
 point beats its heartbeat in the same transaction, so any new point, retry, archiving or rename
-changes the key and the comparison is computed again."""
+changes the key and the comparison is computed again. A panel whose inputs change less often than
+the runs' state (the statistics of final values) is kept in the same store under its own key
+(`kept`): one store, one budget, one lock."""
 
 from __future__ import annotations
 
 import json
+import pickle
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from django.core.serializers.json import DjangoJSONEncoder
@@ -22,6 +25,7 @@ MAX_BYTES = 64 * 2**20  # of JSON kept per process; the least recently used goes
 _kept: OrderedDict[tuple, bytes] = OrderedDict()
 _size = 0
 _lock = threading.Lock()  # an ASGI process serves its views in several threads
+T = TypeVar("T")
 
 
 def state(runs: QuerySet[Run]) -> tuple:
@@ -85,8 +89,16 @@ def cached(key: tuple, compute: Callable[[], bytes]) -> bytes:
     return content
 
 
+def kept(key: tuple, compute: Callable[[], T]) -> T:
+    """`compute()`'s value for `key`, kept in the store of `cached` as pickled bytes (counted in
+    its budget), so each caller gets its own copy to change. Keys of values start with a name
+    (`("statistics", …)`), never a payload key's query table."""
+    return pickle.loads(cached(key, lambda: pickle.dumps(compute(), protocol=pickle.HIGHEST_PROTOCOL)))
+
+
 def forget() -> None:
-    """Drop everything kept (tests that change runs behind the models' back)."""
+    """Drop everything kept (tests that change runs behind the models' back; a benchmark timing
+    the comparison computed whole)."""
     global _size
     with _lock:
         _kept.clear()

@@ -18,10 +18,7 @@ the global RNG). Every estimate carries its method, reps and seed (`Estimate.rec
 
 from __future__ import annotations
 
-import copy
 import functools
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -309,41 +306,6 @@ FEW_SEEDS = 5  # fewer runs than this in a cell: the page warns (rliable's advic
 def _cell_scores(values: dict[int, float]) -> tuple[list[int], np.ndarray]:
     seeds = sorted(s for s, v in values.items() if np.isfinite(v))
     return seeds, np.array([values[s] for s in seeds], dtype=float)
-
-
-CACHED_PANELS = 64
-_panels: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
-_panels_lock = threading.Lock()  # an ASGI process serves its views in several threads
-
-
-def forget() -> None:
-    """Drop the panels kept (a benchmark timing the comparison computed whole)."""
-    with _panels_lock:
-        _panels.clear()
-
-
-def cached_panel(
-    finals: dict[tuple[int, str, str], dict[int, float]], lines: list[dict[str, Any]], staleness: list[str]
-) -> dict[str, Any]:
-    """`panel` of the same inputs, computed once per process: a dashboard polled while its runs go
-    on asks for it every few seconds, and its final values change only when a run logs a new one.
-    The key is everything `panel` reads (each cell's seeds and values, the lines' names, the settings)."""
-    key = (
-        tuple(sorted((cell, tuple(sorted(values.items()))) for cell, values in finals.items())),
-        tuple((line["experiment"], line["key"], line["line"], line["variant_label"]) for line in lines),
-        tuple(staleness),
-    )
-    with _panels_lock:
-        kept = _panels.get(key)
-        if kept is not None:
-            _panels.move_to_end(key)
-    if kept is None:
-        kept = panel(finals, lines, staleness)
-        with _panels_lock:
-            _panels[key] = kept
-            while len(_panels) > CACHED_PANELS:
-                _panels.popitem(last=False)
-    return copy.deepcopy(kept)
 
 
 def panel(

@@ -10,7 +10,7 @@ import pytest
 from dashboard_helpers import NOIS_OFFLINE, data
 from sample_experiments import make_finished_experiment
 
-from dashboards.comparison import statistics
+from dashboards.comparison import panels, statistics
 
 FIXTURE = json.loads((Path(__file__).parent / "rliable" / "fixture.json").read_text())
 INPUTS = {name: np.array(v) for name, v in FIXTURE["inputs"].items()}
@@ -143,13 +143,13 @@ def test_the_cached_panel_is_the_panel_of_the_same_inputs_and_follows_a_new_valu
         (1, "reinforce", "on-policy"): {0: 0.60, 1: 0.65, 2: 0.61},
     }
     before = statistics.panel(finals, lines, ["on-policy"])
-    first = statistics.cached_panel(finals, lines, ["on-policy"])
+    first = panels.kept_statistics(finals, lines, ["on-policy"])
     assert first == before
     first["cells"].clear()  # what a caller does with its copy never reaches the next one
-    assert statistics.cached_panel(finals, lines, ["on-policy"]) == statistics.panel(
+    assert panels.kept_statistics(finals, lines, ["on-policy"]) == statistics.panel(
         finals, lines, ["on-policy"]
     )
     finals[(1, "reinforce", "on-policy")][2] = 0.66  # a run logged a new final value
-    moved = statistics.cached_panel(finals, lines, ["on-policy"])
+    moved = panels.kept_statistics(finals, lines, ["on-policy"])
     assert moved == statistics.panel(finals, lines, ["on-policy"]) != before
     assert moved["cells"][1]["iqm"]["value"] == pytest.approx((0.65 + 0.66 + 0.60) / 3)
