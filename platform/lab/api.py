@@ -18,6 +18,7 @@ from dashboards.comparison.api import router as comparison_router
 from dashboards.reports.api import router as reports_router
 from experiments.api import router as experiments_router
 from lab.middleware import DatabaseUnreachable, unavailable_response
+from lab.schemas import RULE
 
 api = NinjaAPI(title="Off-Policy Lab", version="1", auth=TokenAuth(), urls_namespace="api")
 
@@ -52,16 +53,14 @@ for _unreachable in DatabaseUnreachable:
 @api.exception_handler(ValidationError)
 def request_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
     """Malformed requests get the same 422 shape as invalid sweeps: loc, field, msg. The field is
-    the location without its source (`query`, `path`) and, in a body, without the body's name."""
-    detail = [
-        {
-            "loc": e["loc"],
-            "field": ".".join(str(part) for part in e["loc"][2 if e["loc"][0] == "body" else 1 :])
-            or e["loc"][0],
-            "msg": e["msg"],
-        }
-        for e in exc.errors
-    ]
+    the location without its source (`query`, `path`) and, in a body, without the body's name; a
+    rule a field breaks in the lab's words (`lab.schemas.RULE`) is located as a `FieldError` is,
+    the source then the field's path, as text (["body", "parts", "0", "kind"])."""
+    detail = []
+    for e in exc.errors:
+        field = ".".join(str(part) for part in e["loc"][2 if e["loc"][0] == "body" else 1 :]) or e["loc"][0]
+        loc = [e["loc"][0], *field.split(".")] if e["type"] == RULE else e["loc"]
+        detail.append({"loc": loc, "field": field, "msg": e["msg"]})
     return api.create_response(request, {"detail": detail}, status=422)
 
 

@@ -1,13 +1,59 @@
-"""Schemas every part of the API shares: error bodies, each operation's `responses`, and
-`DocumentedAs`, which documents a plain JSON field as one of rlcore's config models."""
+"""Schemas every part of the API shares: error bodies, each operation's `responses`, `Worded`,
+which answers a field's rules in the lab's words, and `DocumentedAs`, which documents a plain JSON
+field as one of rlcore's config models."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from ninja import Field, Schema
-from pydantic import BaseModel, StringConstraints, model_serializer
-from pydantic_core import core_schema
+from pydantic import BaseModel, StringConstraints, TypeAdapter, ValidationError, model_serializer
+from pydantic_core import PydanticCustomError, core_schema
+
+RULE = "field_rule"
+"""The error type of a rule a field breaks, in the lab's words (`Worded`, `rule_error`): the API
+locates it as it locates a `lab.errors.FieldError`, the source then the field's path as text."""
+
+
+def rule_error(message: str) -> PydanticCustomError:
+    """A validator's refusal in the lab's words (raise it), kept as written."""
+    return PydanticCustomError(RULE, message)
+
+
+class Worded:
+    """`Annotated[T, <its rules: Literal, Field(ge=…, le=…), lengths, validators>, Worded(says)]`:
+    a field declared once with its rules as its type, answered in the lab's words. A value that is
+    not even a `reads_as` (by default the field's plain type, `T` without the rules) keeps pydantic's
+    words ("Input should be a valid integer"); one that is, but that the rules refuse, is answered
+    `says(value)`, the value as `reads_as` reads it (a JSON 1 for a float field: 1.0). The OpenAPI
+    document shows the field as `reads_as`, without its rules (their words say them)."""
+
+    def __init__(self, says: Callable[[Any], str], reads_as: Any = None) -> None:
+        self.says = says
+        self.reads_as = reads_as
+
+    def __get_pydantic_core_schema__(self, source: Any, handler) -> core_schema.CoreSchema:
+        reads_as = source if self.reads_as is None else self.reads_as
+        # Built at the first refusal: `reads_as` may be a model still being built now.
+        reader: TypeAdapter | None = None
+
+        def check(value: Any, validate, info) -> Any:
+            nonlocal reader
+            try:
+                return validate(value)
+            except ValidationError:
+                reader = reader or TypeAdapter(reads_as)
+                read = reader.validate_python(value, context=info.context)
+                raise rule_error(self.says(read)) from None
+
+        return core_schema.with_info_wrap_validator_function(
+            check, handler(source), json_schema_input_schema=handler.generate_schema(reads_as)
+        )
+
+    def __get_pydantic_json_schema__(self, schema, handler) -> dict[str, Any]:
+        """`reads_as` in both modes (a response's field too: `ClaimOut.parts`' `ClaimPartIn`)."""
+        return handler(schema["json_schema_input_schema"])
 
 
 class DocumentedAs:

@@ -26,7 +26,7 @@ def state_claim(request: HttpRequest, body: ClaimIn):
     """State a claim on an experiment or a selection of runs (or make one from a template) and get
     its verdict now. Pre-registered when no run of its cells has finished yet."""
     try:
-        return Status(201, service.submit(request.user, body.dict(exclude_none=True)))
+        return Status(201, service.submit(request.user, body))
     except service.ClaimError as exc:
         return _claim_error(exc)
 

@@ -1,13 +1,22 @@
-"""A claim as the API takes and answers it (`dashboards.claims.service`), and the paper's claims as
-the comparison checks them (`dashboards.claims.templates`)."""
+"""A claim as the API and the comparison page's form take it (`ClaimIn`: every field's rules, and
+the words a bad value is answered with) and answer it (`dashboards.claims.service`), and the paper's
+claims as the comparison checks them (`dashboards.claims.templates`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
+from pydantic import AfterValidator, ValidationInfo, field_validator
 
-from lab.schemas import NoNul
+from dashboards.claims import verdicts
+from dashboards.comparison import curves, query
+from lab.schemas import NoNul, Worded, rule_error
+
+MAX_PARTS = 20
+MAX_SETTINGS = 20
+MAX_ALPHA = 0.25
 
 
 class ClaimTestOut(Schema):
@@ -68,32 +77,132 @@ class FindingLeftOutOut(Schema):
     absent: list[str] = Field(description="the presets it names that the sweep never ran")
 
 
+@dataclass(frozen=True)
+class Against:
+    """What a claim is checked against, its runs (`ClaimIn.model_validate(…, context={"against": …})`):
+    their lines, their staleness settings, and their on-policy setting (None: they have none).
+    Without it (the API's first look at a body) only what needs no runs is checked."""
+
+    lines: list[str]
+    settings: list[str]
+    on_policy: str | None
+
+
+def _against(info: ValidationInfo) -> Against | None:
+    return (info.context or {}).get("against")
+
+
 class ClaimPartIn(Schema):
-    kind: NoNul = Field(description="holds, degrades, beats or equivalent")
+    kind: Annotated[Literal[verdicts.KINDS], query.one_of("kind", verdicts.KINDS, NoNul)] = Field(
+        description="holds, degrades, beats or equivalent"
+    )
     x: NoNul = Field(
         description="a line of the runs (preset, with its variant; with its experiment if several)"
     )
     y: NoNul = Field(
-        "", description="another line; needed by beats and equivalent, else x on-policy is the reference"
+        "",
+        description="another line; needed by beats and equivalent, else x on-policy is the reference",
+        validate_default=True,
     )
+
+    @field_validator("x", "y")
+    @classmethod
+    def _a_line(cls, line: str, info: ValidationInfo) -> str:
+        against = _against(info)
+        if against is not None and (line or info.field_name == "x") and line not in against.lines:
+            raise rule_error(
+                f"{info.field_name} must be one of these runs' lines: {', '.join(against.lines)} (got {line!r})"
+            )
+        return line
+
+    @field_validator("y")
+    @classmethod
+    def _another_line(cls, y: str, info: ValidationInfo) -> str:
+        kind = info.data.get("kind")
+        if kind in verdicts.NEEDS_Y and not y:
+            raise rule_error(f"a {kind} claim compares x with another line y")
+        if y == info.data.get("x"):
+            raise rule_error("y must be another line than x")
+        against = _against(info)
+        if not y and against is not None and against.on_policy is None:
+            raise rule_error("these runs have no on-policy cell to take the change from: name a line y")
+        return y
+
+
+def _given_or_templated(value: list | None, info: ValidationInfo) -> list | None:
+    """Parts and settings are left out only when a template gives them."""
+    if value is None and not info.data.get("template"):
+        raise ValueError("left out")
+    return value
+
+
+def _distinct(settings: list[str] | None) -> list[str] | None:
+    if settings is not None and len(set(settings)) != len(settings):
+        raise ValueError("repeated")
+    return settings
+
+
+def _a_setting(setting: str, info: ValidationInfo) -> str:
+    against = _against(info)
+    if against is not None and setting not in against.settings:
+        raise rule_error(
+            f"settings must be staleness settings of these runs: {', '.join(against.settings)} (got {setting!r})"
+        )
+    return setting
 
 
 class ClaimIn(Schema):
-    experiment: int | None = Field(None, description="the experiment whose runs it is tested on")
+    # A claim to state, each field with its rules: the API and the comparison page's form take it so.
     runs: list[int] | None = Field(
         None, description="or a selection of runs of one team (instead of experiment)"
     )
+    experiment: int | None = Field(
+        None, description="the experiment whose runs it is tested on", validate_default=True
+    )
     template: NoNul = Field("", description="a claim template's name (then leave parts and settings out)")
     variant: NoNul = Field("", description="with a template: the variant whose lines it names")
-    title: NoNul = ""
-    parts: list[ClaimPartIn] | None = Field(None, description="statements that must all hold at a setting")
-    settings: list[NoNul] | None = Field(None, description="staleness settings it is tested at")
-    quantifier: NoNul = Field("every", description="every: at each setting; some: at one at least")
-    metric: NoNul = "eval/accuracy"
-    rule: NoNul = Field("last", description="final value: last, mean_last_k, best or auc")
-    k: int = 10
-    delta: float = Field(0.02, description="δ, in the metric's units")
-    alpha: float = Field(0.05, description="α of each one-sided test (the interval shown is 1 − 2α)")
+    parts: Annotated[
+        list[ClaimPartIn] | None,
+        Field(min_length=1, max_length=MAX_PARTS),
+        AfterValidator(_given_or_templated),
+        Worded(lambda _: f"parts must be a list of 1 to {MAX_PARTS} statements {{kind, x, y}}"),
+    ] = Field(None, description="statements that must all hold at a setting", validate_default=True)
+    settings: Annotated[
+        list[Annotated[NoNul, AfterValidator(_a_setting)]] | None,
+        Field(min_length=1, max_length=MAX_SETTINGS),
+        AfterValidator(_distinct),
+        AfterValidator(_given_or_templated),
+        Worded(lambda _: f"settings must be 1 to {MAX_SETTINGS} distinct staleness settings"),
+    ] = Field(None, description="staleness settings it is tested at", validate_default=True)
+    quantifier: Annotated[
+        Literal[verdicts.QUANTIFIERS],
+        Worded(lambda quantifier: f"quantifier must be every or some (got {quantifier!r})", NoNul),
+    ] = Field("every", description="every: at each setting; some: at one at least")
+    metric: Annotated[query.Metric, Worded(query.metric_words, NoNul)] = "eval/accuracy"
+    k: Annotated[query.K, Worded(query.k_words)] = 10
+    delta: Annotated[query.Delta, Worded(query.delta_words)] = Field(
+        0.02, description="δ, in the metric's units"
+    )
+    rule: Annotated[query.Rule, query.one_of("rule", curves.RULES, NoNul)] = Field(
+        "last", description="final value: last, mean_last_k, best or auc"
+    )
+    alpha: Annotated[
+        float,
+        Field(ge=1e-6, le=MAX_ALPHA),
+        Worded(
+            lambda alpha: f"alpha must be a number above 0 and at most {MAX_ALPHA} (0.05: 5%) (got {alpha!r})"
+        ),
+    ] = Field(0.05, description="α of each one-sided test (the interval shown is 1 − 2α)")
+    title: Annotated[
+        NoNul, Field(max_length=300), Worded(lambda _: "title must be text of at most 300 characters", NoNul)
+    ] = ""
+
+    @field_validator("experiment")
+    @classmethod
+    def _one_target(cls, experiment: int | None, info: ValidationInfo) -> int | None:
+        if "runs" in info.data and (experiment is None) == (info.data["runs"] is None):
+            raise rule_error("name an experiment or a selection of runs (one of them)")
+        return experiment
 
 
 class ClaimOut(Schema):

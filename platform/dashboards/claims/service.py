@@ -1,6 +1,7 @@
 """Claims a team states (`dashboards.models.Claim`), read against their runs: the final values per
-cell for a claim's metric and rule, the validation of a new claim (every error names its field),
-templates made claims, and each claim's verdict (`dashboards.claims.verdicts.evaluate`)."""
+cell for a claim's metric and rule, a new claim checked against its runs (`ClaimIn`'s rules, every
+error naming its field), templates made claims, and each claim's verdict
+(`dashboards.claims.verdicts.evaluate`)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,18 @@ from typing import Any
 
 from django.db import transaction
 from django.shortcuts import get_object_or_404
+from pydantic import ValidationError
 
 from dashboards.claims import templates, verdicts
+from dashboards.claims.schemas import Against, ClaimIn
 from dashboards.comparison import curves, grouping, query, reads
 from dashboards.models import Claim
 from experiments.models import Experiment, Run
 from lab.errors import FieldError
 
-MAX_PARTS = 20
-MAX_SETTINGS = 20
-MAX_ALPHA = 0.25
 MAX_LISTED = 200
+STATED = set(ClaimIn.model_fields) - {"experiment", "runs", "template", "variant"}
+"""A claim's own fields, as `Claim` stores them: all of `ClaimIn` but what it is stated on."""
 
 
 class ClaimError(FieldError):
@@ -57,82 +59,16 @@ def cell_data(runs: list[Run], metric: str, rule: str, k: int, delta: float) -> 
     )
 
 
-def _number(payload: dict, name: str, default: float, lo: float, hi: float, rule: str) -> float:
-    value = payload.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        raise ClaimError(name, f"{name} must be a number {rule} (got {value!r})")
-    return float(value)
-
-
 def validate(runs: list[Run], payload: dict[str, Any]) -> dict[str, Any]:
-    """The claim's fields from `payload`, checked against the lines and settings of `runs`."""
-    lines = list(dict.fromkeys(line_names(runs).values()))
+    """The claim's fields from `payload` (a `ClaimIn`'s), checked against the lines and settings of
+    `runs`; a ClaimError naming the first field that breaks a rule."""
     labels = list(dict.fromkeys(run.staleness for run in runs))
-    on_policy = templates.baseline(labels)
-    parts = payload.get("parts")
-    if not isinstance(parts, list) or not 1 <= len(parts) <= MAX_PARTS:
-        raise ClaimError("parts", f"parts must be a list of 1 to {MAX_PARTS} statements {{kind, x, y}}")
-    clean = []
-    for i, part in enumerate(parts):
-        if not isinstance(part, dict):
-            raise ClaimError(f"parts.{i}", "each part must be an object {kind, x, y}")
-        kind, x, y = part.get("kind"), part.get("x"), part.get("y") or ""
-        if kind not in verdicts.KINDS:
-            raise ClaimError(
-                f"parts.{i}.kind", f"kind must be one of {', '.join(verdicts.KINDS)} (got {kind!r})"
-            )
-        for name, line in (("x", x), ("y", y)):
-            if (name == "x" or line) and line not in lines:
-                raise ClaimError(
-                    f"parts.{i}.{name}",
-                    f"{name} must be one of these runs' lines: {', '.join(lines)} (got {line!r})",
-                )
-        if kind in verdicts.NEEDS_Y and not y:
-            raise ClaimError(f"parts.{i}.y", f"a {kind} claim compares x with another line y")
-        if y == x:
-            raise ClaimError(f"parts.{i}.y", "y must be another line than x")
-        if not y and on_policy is None:
-            raise ClaimError(
-                f"parts.{i}.y", "these runs have no on-policy cell to take the change from: name a line y"
-            )
-        clean.append({"kind": kind, "x": x, "y": y})
-    settings = payload.get("settings")
-    if (
-        not isinstance(settings, list)
-        or not 1 <= len(settings) <= MAX_SETTINGS
-        or len(set(map(str, settings))) != len(settings)
-    ):
-        raise ClaimError("settings", f"settings must be 1 to {MAX_SETTINGS} distinct staleness settings")
-    for i, setting in enumerate(settings):
-        if setting not in labels:
-            raise ClaimError(
-                f"settings.{i}",
-                f"settings must be staleness settings of these runs: {', '.join(labels)} (got {setting!r})",
-            )
-    quantifier = payload.get("quantifier", "every")
-    if quantifier not in verdicts.QUANTIFIERS:
-        raise ClaimError("quantifier", f"quantifier must be every or some (got {quantifier!r})")
+    against = Against(list(dict.fromkeys(line_names(runs).values())), labels, templates.baseline(labels))
     try:
-        asked = query.ComparisonQuery.parse(
-            {name: str(payload[name]) for name in ("metric", "rule", "k", "delta") if name in payload}
-        )
-    except query.QueryError as exc:
-        raise ClaimError(exc.param, exc.message) from exc
-    alpha = _number(payload, "alpha", 0.05, 1e-6, MAX_ALPHA, f"above 0 and at most {MAX_ALPHA} (0.05: 5%)")
-    title = payload.get("title", "") or ""
-    if not isinstance(title, str) or len(title) > 300:
-        raise ClaimError("title", "title must be text of at most 300 characters")
-    return {
-        "parts": clean,
-        "settings": settings,
-        "quantifier": quantifier,
-        "metric": asked.metric,
-        "rule": asked.rule,
-        "k": asked.k,
-        "delta": asked.delta,
-        "alpha": alpha,
-        "title": title,
-    }
+        claim = ClaimIn.model_validate(payload, context={"against": against})
+    except ValidationError as exc:
+        raise ClaimError.first_of(exc) from exc
+    return claim.model_dump(include=STATED)
 
 
 def statement(claim: Claim) -> verdicts.Statement:
@@ -207,9 +143,8 @@ def from_template(runs: list[Run], name: str, variant: str, delta: float) -> dic
 
 def target(user, experiment_id: int | None, run_ids: list[int] | None):
     """(team, experiment or None, run ids, runs) a claim is stated on: an experiment the user can
-    see (else 404) or a selection of runs of one of their teams (else a ClaimError)."""
-    if (experiment_id is None) == (run_ids is None):
-        raise ClaimError("experiment", "name an experiment or a selection of runs (one of them)")
+    see (else 404) or a selection of runs of one of their teams (else a ClaimError); `ClaimIn`
+    makes sure it is one of them."""
     if experiment_id is not None:
         experiment = get_object_or_404(Experiment.visible_to(user), pk=experiment_id)
         runs = list(experiment.runs.filter(archived=None).select_related("experiment"))
@@ -234,16 +169,14 @@ def target(user, experiment_id: int | None, run_ids: list[int] | None):
     return runs[0].experiment.team, None, sorted(ids), runs
 
 
-def submit(user, payload: dict[str, Any]) -> dict[str, Any]:
-    """State the claim `payload` describes (the API's `ClaimIn`, as a dict) and return it with its
-    verdict now; a ClaimError naming the field, or a 404 for an experiment the user cannot see."""
-    team, experiment, ids, runs = target(user, payload.get("experiment"), payload.get("runs"))
-    if payload.get("template"):
-        payload = payload | from_template(
-            runs, payload["template"], payload.get("variant", ""), payload.get("delta", 0.02)
-        )
-    fields = validate(runs, payload)
-    claim = state(user, team, experiment, ids, fields, payload.get("template", ""))
+def submit(user, body: ClaimIn) -> dict[str, Any]:
+    """State the claim `body` describes and return it with its verdict now; a ClaimError naming
+    the field, or a 404 for an experiment the user cannot see."""
+    team, experiment, ids, runs = target(user, body.experiment, body.runs)
+    payload = body.model_dump(exclude_none=True)
+    if body.template:
+        payload |= from_template(runs, body.template, body.variant, body.delta)
+    claim = state(user, team, experiment, ids, validate(runs, payload), body.template)
     return as_dict(claim, result(claim, runs))
 
 

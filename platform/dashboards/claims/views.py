@@ -48,16 +48,13 @@ def claim_new(request: HttpRequest) -> HttpResponse:
         body = ClaimIn(**json.loads(request.body or b"{}"))
     except json.JSONDecodeError:
         return _errors("body", "the body must be a JSON object")
-    except (pydantic.ValidationError, TypeError) as exc:
-        errors = (
-            exc.errors()
-            if isinstance(exc, pydantic.ValidationError)
-            else [{"loc": ["body"], "msg": str(exc)}]
-        )
-        first = errors[0]
-        return _errors(".".join(map(str, first["loc"])), first["msg"])
+    except TypeError as exc:
+        return _errors("body", str(exc))
+    except pydantic.ValidationError as exc:
+        error = service.ClaimError.first_of(exc)
+        return _errors(error.field, error.message)
     try:
-        return JsonResponse(service.submit(request.user, body.dict(exclude_none=True)), status=201)
+        return JsonResponse(service.submit(request.user, body), status=201)
     except service.ClaimError as exc:
         return _errors(exc.field, exc.message)
 

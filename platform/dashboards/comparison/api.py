@@ -3,8 +3,6 @@ their operation ids stay those they were published with, `experiments_api_…`).
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from ninja import Query, Router, Status
@@ -22,13 +20,6 @@ def _query_error(exc: query.QueryError) -> Status:
     return Status(422, {"detail": [{"loc": ["query", exc.param], "field": exc.param, "msg": exc.message}]})
 
 
-def _comparison(request: HttpRequest, runs) -> Any:
-    try:
-        return compare.compare(runs, query.ComparisonQuery.parse(request.GET))
-    except query.QueryError as exc:
-        return _query_error(exc)
-
-
 @router.get(
     "/experiments/{experiment_id}/compare",
     response=responses({200: ComparisonOut}, 404, 422),
@@ -40,7 +31,7 @@ def compare_experiment(request: HttpRequest, experiment_id: int, params: Query[C
     seeds aggregated (mean, band, seeds per point) and downsampled, the final value of each group
     with a 95% bootstrap CI, and per-run final values."""
     experiment = get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
-    return _comparison(request, experiment.runs.all())
+    return compare.compare(experiment.runs.all(), params.query())
 
 
 @router.get(
@@ -56,4 +47,4 @@ def compare_runs(request: HttpRequest, runs: str, params: Query[ComparisonParams
         picked = query.selected_runs(Run.visible_to(request.user), query.parse_run_ids(request.GET))
     except query.QueryError as exc:
         return _query_error(exc)
-    return _comparison(request, picked)
+    return compare.compare(picked, params.query())

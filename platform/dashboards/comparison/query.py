@@ -1,19 +1,23 @@
 """The comparison query, one for the dashboard page and the API: which metric, on which x axis,
-which band, which final-value rule, the δ that counts, and which runs; every error names its
-parameter (`QueryError`)."""
+which band, which final-value rule, the δ that counts, and which runs. `ComparisonParams` declares
+each parameter once (its kind, bounds and default, and the words a bad value is answered with):
+the API validates the query with it, the pages with `ComparisonQuery.parse`, a `QueryError` naming
+the parameter. A claim's metric, rule, k and δ take the same rules (`Metric`, `Rule`, `K`, `Delta`)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from django.db.models import QuerySet
 from django.http import QueryDict
 from ninja import Field, Schema
+from pydantic import BeforeValidator, StringConstraints, ValidationError
 
 from dashboards.comparison import curves
 from experiments.models import Run
 from lab.errors import FieldError
+from lab.schemas import Worded
 
 MAX_K = 100_000
 
@@ -32,11 +36,30 @@ class QueryError(FieldError):
         return self.field
 
 
-def _choice(params: QueryDict, name: str, choices: tuple[str, ...], default: str) -> str:
-    value = params.get(name, default)
-    if value not in choices:
-        raise QueryError(name, f"{name} must be one of {', '.join(choices)} (got {value!r})")
-    return value
+Metric = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"^[^\x00]*$")]
+K = Annotated[int, Field(ge=1, le=MAX_K)]
+Delta = Annotated[float, Field(ge=0, le=MAX_DELTA)]
+Rule = Literal[curves.RULES]
+
+
+def metric_words(metric: str) -> str:
+    return f"metric must be a metric name of 1 to 100 characters (got {metric!r})"
+
+
+def k_words(k: int | str) -> str:
+    return f"k must be a whole number from 1 to {MAX_K} (got {str(k)!r})"
+
+
+def delta_words(delta: float | str) -> str:
+    return (
+        f"delta must be a number from 0 to {MAX_DELTA:g}, the change in the metric that counts "
+        f"(0.02 is 2 points of accuracy) (got {str(delta)!r})"
+    )
+
+
+def one_of(name: str, choices: tuple[str, ...], reads_as: Any = str) -> Worded:
+    """A choice's words (for the text a query gives, unless `reads_as` says otherwise)."""
+    return Worded(lambda value: f"{name} must be one of {', '.join(choices)} (got {value!r})", reads_as)
 
 
 @dataclass(frozen=True)
@@ -51,40 +74,68 @@ class ComparisonQuery:
 
     @classmethod
     def parse(cls, params: QueryDict) -> ComparisonQuery:
-        metric = params.get("metric", cls.metric)
-        if not 0 < len(metric) <= 100 or "\x00" in metric:
-            raise QueryError(
-                "metric", f"metric must be a metric name of 1 to 100 characters (got {metric!r})"
-            )
-        k_text = params.get("k", str(cls.k))
-        if not k_text.isdigit() or not 1 <= int(k_text) <= MAX_K:
-            raise QueryError("k", f"k must be a whole number from 1 to {MAX_K} (got {k_text!r})")
-        delta_text = params.get("delta", str(cls.delta))
+        """The query a page's query string asks (of a repeated parameter, the last value), as
+        `ComparisonParams` reads it; a QueryError naming the first parameter it refuses."""
+        given = {name: params[name] for name in ComparisonParams.model_fields if name in params}
         try:
-            delta = float(delta_text)
-        except ValueError:
-            delta = math.nan
-        if not 0 <= delta <= MAX_DELTA:
-            raise QueryError(
-                "delta",
-                f"delta must be a number from 0 to {MAX_DELTA:g}, the change in the metric that counts "
-                f"(0.02 is 2 points of accuracy) (got {delta_text!r})",
-            )
-        contended = params.get("contended", "0")
-        if contended not in ("0", "1"):
-            raise QueryError(
-                "contended",
-                f"contended must be 0 (leave contended runs out of throughput) or 1 (got {contended!r})",
-            )
-        return cls(
-            contended=contended == "1",
-            metric=metric,
-            x=_choice(params, "x", curves.X_AXES, cls.x),
-            band=_choice(params, "band", curves.BANDS, cls.band),
-            rule=_choice(params, "rule", curves.RULES, cls.rule),
-            k=int(k_text),
-            delta=delta,
-        )
+            return ComparisonParams.model_validate(given).query()
+        except ValidationError as exc:
+            raise QueryError.first_of(exc) from exc
+
+
+def _whole(text: str) -> int:
+    """k as a query writes it: digits only, not "+5", " 5" or "5.0"."""
+    if not text.isdigit():
+        raise ValueError(text)
+    return int(text)
+
+
+def _zero_or_one(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError(text)
+    return text == "1"
+
+
+class ComparisonParams(Schema):
+    """The dashboard's query (documented here; `ComparisonQuery.parse` validates it, as for the page)."""
+
+    # Each parameter with its rules (the API validates it so too), documented as the text it is.
+
+    metric: Annotated[Metric, Worded(metric_words, str)] = ComparisonQuery.metric
+    x: Annotated[Literal[curves.X_AXES], one_of("x", curves.X_AXES)] = Field(
+        ComparisonQuery.x, description=f"one of {', '.join(curves.X_AXES)}"
+    )
+    band: Annotated[Literal[curves.BANDS], one_of("band", curves.BANDS)] = Field(
+        ComparisonQuery.band, description=f"one of {', '.join(curves.BANDS)}"
+    )
+    rule: Annotated[Rule, one_of("rule", curves.RULES)] = Field(
+        ComparisonQuery.rule, description=f"final value: one of {', '.join(curves.RULES)}"
+    )
+    k: Annotated[K, BeforeValidator(_whole), Worded(k_words, str)] = Field(
+        str(ComparisonQuery.k), description="the k of mean_last_k", validate_default=True
+    )
+    delta: Annotated[Delta, BeforeValidator(float), Worded(delta_words, str)] = Field(
+        str(ComparisonQuery.delta),
+        description="δ: the change of the final value that counts, for the staleness tolerance and the findings "
+        "(in the metric's units: 0.02 is 2 points of accuracy)",
+        validate_default=True,
+    )
+    contended: Annotated[
+        bool,
+        BeforeValidator(_zero_or_one),
+        Worded(
+            lambda text: f"contended must be 0 (leave contended runs out of throughput) or 1 (got {text!r})",
+            str,
+        ),
+    ] = Field(
+        "0",
+        description="1: count runs that ran contended (other processes busy on their machine) in the "
+        "throughput and the speed-ups; 0 (default): leave them out",
+        validate_default=True,
+    )
+
+    def query(self) -> ComparisonQuery:
+        return ComparisonQuery(**self.model_dump())
 
 
 def parse_run_ids(params: QueryDict) -> list[int]:
@@ -106,23 +157,3 @@ def selected_runs(visible: QuerySet[Run], ids: list[int]) -> QuerySet[Run]:
     if missing:
         raise QueryError("runs", f"no run {', '.join(missing[:10])} in your teams")
     return visible.filter(pk__in=ids)
-
-
-class ComparisonParams(Schema):
-    """The dashboard's query (documented here; `ComparisonQuery.parse` validates it, as for the page)."""
-
-    metric: str = ComparisonQuery.metric
-    x: str = Field(ComparisonQuery.x, description=f"one of {', '.join(curves.X_AXES)}")
-    band: str = Field(ComparisonQuery.band, description=f"one of {', '.join(curves.BANDS)}")
-    rule: str = Field(ComparisonQuery.rule, description=f"final value: one of {', '.join(curves.RULES)}")
-    k: str = Field(str(ComparisonQuery.k), description="the k of mean_last_k")
-    delta: str = Field(
-        str(ComparisonQuery.delta),
-        description="δ: the change of the final value that counts, for the staleness tolerance and the findings "
-        "(in the metric's units: 0.02 is 2 points of accuracy)",
-    )
-    contended: str = Field(
-        "0",
-        description="1: count runs that ran contended (other processes busy on their machine) in the "
-        "throughput and the speed-ups; 0 (default): leave them out",
-    )
