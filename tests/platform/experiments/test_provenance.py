@@ -67,6 +67,7 @@ def write_lines(path, answer: int | None = None) -> str:
         {"question": f"What is {a}+{a}?", "answer": f"#### {2 * a if answer is None else answer}"}
         for a in range(30)
     ]
+    path.parent.mkdir(parents=True, exist_ok=True)  # a fresh checkout, the test run alone
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return file_sha256(path)
 

@@ -50,6 +50,7 @@ def damage(path) -> None:
 def write_dataset(name: str, answer_of=lambda a: 2 * a) -> Path:
     """A GSM8k-style jsonl file under the test data root: "What is a+a?" with `answer_of(a)`."""
     path = TEST_VAR / "data" / name
+    path.parent.mkdir(parents=True, exist_ok=True)  # a fresh checkout, the test run alone
     lines = [
         {"question": f"What is {a}+{a}?", "answer": f"{a}+{a}={2 * a} #### {answer_of(a)}"}
         for a in range(1, 41)
