@@ -298,19 +298,21 @@ def train(
     make_source: Callable[[Learner, torch.nn.Module], sources.BatchSource] | None = None,
     ledger: checkpoints.Ledger | None = None,
     keep_checkpoints: int = checkpoints.KEEP,
-    on_ready: Callable[[Learner, Ranks], None] | None = None,
+    on_done: Callable[[Learner, Ranks], None] | None = None,
 ) -> dict[str, float]:
     """`trainer.train` for one rank of `config.execution.train_processes` (started by torchrun):
     the same curve, reported by rank 0 alone through `sink` (the other ranks' sinks are not
     used). `make_source(learner, mirror)` makes rank 0's batch source from the whole-weights copy
-    `mirror` (default: the simulated schedule). `on_ready` hears the prepared learner (tests
-    measure the shards). Ends the process group before returning."""
+    `mirror` (default: the simulated schedule). `on_done` hears the learner when the loop ends,
+    on every rank (tests measure the shards). Ends the process group before returning."""
     ranks, device, mesh = init(config)
     try:
-        return _train(
+        summary = _train(
             ranks, device, mesh, config, sink if ranks.rank == 0 else _Silent(), checkpoint_dir, cache_dir,
-            make_source, ledger, keep_checkpoints, on_ready,
+            make_source, ledger, keep_checkpoints, on_done,
         )  # fmt: skip
+        dist.barrier()  # every rank is done with every collective before the group goes
+        return summary
     finally:
         dist.destroy_process_group()
 
@@ -326,7 +328,7 @@ def _train(
     make_source: Callable[[Learner, torch.nn.Module], sources.BatchSource] | None,
     ledger: checkpoints.Ledger | None,
     keep: int,
-    on_ready: Callable[[Learner, Ranks], None] | None,
+    on_done: Callable[[Learner, Ranks], None] | None,
 ) -> dict[str, float]:
     sink.phase(PREPARING)
     # Rank 0 makes sure θ0 is there first (a new tiny model's warm start reports to its sink and
@@ -348,8 +350,6 @@ def _train(
         threads_per_rank=torch.get_num_threads(),
     )
     sink.provenance(record)
-    if on_ready is not None:
-        on_ready(learner, ranks)
     whole = replace(learner, lm=replace(learner.lm, model=mirror))  # generation sees whole weights
     inner = None
     if ranks.rank == 0:
@@ -402,6 +402,8 @@ def _train(
             sink.flush()
             save_checkpoint(checkpoint_dir, step, learner, source, progress, ledger, ranks, keep)
 
+    if on_done is not None:
+        on_done(learner, ranks)
     if steps_done == config.steps and ranks.rank == 0:
         if deferred:
             sink.phase(EVALUATING, step=steps_done)
@@ -511,6 +513,11 @@ def _choose(
 ) -> str | None:
     """Rank 0: the folder of the newest checkpoint to resume from, or None (start from step 0)."""
     found = checkpoints.existing_sharded(directory)
+    if not found and (single := checkpoints.existing(directory)):
+        raise checkpoints.CheckpointError(
+            f"checkpoint {single[0][1].name} was written by one trainer process and this attempt has "
+            f"{ranks.world}: resume it with execution.train_processes 1"
+        )
     rejected, passed = [], []
     for step, path in found:
         if problem := checkpoints.problem(path, step, ledger):

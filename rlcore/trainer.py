@@ -625,6 +625,11 @@ def resume(
             f"no checkpoint can be trusted: {'; '.join(rejected)}. Set aside as {checkpoints.REJECTED_SUFFIX}; "
             "a retry starts the run from step 0"
         )
+    if not found and (sharded := checkpoints.existing_sharded(directory)):
+        raise checkpoints.CheckpointError(
+            f"checkpoint {sharded[0][1].name} was written by several trainer processes and this attempt "
+            "is one: resume it with the execution.train_processes that wrote it"
+        )
     if found:
         sink.note(f"started again from step 0, passing over {'; '.join(rejected + passed)}")
     return 0
