@@ -343,13 +343,12 @@ def _train(
         return {"steps": 0.0, "completed": 0.0}
     learner = prepare(config, cache_dir, device=device, shard=lambda model: shard(model, mesh))
     mirror = copy.deepcopy(learner.initial)  # θ0's architecture, to hold the whole current weights
-    record = provenance.record(config, learner.initial, device)
-    record.update(
-        train_processes=ranks.world,
-        backend=dist.get_backend(),
-        threads_per_rank=torch.get_num_threads(),
-    )
-    sink.provenance(record)
+    if ranks.rank == 0:
+        record = provenance.record(config, learner.initial, device)
+        record.update(
+            train_processes=ranks.world, backend=dist.get_backend(), threads_per_rank=torch.get_num_threads()
+        )
+        sink.provenance(record)
     whole = replace(learner, lm=replace(learner.lm, model=mirror))  # generation sees whole weights
     inner = None
     if ranks.rank == 0:
