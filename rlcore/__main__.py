@@ -1,13 +1,15 @@
 """Command line: `python -m rlcore run CONFIG.(yaml|json) [--out metrics.jsonl]`, `presets`, `schema`.
 
 Heavy imports (torch, transformers) happen only inside `run`, so `presets` and `schema`
-answer instantly.
+answer instantly. A config with `execution.train_processes` N > 1 starts N trainer ranks under
+torchrun (`rlcore.launch`), each running the internal `rank` command.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -80,12 +82,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if cfg.execution.train_processes > 1:
+        return _start_ranks(args, cfg.execution.train_processes)
+    from rlcore import trainer
+
+    return _train(args, cfg, trainer.train)
+
+
+def _start_ranks(args: argparse.Namespace, processes: int) -> int:
+    """torchrun with `processes` ranks of this run; its exit status (the first failing rank's)."""
+    from rlcore import launch
+
+    proc = launch.start_ranks(
+        args.config, processes, out=args.out, checkpoint_dir=args.checkpoint_dir, cache_dir=args.cache_dir
+    )
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        launch.stop_ranks(proc)
+        return 130
+
+
+def cmd_rank(args: argparse.Namespace) -> int:
+    """One trainer rank under torchrun (started by `run`): rank 0 reports, the others train."""
+    try:
+        cfg = run_config.load(args.config)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from rlcore import distributed
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        distributed.train(cfg, _Quiet(), checkpoint_dir=args.checkpoint_dir, cache_dir=args.cache_dir)
+        return 0
+    return _train(args, cfg, distributed.train)
+
+
+class _Quiet:
+    """What a rank other than 0 reports to: nothing (`rlcore.distributed` never calls it)."""
+
+
+def _train(args: argparse.Namespace, cfg: run_config.RunConfig, train) -> int:
     from rlcore import trainer
 
     sink = ProgressSink(cfg.steps, JsonlSink(args.out) if args.out else None)
     started = time.perf_counter()
     try:
-        summary = trainer.train(cfg, sink, checkpoint_dir=args.checkpoint_dir, cache_dir=args.cache_dir)
+        summary = train(cfg, sink, checkpoint_dir=args.checkpoint_dir, cache_dir=args.cache_dir)
     # Bad datasets, model paths, devices or checkpoints surface as ValueError/OSError.
     except (trainer.Diverged, ValueError, OSError) as exc:
         sink.close()
@@ -160,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--checkpoint-dir", type=Path, help="checkpoint here and resume from it")
     run.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="built-in model cache")
     run.set_defaults(func=cmd_run)
+    rank = sub.add_parser("rank", help=argparse.SUPPRESS)  # one rank under torchrun (`run` starts them)
+    rank.add_argument("config", type=Path)
+    rank.add_argument("--out", type=Path)
+    rank.add_argument("--checkpoint-dir", type=Path)
+    rank.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    rank.set_defaults(func=cmd_rank)
     sub.add_parser("presets", help="list the algorithm presets").set_defaults(func=cmd_presets)
     sub.add_parser("schema", help="print the RunConfig JSON schema").set_defaults(func=cmd_schema)
     build = sub.add_parser("build-tiny", help="warm-start the default tiny θ0 the package ships")

@@ -1,7 +1,8 @@
 """Checkpoints: everything a resumed run needs, as tensors and plain data loaded with
 `weights_only=True`. Each file's sha256 goes to a `Ledger` (the platform's database, or
 `checkpoints.json` beside the files); the newest `keep` stay, and one that fails its check is
-renamed `….rejected` and passed over."""
+renamed `….rejected` and passed over. A run of several trainer processes writes sharded
+checkpoints instead (`rlcore.distributed`): `step-000025.dcp` folders, hashed as one."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 GLOB = "step-*.pt"
+SHARDED_GLOB = "step-*.dcp"
 KEEP = 2
 REJECTED_SUFFIX = ".rejected"
 
@@ -70,13 +72,64 @@ def existing(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def sharded_path_of(directory: Path, step: int) -> Path:
+    return Path(directory) / f"step-{step:06d}.dcp"
+
+
+def existing_sharded(directory: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of the sharded checkpoints in `directory`, newest first."""
+    found = []
+    for path in Path(directory).glob(SHARDED_GLOB):
+        try:
+            found.append((int(path.stem.removeprefix("step-")), path))
+        except ValueError:
+            continue
+    return sorted(found, reverse=True)
+
+
+def remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def commit_sharded(building: Path, target: Path, step: int, ledger: Ledger, keep: int = KEEP) -> None:
+    """A sharded checkpoint written in full to `building`: record its sha256, give it its name
+    (`target`), then delete all but the newest `keep` sharded checkpoints."""
+    try:
+        sha256, size = file_sha256(building)
+        ledger.record(step, sha256, size)
+        remove_tree(target)
+        building.replace(target)
+    finally:
+        remove_tree(building)
+    for _, old in existing_sharded(target.parent)[max(1, keep) :]:
+        remove_tree(old)
+
+
 def file_sha256(path: Path) -> tuple[str, int]:
+    """(sha256, size) of a file's bytes, or of a folder's files: each one's relative name and
+    bytes, in name order."""
+    if Path(path).is_dir():
+        return _folder_sha256(Path(path))
     digest = hashlib.sha256()
     size = 0
     with open(path, "rb") as f:
         while chunk := f.read(2**20):
             digest.update(chunk)
             size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def _folder_sha256(folder: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        with open(path, "rb") as f:
+            while chunk := f.read(2**20):
+                digest.update(chunk)
+                size += len(chunk)
     return digest.hexdigest(), size
 
 

@@ -343,6 +343,9 @@ class StalenessConfig(_Strict):
 
 
 MAX_ROLLOUT_WORKERS = 16
+# Trainer processes of one run (torchrun ranks on one machine); the platform caps it further by
+# what a live worker of the run's queue has (its cores or GPUs) and LAB_MAX_TRAIN_PROCESSES.
+MAX_TRAIN_PROCESSES = 64
 MAX_EPOCHS = 8
 
 SCHEDULE_MODES = ("simulated", "distributed")
@@ -425,6 +428,18 @@ class ExecutionConfig(_Strict):
         le=MAX_STEPS,
         title="Staleness bound",
         description="async only (default 1): no batch is trained more than this many versions behind",
+    )
+    train_processes: int = Field(
+        1,
+        ge=1,
+        le=MAX_TRAIN_PROCESSES,
+        title="Trainer processes",
+        description=(
+            "trainer ranks on one machine (torchrun, FSDP2: the policy and its optimiser state sharded "
+            "across them; gloo on CPU, NCCL on GPU), each step's batch split by whole prompt groups; "
+            "the curves are one process's to float error. At most rollout.prompts_per_step ÷ "
+            "optimizer.minibatches: every rank needs a prompt group of each mini-batch"
+        ),
     )
     init_logprobs: Literal["trainer", "rollout", "auto"] = Field(
         "auto",
@@ -621,6 +636,24 @@ class RunConfig(_Strict):
                 type=PydanticCustomError("minibatches", message),
                 loc=("optimizer", "minibatches"),
                 input=opt.minibatches,
+            )
+            raise ValidationError.from_exception_data("RunConfig", [error])
+        return self
+
+    @model_validator(mode="after")
+    def _ranks_fit(self) -> RunConfig:
+        opt, groups, n = self.optimizer, self.rollout.prompts_per_step, self.execution.train_processes
+        if opt.minibatches <= groups and n > groups // opt.minibatches:
+            message = (
+                f"execution.train_processes ({n}) must be <= rollout.prompts_per_step ÷ "
+                f"optimizer.minibatches ({groups} ÷ {opt.minibatches} = {groups // opt.minibatches} prompt "
+                "groups in the smallest mini-batch): every trainer process trains whole prompt groups "
+                "of each mini-batch"
+            )
+            error = InitErrorDetails(
+                type=PydanticCustomError("train_processes", message),
+                loc=("execution", "train_processes"),
+                input=n,
             )
             raise ValidationError.from_exception_data("RunConfig", [error])
         return self

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from rlcore.sinks import (
     ignore_phase,
     never_stop,
 )
+
+if TYPE_CHECKING:
+    from rlcore.distributed import Ranks
 
 
 class Diverged(RuntimeError):
@@ -92,12 +96,20 @@ def prepare(
     cache_dir: Path | None = None,
     phase: Callable[..., None] = ignore_phase,
     should_stop: Callable[[], bool] = never_stop,
+    *,
+    device: torch.device | None = None,
+    shard: Callable[[torch.nn.Module], None] | None = None,
 ) -> Learner:
     """Load θ0 (warm-starting the tiny model if it is not cached: `phase` hears how far, and
-    `Stopped` ends it once `should_stop()` says so) and build the optimiser."""
-    device = models.resolve_device(config.device)
+    `Stopped` ends it once `should_stop()` says so) and build the optimiser. `device`: where
+    (default: what `config.device` resolves to); `shard`: applied to the policy after frozen θ0
+    is copied from it and before the optimiser is built (`rlcore.distributed`: FSDP2)."""
+    device = device if device is not None else models.resolve_device(config.device)
     task = tasks.build(config.task)
     lm = models.load(config, device, cache_dir, task, phase, should_stop)
+    initial = copy.deepcopy(lm.model).eval().requires_grad_(False)
+    if shard is not None:
+        shard(lm.model)
     opt = config.optimizer
     optimizer = torch.optim.AdamW(
         lm.model.parameters(),
@@ -110,7 +122,7 @@ def prepare(
         config=config,
         task=task,
         lm=lm,
-        initial=copy.deepcopy(lm.model).eval().requires_grad_(False),
+        initial=initial,
         algorithm=algorithms.build(config.algorithm.preset, **config.algorithm.params),
         optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(config, s)),
@@ -133,15 +145,18 @@ def local_source(learner: Learner, cache_dir: Path | None = None) -> sources.Loc
     )
 
 
-def run_step(learner: Learner, source: sources.BatchSource, step: int) -> tuple[Batch, dict[str, float]]:
-    """Trainer step `step`: publish the weights (version step − 1), take the batch, one update."""
+def run_step(
+    learner: Learner, source: sources.BatchSource, step: int, ranks: Ranks | None = None
+) -> tuple[Batch, dict[str, float]]:
+    """Trainer step `step`: publish the weights (version step − 1), take the batch, one update
+    (`train_step`, with this rank's share of it under `ranks`)."""
     started = time.perf_counter()
     source.publish(step - 1, learner.policy)
     batch = source.take(step)
     taken = time.perf_counter()
     # How long the batch sat ready before the trainer took it (rollouts running ahead).
     queue_s = max(0.0, time.time() - batch.ready_at)
-    metrics = train_step(learner, batch, step)
+    metrics = train_step(learner, batch, step, ranks)
     learner.scheduler.step()
     done = time.perf_counter()
     metrics["time/step_s"] = done - started
@@ -249,12 +264,18 @@ def log_evaluations(done: list[tuple[int, dict[str, float]]], sink: Sink, progre
             progress.last.update(metrics)
 
 
-def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
+def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = None) -> dict[str, float]:
     """Advantages, loss, `optimizer.epochs` passes over `optimizer.minibatches` mini-batches of
     whole prompt groups, one optimiser step each (gradients accumulated over micro-batches),
     metrics. The proximal log-probs (the step-start weights' own, one no-grad forward) are taken
     first when the loss needs them; entropy and kl/init are read from the first pass over the
-    batch, the loss and the ratio diagnostics too (docs/algorithms.md §7, §14)."""
+    batch, the loss and the ratio diagnostics too (docs/algorithms.md §7, §14).
+
+    With `ranks` (trainer processes, `rlcore.distributed`) every rank holds the whole batch and
+    runs this on it alike: each forward and backward takes the rank's share of whole prompt
+    groups (`Ranks.share`), the losses are normalised by the whole (mini-)batch's counts, and the
+    log-probs and sums are put together across ranks before anything reads them, so whole-batch
+    selections and every metric see the whole batch, as in one process."""
     config, algorithm, policy = learner.config, learner.algorithm, learner.policy
     device = next(policy.parameters()).device
     rollout = batch.rollout.to(device).trimmed()
@@ -272,7 +293,7 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
     # Responses of one prompt share its forward pass when a micro-batch holds whole groups.
     shared = group_size if micro % group_size == 0 else 1
     mask = rollout.response_mask
-    pass_ = _Pass(learner, rollout, init_given, shared)
+    pass_ = _Pass(learner, rollout, init_given, shared, ranks)
 
     policy.eval()  # no dropout: the trainer's log-probs must match the rollout's
     # The step-start log-probs p take a forward of their own for M2PO's whole-batch selection and
@@ -302,7 +323,7 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
             )
             if epoch == 0:
                 logp_first[rows] = logp
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), opt.grad_clip))
+            grad_norm = clip_grad_norm(policy, opt.grad_clip)
             if not math.isfinite(grad_norm) or not bool(torch.isfinite(logp).all()):
                 learner.optimizer.zero_grad(set_to_none=True)
                 raise Diverged(f"diverged at step {step}: grad_norm={grad_norm}")
@@ -325,6 +346,8 @@ def train_step(learner: Learner, batch: Batch, step: int) -> dict[str, float]:
     if not math.isfinite(float(loss)):
         raise Diverged(f"diverged at step {step}: loss={float(loss)}")
     stats["clip_frac"] = sum(c for c, _ in updates) / len(updates)
+    if ranks is not None:
+        pass_.sums = ranks.sum_floats(pass_.sums)
     rewards = batch.rewards
     lag = (step - 1 - batch.versions()).float()
     total_tokens = float(mask.sum().clamp(min=1))
@@ -374,6 +397,15 @@ def _cuts(groups: int, parts: int) -> list[int]:
     return [round(i * groups / parts) for i in range(1, parts)]
 
 
+def clip_grad_norm(policy: torch.nn.Module, max_norm: float) -> float:
+    """Clip the gradients' total norm to `max_norm`; return the norm before clipping (over every
+    rank's shard when the policy is sharded)."""
+    norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
+    if hasattr(norm, "full_tensor"):  # a DTensor (FSDP2): the norm of the whole gradient
+        norm = norm.full_tensor()
+    return float(norm)
+
+
 def staleness_split(batch: Batch, step: int) -> dict[str, float]:
     """An async batch's lag split (mean over rows): versions published while it was generated,
     and while it waited to be trained (the trainer holds version step − 1)."""
@@ -412,12 +444,14 @@ def mismatch(batch: Batch, rollout, step_start: torch.Tensor | None, step: int) 
 
 @dataclass
 class _Pass:
-    """The forward/backward passes of one trainer step, and the sums its metrics read."""
+    """The forward/backward passes of one trainer step, and the sums its metrics read; with
+    `ranks`, this rank's share of them (`train_step`)."""
 
     learner: Learner
     rollout: object
     init_given: torch.Tensor | None
     shared: int
+    ranks: Ranks | None = None
     sums: dict[str, float] = field(
         default_factory=lambda: {"entropy": 0.0, "kl/init": 0.0, "kl/init_k1": 0.0, "kl/init_k3": 0.0}
     )
@@ -426,16 +460,33 @@ class _Pass:
     def temperature(self) -> float:
         return self.learner.config.rollout.temperature
 
+    def _own(self, n: int, micro: int) -> tuple[slice, list[tuple[slice, bool]]]:
+        """This rank's rows of `n` (whole prompt groups) and its micro-batches within them, as
+        (rows, real): every rank makes as many forward passes as the rank with the most, a rank
+        with fewer making passes that count for nothing (FSDP's collectives pair them up)."""
+        if self.ranks is None:
+            return slice(0, n), [(slice(lo, min(n, lo + micro)), True) for lo in range(0, n, micro)]
+        group_size = self.learner.config.rollout.group_size
+        own = self.ranks.share(n, group_size)
+        mine = own.stop - own.start
+        pieces = [(slice(lo, min(mine, lo + micro)), True) for lo in range(0, mine, micro)]
+        passes = self.ranks.passes(n, group_size, micro)
+        return own, pieces + [(slice(0, min(mine, micro)), False)] * (passes - len(pieces))
+
     def proximal(self, micro: int) -> torch.Tensor:
         """[N, T] log-probs under the step-start weights: one no-grad forward, in micro-batches."""
-        policy, rollout, n = self.learner.policy, self.rollout, self.rollout.response_ids.shape[0]
+        policy, n = self.learner.policy, self.rollout.response_ids.shape[0]
+        own, pieces = self._own(n, micro)
+        rollout = self.rollout if self.ranks is None else self.rollout.rows(own)
         parts = []
         with torch.no_grad():
-            for lo in range(0, n, micro):
-                part = rollout.rows(slice(lo, min(n, lo + micro)))
+            for rows, real in pieces:
+                part = rollout.rows(rows)
                 logits = score_responses(policy, part, self.shared)
-                parts.append(token_logprobs(logits, part.response_ids, self.temperature)[0])
-        return torch.cat(parts)
+                if real:
+                    parts.append(token_logprobs(logits, part.response_ids, self.temperature)[0])
+        mine = torch.cat(parts)
+        return mine if self.ranks is None else self.ranks.assemble(mine, own, n)
 
     def update(
         self,
@@ -454,15 +505,23 @@ class _Pass:
         n = part.response_ids.shape[0]
         mask = part.response_mask
         tokens = float(mask.sum().clamp(min=1))
+        own, pieces = self._own(n, micro)
+        if self.ranks is not None:  # this rank's whole prompt groups of the mini-batch
+            part, advantages = part.rows(own), advantages[own]
+            prox = None if prox is None else prox[own]
+            selected = None if selected is None else selected[own]
+            init_given = None if init_given is None else init_given[own]
         clipped = 0.0
         logp_parts = []
         self.learner.optimizer.zero_grad(set_to_none=True)
-        for lo in range(0, n, micro):
-            rows = slice(lo, min(n, lo + micro))
+        for rows, real in pieces:
             piece = part.rows(rows)
             logp, logp_all = token_logprobs(
                 score_responses(policy, piece, self.shared), piece.response_ids, self.temperature
             )
+            if not real:
+                (logp * 0.0).sum().backward()  # the pass other ranks make; it adds nothing
+                continue
             loss, stats = algorithm.policy_loss(
                 logp,
                 piece.logp,
@@ -482,7 +541,10 @@ class _Pass:
                 self._add_sums(
                     piece, logp.detach(), logp_all.detach(), None if init_given is None else init_given[rows]
                 )
-        return clipped / tokens, torch.cat(logp_parts)
+        if self.ranks is None:
+            return clipped / tokens, torch.cat(logp_parts)
+        clipped = self.ranks.sum_floats({"clipped": clipped})["clipped"]
+        return clipped / tokens, self.ranks.assemble(torch.cat(logp_parts), own, n)
 
     def _add_sums(
         self, piece, logp: torch.Tensor, logp_all: torch.Tensor, init_all: torch.Tensor | None
@@ -562,6 +624,11 @@ def resume(
         raise checkpoints.CheckpointError(
             f"no checkpoint can be trusted: {'; '.join(rejected)}. Set aside as {checkpoints.REJECTED_SUFFIX}; "
             "a retry starts the run from step 0"
+        )
+    if not found and (sharded := checkpoints.existing_sharded(directory)):
+        raise checkpoints.CheckpointError(
+            f"checkpoint {sharded[0][1].name} was written by several trainer processes and this attempt "
+            "is one: resume it with the execution.train_processes that wrote it"
         )
     if found:
         sink.note(f"started again from step 0, passing over {'; '.join(rejected + passed)}")

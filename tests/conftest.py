@@ -31,7 +31,8 @@ COSTS = ("browser", "workers", "subprocess")
 
 # What starts a process, by the module it comes from or by the tests' own class that wraps it.
 BROWSER_MODULES = ("playwright",)
-PROCESS_MODULES = ("subprocess", "multiprocessing", "pty", "concurrent.futures.process")
+# rlcore.launch starts torchrun and its trainer ranks.
+PROCESS_MODULES = ("subprocess", "multiprocessing", "pty", "concurrent.futures.process", "rlcore.launch")
 PROCESS_OS_CALLS = {"fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp"}
 PROCESS_OS_PREFIXES = ("exec", "spawn")
 WORKER_CLASSES = {("support", "WorkerProcess")}
