@@ -61,6 +61,19 @@ MISSING = [name for name in SLURM_BINARIES if shutil.which(name, path=SEARCH_PAT
 
 # Everything this module starts is killed after this long, whatever happens to the test.
 LIMIT_S = 900
+# Kills every process of the cluster (each has its SLURM_CONF; a job's too, which Slurm's slurmstepd
+# runs outside any process group of ours) once pytest is gone or `LIMIT_S` is over, whichever is
+# first: nothing is left even when pytest itself is killed. (`--foreground` keeps `timeout` in the
+# watchdog's process group, which teardown kills.)
+WATCHDOG = """
+timeout --foreground {limit} tail --pid={pid} -f /dev/null
+for environ in /proc/[0-9]*/environ; do
+    if grep -qzx "SLURM_CONF={conf}" "$environ" 2>/dev/null; then
+        pid="${{environ#/proc/}}"
+        kill -KILL "${{pid%/environ}}" 2>/dev/null
+    fi
+done
+"""
 READY_TIMEOUT_S = 120
 END_TIMEOUT_S = 240
 # Long enough to be training when the job is cancelled after a checkpoint, and short enough to
@@ -91,9 +104,15 @@ class SlurmCluster:
         self.node = self.host.split(".")[0]
         self.env = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": SEARCH_PATH}
         self.daemons: list[tuple[str, subprocess.Popen]] = []
+        self.watchdog: subprocess.Popen | None = None
         self._logs: list = []
 
     def start(self) -> None:
+        self.watchdog = subprocess.Popen(
+            ["bash", "-c", WATCHDOG.format(limit=LIMIT_S, pid=os.getpid(), conf=self.conf)],
+            env={k: v for k, v in os.environ.items() if k != "SLURM_CONF"},
+            start_new_session=True,
+        )
         munge = self.dir / "munge"
         for folder in (munge, self.dir / "state", self.dir / "spool"):
             folder.mkdir(mode=0o700)
@@ -239,6 +258,10 @@ PartitionName=lab Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             leftover += f" {pid}"
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        if self.watchdog is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.watchdog.pid, signal.SIGKILL)
+            self.watchdog.wait()
         for log in self._logs:
             log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
