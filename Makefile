@@ -19,7 +19,7 @@ endif
 TORCH_INDEX ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
-.PHONY: install up test test-fast lint bench chromium
+.PHONY: install up test test-fast lint bench chromium slurm
 
 install: $(VENV)/.installed-$(EXTRAS)
 
@@ -52,7 +52,18 @@ chromium:
 	        echo "error: the browser tests need Debian's chromium: sudo apt-get install chromium" >&2; exit 1; \
 	    fi; }
 
-test: install lint chromium
+# The Slurm test (tests/platform/workers/test_slurm.py) starts a one-node cluster of Debian's
+# slurm-wlm (slurmctld, slurmd) and munge on 127.0.0.1 for the sbatch scripts of deploy/slurm/.
+slurm:
+	@{ command -v sbatch && command -v slurmctld && command -v slurmd && command -v munged; } >/dev/null 2>&1 || { \
+	    if [ "$$(id -u)" = 0 ]; then \
+	        echo "installing Debian's slurm-wlm and munge for the Slurm test"; \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	    else \
+	        echo "error: the Slurm test needs Debian's slurm-wlm and munge: sudo apt-get install slurm-wlm munge" >&2; exit 1; \
+	    fi; }
+
+test: install lint chromium slurm
 	$(BIN)/python -m pytest
 
 # The tests marked by what they start (tests/conftest.py) left out: Chromium, Celery workers, any

@@ -3,7 +3,8 @@
 
 - `browser`: it drives headless Chromium (Playwright; the `browser` and `page` fixtures);
 - `workers`: it starts real Celery worker processes, which import torch (`support.WorkerProcess`:
-  the `worker` and `start_worker` fixtures, or the class itself);
+  the `worker` and `start_worker` fixtures, or the class itself; `SlurmWorker` of test_slurm.py,
+  a worker that a Slurm job starts);
 - `subprocess`: it starts any other process (a Python child, `manage.py`, the web server,
   redis-server).
 
@@ -35,7 +36,7 @@ BROWSER_MODULES = ("playwright",)
 PROCESS_MODULES = ("subprocess", "multiprocessing", "pty", "concurrent.futures.process", "rlcore.launch")
 PROCESS_OS_CALLS = {"fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp"}
 PROCESS_OS_PREFIXES = ("exec", "spawn")
-WORKER_CLASSES = {("support", "WorkerProcess")}
+WORKER_CLASSES = {("support", "WorkerProcess"), ("test_slurm", "SlurmWorker")}
 
 
 def _from(module_name: str, prefixes: tuple[str, ...]) -> bool:
