@@ -3,26 +3,7 @@
 import pytest
 
 from rlcore.config import RunConfig
-
-# The built-in tiny model and task as in examples/arithmetic.yaml (one warm start, shared through
-# the session's cache), with smaller batches and fewer steps.
-SMALL = {
-    "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6},
-    "steps": 6,
-    "eval_every": 3,
-    "eval_size": 16,
-    "checkpoint_every": 2,
-    "device": "cpu",
-}
-
-
-def merge(base: dict, overrides: dict) -> dict:
-    out = dict(base)
-    for key, value in overrides.items():
-        out[key] = (
-            merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out
+from tests.rlcore.rlcore_helpers import SMALL, merge
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from rlcore import trainer
-from tests.rlcore.test_trainer import ListSink, without_timing
+from rlcore.sinks import ListSink
+from tests.rlcore.rlcore_helpers import without_timing
 
 
 def steps_of(sink, name):

@@ -18,8 +18,7 @@ from pydantic import ValidationError
 from rlcore import checkpoints, distributed, launch, trainer
 from rlcore.config import error_list
 from rlcore.sinks import ListSink
-from tests.rlcore.conftest import SMALL, merge
-from tests.rlcore.test_trainer import TIMING, without_timing
+from tests.rlcore.rlcore_helpers import SMALL, TIMING, merge, without_timing
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = Path(__file__).resolve().with_name("ranks_target.py")

@@ -7,13 +7,7 @@ import torch
 
 from rlcore import checkpoints, evaluate, models, tasks, trainer
 from rlcore.sinks import EVAL_METRICS, STEP_METRICS, ListSink
-
-# Wall-clock metrics: the only ones two runs of one config may log differently.
-TIMING = {name for name in STEP_METRICS if name.startswith("time/")} | {"tokens_per_s"}
-
-
-def without_timing(points):
-    return [(step, {k: v for k, v in m.items() if k not in TIMING}) for step, m in points]
+from tests.rlcore.rlcore_helpers import TIMING, without_timing
 
 
 def test_every_metric_at_every_step_and_evals_on_schedule(small_config, cache_dir):
