@@ -47,16 +47,13 @@ from rlcore.batch import Batch
 from rlcore.config import RunConfig
 from rlcore.evaluate import EvalSums, Evaluator
 from rlcore.sinks import (
-    CHECKPOINTING,
     EVALUATING,
     PREPARING,
-    SUMMARY_LATEST,
-    TRAINING,
     Sample,
     Sink,
     Stopped,
 )
-from rlcore.trainer import Learner, Progress, _cuts, local_source, log_evaluations, prepare, run_step
+from rlcore.trainer import Learner, Progress, _cuts, local_source, prepare, steps
 
 TIMEOUT_ENV = "LAB_RANK_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 600.0
@@ -367,53 +364,15 @@ def _train(
         progress.last.update(progress.initial_eval)
         sink.log(0, progress.initial_eval)
 
-    steps_done = start - 1
-    deferred = False
-    for step in range(start, config.steps + 1):
-        if ranks.broadcast(sink.should_stop()):
-            break
-        sink.phase(TRAINING, step=step, steps=config.steps)
-        try:
-            batch, metrics = run_step(learner, source, step, ranks)
-        except Stopped:
-            break
-        if step == config.steps or (config.eval_every and step % config.eval_every == 0):
-            sink.phase(EVALUATING, step=step)
-            evaluated = source.evaluate(step, learner.policy, learner.evaluator)
-            deferred = deferred or evaluated is None
-            metrics.update(evaluated or {})
-        sink.log(step, metrics)
-        if config.samples_per_step:
-            examples = zip(batch.problems, batch.completions, batch.rewards.tolist(), strict=True)
-            sink.sample(
-                step,
-                [
-                    Sample(prompt=p.prompt, completion=c, reward=r)
-                    for p, c, r in list(examples)[: config.samples_per_step]
-                ],
-            )
-        progress.last.update(metrics)
-        if ranks.rank == 0:
-            log_evaluations(source.evaluations(wait=False), sink, progress)
-        steps_done = step
-        if checkpoint_dir and config.checkpoint_every and step % config.checkpoint_every == 0:
-            sink.phase(CHECKPOINTING, step=step)
-            sink.flush()
-            save_checkpoint(checkpoint_dir, step, learner, source, progress, ledger, ranks, keep)
+    def save(step: int) -> None:
+        save_checkpoint(checkpoint_dir, step, learner, source, progress, ledger, ranks, keep)
 
+    summary = steps(
+        learner, source, sink, progress, start, save if checkpoint_dir is not None else None, ranks
+    )
     if on_done is not None:
         on_done(learner, ranks)
-    if steps_done == config.steps and ranks.rank == 0:
-        if deferred:
-            sink.phase(EVALUATING, step=steps_done)
-        with contextlib.suppress(Stopped):
-            log_evaluations(source.evaluations(wait=True), sink, progress)
-    return {
-        "steps": float(steps_done),
-        "completed": float(steps_done == config.steps),
-        "eval/accuracy_initial": progress.initial_eval.get("eval/accuracy", float("nan")),
-        **{k: progress.last[k] for k in SUMMARY_LATEST if k in progress.last},
-    }
+    return summary
 
 
 # ----- sharded checkpoints --------------------------------------------------------------------

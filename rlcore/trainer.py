@@ -207,14 +207,33 @@ def train(
         progress.last.update(progress.initial_eval)
         sink.log(0, progress.initial_eval)
 
+    def save(step: int) -> None:
+        save_checkpoint(checkpoint_dir, step, learner, source, progress, ledger, keep_checkpoints)
+
+    return steps(learner, source, sink, progress, start, save if checkpoint_dir is not None else None)
+
+
+def steps(
+    learner: Learner,
+    source: sources.BatchSource,
+    sink: Sink,
+    progress: Progress,
+    start: int,
+    save: Callable[[int], None] | None = None,
+    ranks: Ranks | None = None,
+) -> dict[str, float]:
+    """Trainer steps `start` to the end (or until `sink.should_stop()`, heard by every rank alike
+    under `ranks`), each logged with its evaluations and samples, `save(step)` at each checkpoint
+    step; then the evaluations made elsewhere once they are all in. Returns the run's summary."""
+    config = learner.config
     steps_done = start - 1
     deferred = False  # an evaluation of this attempt is made elsewhere
     for step in range(start, config.steps + 1):
-        if sink.should_stop():
+        if sink.should_stop() if ranks is None else ranks.broadcast(sink.should_stop()):
             break
         sink.phase(TRAINING, step=step, steps=config.steps)
         try:
-            batch, metrics = run_step(learner, source, step)
+            batch, metrics = run_step(learner, source, step, ranks)
         except Stopped:
             break
         if step == config.steps or (config.eval_every and step % config.eval_every == 0):
@@ -235,10 +254,10 @@ def train(
         progress.last.update(metrics)
         log_evaluations(source.evaluations(wait=False), sink, progress)
         steps_done = step
-        if checkpoint_dir and config.checkpoint_every and step % config.checkpoint_every == 0:
+        if save is not None and config.checkpoint_every and step % config.checkpoint_every == 0:
             sink.phase(CHECKPOINTING, step=step)
             sink.flush()  # a run resumed from this checkpoint must find every earlier point
-            save_checkpoint(checkpoint_dir, step, learner, source, progress, ledger, keep_checkpoints)
+            save(step)
 
     if steps_done == config.steps:
         # Evaluations made elsewhere (rollout workers) end the run once they are all in.
