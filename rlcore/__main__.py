@@ -76,11 +76,18 @@ class ProgressSink:
             self.out.close()
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _load(path: Path) -> run_config.RunConfig | None:
+    """The run's config, or None with the error said on stderr."""
     try:
-        cfg = run_config.load(args.config)
+        return run_config.load(path)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = _load(args.config)
+    if cfg is None:
         return 2
     if cfg.execution.train_processes > 1:
         return _start_ranks(args, cfg.execution.train_processes)
@@ -105,10 +112,8 @@ def _start_ranks(args: argparse.Namespace, processes: int) -> int:
 
 def cmd_rank(args: argparse.Namespace) -> int:
     """One trainer rank under torchrun (started by `run`): rank 0 reports, the others train."""
-    try:
-        cfg = run_config.load(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    cfg = _load(args.config)
+    if cfg is None:
         return 2
     from rlcore import distributed
 

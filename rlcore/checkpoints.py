@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -167,6 +168,17 @@ def problem(path: Path, step: int, ledger: Ledger) -> str:
 def reject(path: Path) -> None:
     """Set a checkpoint that failed its check aside, where no resume looks."""
     path.replace(path.with_name(path.name + REJECTED_SUFFIX))
+
+
+def trusted(found: list[tuple[int, Path]], ledger: Ledger, rejected: list[str]) -> Iterator[tuple[int, Path]]:
+    """`found`'s checkpoints, in order, whose bytes are the recorded ones; each other one is set
+    aside (`reject`) as it is met, its `problem` added to `rejected`."""
+    for step, path in found:
+        if why := problem(path, step, ledger):
+            reject(path)
+            rejected.append(why)
+            continue
+        yield step, path
 
 
 def load(path: Path, device: torch.device) -> dict[str, Any]:

@@ -477,11 +477,7 @@ def _choose(
             f"{ranks.world}: resume it with execution.train_processes 1"
         )
     rejected, passed = [], []
-    for step, path in found:
-        if problem := checkpoints.problem(path, step, ledger):
-            checkpoints.reject(path)
-            rejected.append(problem)
-            continue
+    for step, path in checkpoints.trusted(found, ledger, rejected):
         try:
             meta = torch.load(path / META, map_location="cpu", weights_only=True)
         except Exception as exc:

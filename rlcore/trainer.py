@@ -627,11 +627,7 @@ def resume(
     """
     found = checkpoints.existing(directory)
     rejected, passed = [], []
-    for step, path in found:
-        if problem := checkpoints.problem(path, step, ledger):
-            checkpoints.reject(path)
-            rejected.append(problem)
-            continue
+    for step, path in checkpoints.trusted(found, ledger, rejected):
         if why_not := source.resume_problem(step):
             passed.append(f"{path.name}: {why_not}")
             continue

@@ -367,3 +367,18 @@ def summaries_disagreeing(run_ids=None) -> list[str]:
                 if not same:
                     problems.append(f"run {run_id} {name}: {field} is {a!r}, its points say {b!r}")
     return problems
+
+
+def sweep_form(
+    team, name: str, presets: list[str] | None = None, seeds: str = "0", fields: dict | None = None
+) -> dict:
+    """What the new-sweep form posts for a sweep called `name` in `team`: `presets` (grpo) on
+    policy, `seeds`, and the form's other `fields` (dotted names, as the form's inputs are named)."""
+    return {
+        "name": name,
+        "team": team.pk,
+        "presets": presets or ["grpo"],
+        "on_policy": "on",
+        "seeds": seeds,
+        **(fields or {}),
+    }

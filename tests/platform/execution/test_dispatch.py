@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
-from support import TINY_CONFIG, free_port, purge_queue, queue_sweep, queued_messages, use_broker
+from support import TINY_CONFIG, free_port, purge_queue, queue_sweep, queued_messages, sweep_form, use_broker
 
 from accounts.models import ApiToken, Membership, Team
 from experiments import dispatch
@@ -71,15 +71,14 @@ def test_a_sweep_submitted_while_the_broker_is_down_is_queued_and_the_answer_say
 
 
 def test_the_form_and_retry_work_while_the_broker_is_down(alice_client, team, alice, broker_down):
-    data = {
-        "name": "outage",
-        "team": team.pk,
-        "presets": ["grpo"],
-        "on_policy": "on",
-        "seeds": "0",
-        "task.name": "arithmetic",
-        "steps": "6",
-    }
+    data = sweep_form(
+        team,
+        "outage",
+        fields={
+            "task.name": "arithmetic",
+            "steps": "6",
+        },
+    )
     response = alice_client.post(reverse("submit-sweep"), data, follow=True)
     assert response.status_code == 200
     shown = [str(m) for m in response.context["messages"]]

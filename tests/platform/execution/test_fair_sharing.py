@@ -9,7 +9,7 @@ import copy
 import pytest
 from django.test import override_settings
 from django.urls import reverse
-from support import TINY_CONFIG, new_team_member
+from support import TINY_CONFIG, new_team_member, sweep_form
 
 from accounts.models import ApiToken
 from experiments.models import Experiment, Run
@@ -97,15 +97,15 @@ def test_a_submission_over_the_queued_cap_is_a_422_naming_the_limit(client, alic
 
 @override_settings(LAB_TEAM_MAX_QUEUED=3)
 def test_the_form_refuses_a_sweep_over_the_queued_cap_next_to_the_team(alice_client, team):
-    data = {
-        "name": "too many",
-        "team": team.pk,
-        "presets": ["grpo"],
-        "on_policy": "on",
-        "seeds": "0, 1, 2, 3",
-        "task.name": "arithmetic",
-        "steps": "6",
-    }
+    data = sweep_form(
+        team,
+        "too many",
+        seeds="0, 1, 2, 3",
+        fields={
+            "task.name": "arithmetic",
+            "steps": "6",
+        },
+    )
     response = alice_client.post(reverse("submit-sweep"), data)
     assert response.status_code == 422
     [error] = response.context["form"].errors["team"]

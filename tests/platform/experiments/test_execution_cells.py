@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from django.urls import reverse
-from support import TINY_CONFIG
+from support import TINY_CONFIG, sweep_form
 
 from experiments import sweeps
 from experiments.forms import initial_from_spec
@@ -100,17 +100,18 @@ def test_the_same_schedule_in_both_modes_is_two_cells():
 
 
 def test_the_form_adds_async_cells_and_counts_them(alice_client, team):
-    form = {
-        "name": "axis",
-        "team": team.pk,
-        "presets": ["grpo", "reinforce"],
-        "on_policy": "on",
-        "sync_offsets": "2",
-        "async_bounds": "2, 4",
-        "seeds": "0, 1",
-        "steps": "6",
-        "rollout.group_size": "4",
-    }
+    form = sweep_form(
+        team,
+        "axis",
+        presets=["grpo", "reinforce"],
+        seeds="0, 1",
+        fields={
+            "sync_offsets": "2",
+            "async_bounds": "2, 4",
+            "steps": "6",
+            "rollout.group_size": "4",
+        },
+    )
     preview = alice_client.post(reverse("submit-sweep"), {**form, "preview": "1"})
     assert "This sweep makes 16 runs" in preview.content.decode()
     response = alice_client.post(reverse("submit-sweep"), form)
@@ -151,18 +152,17 @@ def test_a_cell_in_another_mode_than_the_sweeps_is_kept_by_the_api_and_named_on_
 
 
 def test_the_form_runs_each_schedule_in_both_modes_on_request(alice_client, team):
-    form = {
-        "name": "both",
-        "team": team.pk,
-        "presets": ["grpo"],
-        "on_policy": "on",
-        "sync_offsets": "2",
-        "both_modes": "on",
-        "async_bounds": "2",
-        "seeds": "0",
-        "steps": "6",
-        "rollout.group_size": "4",
-    }
+    form = sweep_form(
+        team,
+        "both",
+        fields={
+            "sync_offsets": "2",
+            "both_modes": "on",
+            "async_bounds": "2",
+            "steps": "6",
+            "rollout.group_size": "4",
+        },
+    )
     response = alice_client.post(reverse("submit-sweep"), form)
     assert response.status_code == 302, response.context["form"].errors
     experiment = Experiment.objects.get(name="both")

@@ -8,7 +8,7 @@ import re
 
 import pytest
 from django.urls import reverse
-from support import TINY_CONFIG, queue_sweep, wait_for
+from support import TINY_CONFIG, queue_sweep, sweep_form, wait_for
 
 from accounts.models import ApiToken
 from execution.models import Worker
@@ -109,21 +109,20 @@ def test_a_distributed_run_needs_its_rollout_queue_too(team, alice):
 def test_the_sweep_form_warns_before_submitting_runs_no_worker_would_take(alice_client, team):
     Worker.seen("elsewhere:1", ["cpu"])
     tiny = TINY_CONFIG["model"]["tiny"]
-    form = {
-        "name": "on the gpu",
-        "team": team.pk,
-        "presets": ["grpo"],
-        "on_policy": "on",
-        "seeds": "0",
-        "task.name": "arithmetic",
-        "steps": 6,
-        "eval_every": 5,
-        "eval_size": 20,
-        "checkpoint_every": 2,
-        "samples_per_step": 2,
-        **{f"model.tiny.{k}": v for k, v in tiny.items()},
-        **{f"rollout.{k}": v for k, v in TINY_CONFIG["rollout"].items()},
-    }
+    form = sweep_form(
+        team,
+        "on the gpu",
+        fields={
+            "task.name": "arithmetic",
+            "steps": 6,
+            "eval_every": 5,
+            "eval_size": 20,
+            "checkpoint_every": 2,
+            "samples_per_step": 2,
+            **{f"model.tiny.{k}": v for k, v in tiny.items()},
+            **{f"rollout.{k}": v for k, v in TINY_CONFIG["rollout"].items()},
+        },
+    )
     warning = "no worker is listening on queue gpu: its runs will wait until one starts"
     preview = alice_client.post(reverse("submit-sweep"), {**form, "device": "cuda", "preview": "1"})
     assert preview.status_code == 200 and warning in preview.content.decode()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.urls import reverse
-from support import TINY_CONFIG
+from support import TINY_CONFIG, sweep_form
 
 from execution.models import Worker
 from experiments.models import Run
@@ -48,15 +48,15 @@ def test_a_precision_no_live_worker_runs_is_refused_naming_the_field(client, tok
 
 def test_the_form_names_the_precision_no_worker_runs(alice_client, team):
     Worker.seen("old-gpu:1", ["cpu"], ["float16"])
-    form = {
-        "name": "precision by form",
-        "team": team.pk,
-        "presets": ["grpo-tis"],
-        "on_policy": "on",
-        "seeds": "0",
-        "rollout.dtype": "bfloat16",
-        "steps": "3",
-    }
+    form = sweep_form(
+        team,
+        "precision by form",
+        presets=["grpo-tis"],
+        fields={
+            "rollout.dtype": "bfloat16",
+            "steps": "3",
+        },
+    )
     response = alice_client.post(reverse("submit-sweep"), form)
     assert response.status_code == 422
     assert "no live worker on queue cpu can generate in bfloat16" in response.content.decode()

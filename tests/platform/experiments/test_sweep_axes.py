@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from django.urls import reverse
-from support import TINY_CONFIG
+from support import TINY_CONFIG, sweep_form
 
 from experiments.forms import parse_axes
 from experiments.models import Experiment, Run
@@ -146,18 +146,18 @@ def test_the_form_submits_other_axes_and_names_their_errors(alice_client, team):
     assert page.status_code == 200 and "The field&#x27;s losses under staleness" in page.content.decode()
     assert "Behaviour corrections (proximal anchor)" in page.content.decode()
     assert TEMPLATES["field-losses"]["optimizer.minibatches"] == 4
-    form = {
-        "name": "axes by form",
-        "team": team.pk,
-        "presets": ["grpo-tis"],
-        "on_policy": "on",
-        "seeds": "0",
-        "axes": "optimizer.minibatches: 1, 2\nrollout.dtype: same, bfloat16",
-        "steps": "3",
-        "rollout.prompts_per_step": "2",
-        "rollout.group_size": "2",
-        "eval_size": "4",
-    }
+    form = sweep_form(
+        team,
+        "axes by form",
+        presets=["grpo-tis"],
+        fields={
+            "axes": "optimizer.minibatches: 1, 2\nrollout.dtype: same, bfloat16",
+            "steps": "3",
+            "rollout.prompts_per_step": "2",
+            "rollout.group_size": "2",
+            "eval_size": "4",
+        },
+    )
     response = alice_client.post(url, form)
     assert response.status_code == 302, response.content.decode()[:2000]
     experiment = Experiment.objects.get(name="axes by form")
@@ -215,18 +215,18 @@ def test_axis_errors_come_with_the_rest_of_the_grids(client, token):
     ],
 )
 def test_the_form_names_knobs_and_optimiser_settings_out_of_range(alice_client, team, field, value, rule):
-    form = {
-        "name": "out of range",
-        "team": team.pk,
-        "presets": ["grpo-tis"],
-        "on_policy": "on",
-        "seeds": "0",
-        "steps": "3",
-        "rollout.prompts_per_step": "2",
-        "rollout.group_size": "2",
-        "eval_size": "4",
-        field: value,
-    }
+    form = sweep_form(
+        team,
+        "out of range",
+        presets=["grpo-tis"],
+        fields={
+            "steps": "3",
+            "rollout.prompts_per_step": "2",
+            "rollout.group_size": "2",
+            "eval_size": "4",
+            field: value,
+        },
+    )
     response = alice_client.post(reverse("submit-sweep"), form)
     assert response.status_code == 422
     assert rule in response.content.decode()

@@ -14,7 +14,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
-from support import TEST_VAR, TINY_CONFIG, purge_queue, queued_messages
+from support import TEST_VAR, TINY_CONFIG, purge_queue, queued_messages, sweep_form
 
 from accounts.models import ApiToken
 from experiments.models import Experiment, Run
@@ -24,17 +24,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def form_data(team, **changes) -> dict:
-    data = {
-        "name": "bad sweep",
-        "team": team.pk,
-        "presets": ["grpo"],
-        "on_policy": "on",
-        "seeds": "0",
-        "task.name": "arithmetic",
-        "rollout.group_size": "4",
-        "optimizer.lr": "3e-5",
-        "steps": "6",
-    }
+    data = sweep_form(
+        team,
+        "bad sweep",
+        fields={
+            "task.name": "arithmetic",
+            "rollout.group_size": "4",
+            "optimizer.lr": "3e-5",
+            "steps": "6",
+        },
+    )
     data.update(changes)
     return data
 
@@ -247,7 +246,7 @@ def test_the_error_summary_lists_every_error_with_a_link_to_its_field(alice_clie
 
 
 def test_blank_run_parameters_take_the_runconfig_defaults(alice_client, team):
-    data = {"name": "defaults", "team": team.pk, "presets": ["grpo"], "on_policy": "on", "seeds": "0"}
+    data = sweep_form(team, "defaults")
     assert alice_client.post(reverse("submit-sweep"), data).status_code == 302
     expected = RunConfig.model_validate({"algorithm": {"preset": "grpo"}})
     assert Run.objects.get().config == expected.model_dump(mode="json")

@@ -36,11 +36,10 @@ from support import (
     use_broker,
     wait_for,
 )
+from worker_helpers import assert_resumed_once, reap_lost
 
 from accounts.models import ApiToken
-from experiments import packing, series
 from experiments.models import Run
-from rlcore.sinks import STEP_METRICS
 
 SBATCH_SCRIPT = REPO / "deploy" / "slurm" / "training-worker.sbatch"
 ROLLOUT_SCRIPT = REPO / "deploy" / "slurm" / "rollout-worker.sbatch"
@@ -430,31 +429,14 @@ def test_scancel_of_the_job_requeues_its_run_like_any_lost_worker(
     run.refresh_from_db()
     assert (run.status, run.attempt, run.worker) == (Run.RUNNING, 1, first.identity)
 
-    def reaped():
-        call_command("reap")
-        return "lost, now queued (attempt 2)" in capsys.readouterr().out
-
-    wait_for(reaped, 30, "the reaper to notice the missing heartbeats", interval_s=1)
-    run.refresh_from_db()
-    assert (run.status, run.attempt) == (Run.QUEUED, 2)
-    assert run.error == f"worker {first.identity} stopped sending heartbeats"
+    reap_lost(run, capsys, first.identity)
 
     second = sbatch_worker()
     assert second.job != first.job
     wait_for(lambda: Run.objects.get(pk=run.pk).status not in Run.ACTIVE, END_TIMEOUT_S, "attempt 2 to end")
     run.refresh_from_db()
     assert (run.status, run.attempt, run.worker) == (Run.SUCCEEDED, 2, second.identity), run.error
-    points = [
-        (name, step, us)
-        for name, (steps, _, times) in series.points_of(run.pk)
-        for step, us in zip(steps.tolist(), times.tolist(), strict=True)
-    ]
-    assert len({(name, step) for name, step, _ in points}) == len(points), "one point per (name, step)"
-    for name in STEP_METRICS:
-        assert sorted(step for n, step, _ in points if n == name) == list(range(1, STEPS + 1)), name
-    # Resumed from a checkpoint, not restarted: step 1 keeps the point the first job's worker wrote.
-    (loss_1,) = [us for name, step, us in points if (name, step) == ("loss", 1)]
-    assert packing.wall_time(loss_1) < run.started
+    assert_resumed_once(run, STEPS)
 
 
 HAS_GPU = shutil.which("nvidia-smi") is not None and (

@@ -10,14 +10,13 @@ import signal
 
 import pytest
 from django.conf import settings
-from django.core.management import call_command
 from support import TINY_CONFIG, last_step, queue_sweep, wait_for
+from worker_helpers import assert_resumed_once, reap_lost
 
-from experiments import packing, series
 from experiments.models import MetricChunk, MetricSummary, Run
 from experiments.sweeps import create_experiment, expand
 from rlcore import models
-from rlcore.sinks import STEP_METRICS, WARM_START
+from rlcore.sinks import WARM_START
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,33 +40,16 @@ def test_sigkilled_worker_run_is_reaped_requeued_and_resumed(start_worker, team,
     assert run.status == Run.RUNNING and run.worker == first.identity
     assert any(run.checkpoint_dir.iterdir()), "a checkpoint was written before the kill"
 
-    def reaped():
-        call_command("reap")
-        return "lost, now queued (attempt 2)" in capsys.readouterr().out
-
-    wait_for(reaped, 30, "the reaper to notice the missing heartbeats", interval_s=1)
-    run.refresh_from_db()
-    assert (run.status, run.attempt) == (Run.QUEUED, 2)
-    assert run.error == f"worker {first.identity} stopped sending heartbeats"
+    reap_lost(run, capsys, first.identity)
 
     second = start_worker()
     wait_for(lambda: Run.objects.get(pk=run.pk).status not in Run.ACTIVE, 240, "the second attempt to end")
     run.refresh_from_db()
     assert (run.status, run.attempt, run.worker) == (Run.SUCCEEDED, 2, second.identity), run.error
-    points = [
-        (name, step, us)
-        for name, (steps, _, times) in series.points_of(run.pk)
-        for step, us in zip(steps.tolist(), times.tolist(), strict=True)
-    ]
-    assert len({(name, step) for name, step, _ in points}) == len(points), "one point per (name, step)"
-    for name in STEP_METRICS:
-        assert sorted(step for n, step, _ in points if n == name) == list(range(1, STEPS + 1)), name
+    assert_resumed_once(run, STEPS)
     assert (
         f"run {run.pk} attempt 1" not in second.log() and f"run {run.pk} attempt 2: succeeded" in second.log()
     )
-    # Resumed, not restarted: the steps before the checkpoint keep the points attempt 1 wrote.
-    (loss_1,) = [us for name, step, us in points if (name, step) == ("loss", 1)]
-    assert packing.wall_time(loss_1) < run.started
 
 
 def test_the_worker_reaps_lost_runs_by_itself(start_worker, team, alice, worker_env):

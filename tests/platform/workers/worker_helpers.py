@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 from support import TEST_VAR, TINY_CONFIG, logged, wait_for
 
+from experiments import packing, series
 from experiments.models import Run
 from rlcore.sinks import EVAL_METRICS, MISMATCH_METRICS, STEP_METRICS
 
@@ -66,3 +68,31 @@ def jsonl_config(path: Path, **changes) -> dict:
         "eval_size": 8,
         **changes,
     }
+
+
+def reap_lost(run: Run, capsys, worker: str) -> None:
+    """`manage.py reap` until it re-queues `run`, whose `worker` died: attempt 2, saying why."""
+
+    def reaped():
+        call_command("reap")
+        return "lost, now queued (attempt 2)" in capsys.readouterr().out
+
+    wait_for(reaped, 30, "the reaper to notice the missing heartbeats", interval_s=1)
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.QUEUED, 2)
+    assert run.error == f"worker {worker} stopped sending heartbeats"
+
+
+def assert_resumed_once(run: Run, steps: int) -> None:
+    """`run`'s points of its two attempts: every step metric at steps 1..`steps` exactly once, and
+    step 1's from attempt 1 (resumed from a checkpoint, not restarted)."""
+    points = [
+        (name, step, us)
+        for name, (taken, _, times) in series.points_of(run.pk)
+        for step, us in zip(taken.tolist(), times.tolist(), strict=True)
+    ]
+    assert len({(name, step) for name, step, _ in points}) == len(points), "one point per (name, step)"
+    for name in STEP_METRICS:
+        assert sorted(step for n, step, _ in points if n == name) == list(range(1, steps + 1)), name
+    (loss_1,) = [us for name, step, us in points if (name, step) == ("loss", 1)]
+    assert packing.wall_time(loss_1) < run.started
