@@ -218,12 +218,23 @@ def device_precisions() -> list[str]:
     return out
 
 
+def device_counts() -> tuple[int, int]:
+    """The CPU cores this worker may run on and the GPUs it sees: at most that many trainer
+    processes of a run (`execution.train_processes`) on each."""
+    import torch
+
+    from rlcore.launch import usable_cores
+
+    return usable_cores(), torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def reap_forever(interval_s: float, queues: list[str]) -> None:
     identity = worker_identity()
     precisions = device_precisions()
+    cores, gpus = device_counts()
     while True:
         try:
-            Worker.seen(identity, queues, precisions)
+            Worker.seen(identity, queues, precisions, cores, gpus)
         except Exception as exc:
             log.exception("recording this worker's heartbeat failed; trying again in %.0f s", interval_s)
             if isinstance(exc, UNREACHABLE):
