@@ -35,8 +35,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0
-STOP_GRACE_S = 3.0  # a stopped run's rank 0 finishes its step and stores what it logged
-KILL_GRACE_S = 5.0  # then SIGTERM, and SIGKILL this long after
+STOP_GRACE_S = 2.0  # a stopped run's rank 0 finishes its step and stores what it logged
+KILL_GRACE_S = 4.0  # then SIGTERM, and SIGKILL this long after
 RESULT = "result.json"
 OUTPUT = "torchrun.log"
 REPO = Path(__file__).resolve().parents[1]
