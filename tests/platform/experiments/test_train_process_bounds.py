@@ -59,7 +59,7 @@ def test_more_processes_than_any_live_worker_of_the_queue_has_cores_is_refused(c
 
 
 def test_a_run_on_cuda_counts_the_workers_gpus(client, token, team):
-    Worker.seen("gpu-box:1", ["cpu"], [], cores=32, gpus=1)
+    Worker.seen("gpu-box:1", ["gpu"], [], cores=32, gpus=1)
     body = {**TINY_CONFIG, "device": "cuda", "execution": {"train_processes": 2}}
     response = client.post(
         "/api/sweeps",
