@@ -76,3 +76,17 @@ def test_a_killed_worker_takes_its_ranks_with_it(start_worker, team, alice):
     procs = started_ranks(run)
     worker.kill()
     wait_for(lambda: gone(procs), 10, "every rank to end with the worker")
+
+
+def test_a_rank_that_dies_fails_the_attempt_naming_it(start_worker, team, alice):
+    run = queue_sweep(team, alice, "a rank dies", config=LONG).runs.get()
+    start_worker()
+    procs = started_ranks(run)
+    [rank_one] = [p for p in procs if p.environ().get("RANK") == "1"]
+    rank_one.kill()
+    wait_until_over([run], 30)
+    run.refresh_from_db()
+    assert run.status == Run.FAILED
+    assert "trainer rank 1 " in run.error, run.error
+    wait_for(lambda: gone(procs), 10, "every rank to end after one died")
+    assert run.summary.get("steps", 0) >= 2  # what it logged before it failed
