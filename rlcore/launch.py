@@ -1,5 +1,6 @@
 """Starting a run's trainer processes: `start_ranks` runs `torchrun --nnodes 1 --nproc-per-node N`
-on `python -m rlcore rank CONFIG`, with an explicit rendezvous on 127.0.0.1 (a free port and a
+on `python -m rlcore rank CONFIG` (or another entry module: the training worker's is
+`workers.ranks`), with an explicit rendezvous on 127.0.0.1 (a free port and a
 fresh id, so two runs on one host never meet), in a process group of its own, with the threads
 of each rank set (the usable cores ÷ N unless given). Linux sends torchrun SIGTERM when the
 thread that started it dies (PR_SET_PDEATHSIG), and each rank SIGKILL when torchrun dies, so no
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
@@ -49,7 +50,7 @@ def _die_with_parent() -> None:
 
 
 def rank_command(
-    config_path: Path | str,
+    config_path: Path | str | None,
     processes: int,
     *,
     out: Path | str | None = None,
@@ -58,8 +59,11 @@ def rank_command(
     log_dir: Path | str | None = None,
     port: int | None = None,
     rdzv_id: str | None = None,
+    entry: Sequence[str] | None = None,
 ) -> list[str]:
-    """The torchrun command line that starts `processes` ranks of the run in `config_path`."""
+    """The torchrun command line that starts `processes` ranks of the run in `config_path`
+    (`python -m rlcore rank CONFIG …`), or, given `entry` (a module and its arguments), ranks
+    that each run `python -m <entry>` (then `config_path` and the paths are not used)."""
     command = [
         sys.executable,
         "-m",
@@ -79,6 +83,10 @@ def rank_command(
     ]
     if log_dir is not None:  # each rank's output in its own file, rank 0's shown too
         command += ["--log-dir", str(log_dir), "--redirects", "3", "--tee", "3", "--local-ranks-filter", "0"]
+    if entry is not None:
+        return [*command, "-m", *map(str, entry)]
+    if config_path is None:
+        raise ValueError("rank_command needs a config path or an entry")
     command += ["-m", "rlcore", "rank", str(config_path)]
     for flag, value in (("--out", out), ("--checkpoint-dir", checkpoint_dir), ("--cache-dir", cache_dir)):
         if value is not None:
@@ -87,7 +95,7 @@ def rank_command(
 
 
 def start_ranks(
-    config_path: Path | str,
+    config_path: Path | str | None,
     processes: int,
     *,
     out: Path | str | None = None,
@@ -96,6 +104,7 @@ def start_ranks(
     log_dir: Path | str | None = None,
     threads: int | None = None,
     env: Mapping[str, str] | None = None,
+    entry: Sequence[str] | None = None,
     **popen: object,
 ) -> subprocess.Popen:
     """Start torchrun with `processes` ranks training the run in `config_path` (rank 0 writes the
@@ -103,12 +112,19 @@ def start_ranks(
     process group (`os.killpg(proc.pid, …)` ends torchrun and its ranks) and gets SIGTERM when
     the calling thread dies, so call this from a thread that lives as long as the run. `threads`
     per rank: default the usable cores ÷ `processes`. `env` is added to this process's
-    environment; other keyword arguments go to `Popen` (stdout, stderr, cwd)."""
+    environment; `entry`: the module each rank runs and its arguments (`rank_command`); other
+    keyword arguments go to `Popen` (stdout, stderr, cwd)."""
     threads = threads or threads_per_rank(processes)
     environment = {**os.environ, **(env or {})}
     environment.update(OMP_NUM_THREADS=str(threads), LAB_RANK_THREADS=str(threads))
     command = rank_command(
-        config_path, processes, out=out, checkpoint_dir=checkpoint_dir, cache_dir=cache_dir, log_dir=log_dir
+        config_path,
+        processes,
+        out=out,
+        checkpoint_dir=checkpoint_dir,
+        cache_dir=cache_dir,
+        log_dir=log_dir,
+        entry=entry,
     )
     return subprocess.Popen(
         command,

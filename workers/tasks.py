@@ -1,6 +1,7 @@
 """The Celery tasks by name: execute a run (the training job: claim the next queued run of the
 queue, train it with a `DatabaseSink` and, in distributed and async execution, a `DatabaseSource`,
-under its memory ceiling, and end it), make rollout jobs (`workers.rollout`), and the reaper and
+under its memory ceiling, or in `execution.train_processes` torchrun ranks (`workers.ranks`),
+and end it), make rollout jobs (`workers.rollout`), and the reaper and
 dispatcher threads every worker runs (docs/architecture.md, "A run's lifecycle")."""
 
 from __future__ import annotations
@@ -65,7 +66,17 @@ def execute(run_id: int, attempt: int) -> str:
         return f"run {run.pk} attempt {run.attempt}: failed"
 
 
+def _processes(run: Run) -> int:
+    """The run's trainer processes (1 where its config does not load: `_train` reports that)."""
+    try:
+        return run.run_config().execution.train_processes
+    except Exception:
+        return 1
+
+
 def _train(run: Run, worker: str) -> str:
+    if (processes := _processes(run)) > 1:
+        return _train_in_ranks(run, worker, processes)
     run_id, attempt = run.pk, run.attempt
     sink = DatabaseSink(run, worker)
     source = None
@@ -115,18 +126,41 @@ def _train(run: Run, worker: str) -> str:
             except Exception:
                 log.exception("run %s: no execution report for the failed attempt", run_id)
         reason = str(exc) if over_memory else f"{type(exc).__name__}: {exc}"
-        if not retry_db(run.fail)(worker, reason, execution):
-            # Reaped while it stalled and taken by another worker (or ended meanwhile): its rollout
-            # jobs and its next attempt are the new owner's business.
-            log.warning("run %s attempt %s: no longer this worker's; nothing recorded", run_id, attempt)
-            return f"run {run_id} attempt {attempt}: no longer this worker's"
-        retry_db(RolloutJob.cancel_for)(run)
-        if isinstance(exc, BufferDamaged) and run.attempt < settings.LAB_MAX_ATTEMPTS:
-            # Not the run's fault, and a new attempt can go on: from an earlier checkpoint.
-            retry_db(run.retry)(within_cap=False)
-            return f"run {run_id} attempt {attempt}: failed; re-queued as attempt {run.attempt}"
-        return f"run {run_id} attempt {attempt}: failed"
+        return _failed(run, worker, exc, reason, execution)
     summary.update(measurement(run, sink, worker))
+    return _finished(run, worker, summary)
+
+
+def _train_in_ranks(run: Run, worker: str, processes: int) -> str:
+    """`_train` for a run of `processes` trainer ranks (`workers.ranks`): rank 0 reports and
+    measures; this process waits, watches for a cancel, and ends the run."""
+    from workers import ranks
+
+    try:
+        summary = ranks.train(run, worker, processes)
+    except Exception as exc:
+        log.exception("run %s attempt %s failed", run.pk, run.attempt)
+        return _failed(run, worker, exc, f"{type(exc).__name__}: {exc}", None)
+    return _finished(run, worker, summary)
+
+
+def _failed(run: Run, worker: str, exc: Exception, reason: str, execution: dict | None) -> str:
+    run_id, attempt = run.pk, run.attempt
+    if not retry_db(run.fail)(worker, reason, execution):
+        # Reaped while it stalled and taken by another worker (or ended meanwhile): its rollout
+        # jobs and its next attempt are the new owner's business.
+        log.warning("run %s attempt %s: no longer this worker's; nothing recorded", run_id, attempt)
+        return f"run {run_id} attempt {attempt}: no longer this worker's"
+    retry_db(RolloutJob.cancel_for)(run)
+    if isinstance(exc, BufferDamaged) and run.attempt < settings.LAB_MAX_ATTEMPTS:
+        # Not the run's fault, and a new attempt can go on: from an earlier checkpoint.
+        retry_db(run.retry)(within_cap=False)
+        return f"run {run_id} attempt {attempt}: failed; re-queued as attempt {run.attempt}"
+    return f"run {run_id} attempt {attempt}: failed"
+
+
+def _finished(run: Run, worker: str, summary: dict) -> str:
+    run_id, attempt = run.pk, run.attempt
     finished = retry_db(run.finish)(
         worker, {name: packing.finite_or_none(value) for name, value in summary.items()}
     )
@@ -218,12 +252,23 @@ def device_precisions() -> list[str]:
     return out
 
 
+def device_counts() -> tuple[int, int]:
+    """The CPU cores this worker may run on and the GPUs it sees: at most that many trainer
+    processes of a run (`execution.train_processes`) on each."""
+    import torch
+
+    from rlcore.launch import usable_cores
+
+    return usable_cores(), torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def reap_forever(interval_s: float, queues: list[str]) -> None:
     identity = worker_identity()
     precisions = device_precisions()
+    cores, gpus = device_counts()
     while True:
         try:
-            Worker.seen(identity, queues, precisions)
+            Worker.seen(identity, queues, precisions, cores, gpus)
         except Exception as exc:
             log.exception("recording this worker's heartbeat failed; trying again in %.0f s", interval_s)
             if isinstance(exc, UNREACHABLE):

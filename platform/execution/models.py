@@ -1,6 +1,7 @@
 """The worker registry: each worker process's own heartbeat, which tells a queue nobody listens on
-from one whose workers are busy, and the rollout precisions its device runs (a `rollout.dtype`
-no live worker of its queue can run is refused at submission)."""
+from one whose workers are busy, the rollout precisions its device runs and the cores and GPUs it
+has (a `rollout.dtype` no live worker of its queue can run, or more `execution.train_processes`
+than any has, is refused at submission)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ class Worker(models.Model):
     precisions = models.JSONField(
         default=list, blank=True, help_text="the lower rollout precisions its device runs (bfloat16, float16)"
     )
+    cores = models.PositiveIntegerField(null=True, blank=True, help_text="the CPU cores it may run on")
+    gpus = models.PositiveIntegerField(null=True, blank=True, help_text="the GPUs it sees")
     last_seen = models.DateTimeField()
 
     class Meta:
@@ -37,11 +40,25 @@ class Worker(models.Model):
         return f"worker {self.identity} on {', '.join(self.queues)}"
 
     @classmethod
-    def seen(cls, identity: str, queues: list[str], precisions: list[str] | None = None) -> None:
-        """Record that worker `identity`, listening on `queues` (its device running `precisions`),
-        is alive; forget long-gone workers."""
+    def seen(
+        cls,
+        identity: str,
+        queues: list[str],
+        precisions: list[str] | None = None,
+        cores: int | None = None,
+        gpus: int | None = None,
+    ) -> None:
+        """Record that worker `identity`, listening on `queues` (its device running `precisions`,
+        with `cores` CPU cores and `gpus` GPUs; None: not reported), is alive; forget long-gone
+        workers."""
         now = timezone.now()
-        defaults = {"queues": queues, "last_seen": now, "precisions": precisions or []}
+        defaults = {
+            "queues": queues,
+            "last_seen": now,
+            "precisions": precisions or [],
+            "cores": cores,
+            "gpus": gpus,
+        }
         cls.objects.update_or_create(identity=identity, defaults=defaults)
         cls.objects.filter(last_seen__lt=now - timedelta(days=1)).delete()
 
@@ -82,6 +99,35 @@ class Worker(models.Model):
                         "rollout.dtype",
                         f"no live worker on queue {queue} can generate in {dtype}: their devices run "
                         f"{', '.join(runs)}; choose one of those or same",
+                    )
+                )
+        return problems
+
+    @classmethod
+    def train_process_problems(cls, configs: list[RunConfig]) -> list[tuple[str, str]]:
+        """`execution.train_processes` settings above what every live worker of the run's queue
+        has: its GPUs for a run on CUDA (or on `auto` where the worker has GPUs), else its cores.
+        Workers that have not reported them are not counted; while none has, nothing is known."""
+        since = timezone.now() - timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S)
+        live = list(cls.objects.filter(last_seen__gte=since).values_list("queues", "cores", "gpus"))
+        problems = []
+        for queue, device, processes in dict.fromkeys(
+            (c.queue, c.device, c.execution.train_processes)
+            for c in configs
+            if c.execution.train_processes > 1
+        ):
+            there = [
+                ("GPUs", gpus) if device == "cuda" or (device == "auto" and gpus) else ("cores", cores)
+                for queues, cores, gpus in live
+                if queue in queues and cores is not None
+            ]
+            if there and not any(processes <= count for _, count in there):
+                most = max(there, key=lambda had: had[1])
+                problems.append(
+                    (
+                        "execution.train_processes",
+                        f"execution.train_processes = {processes}: no live worker on queue {queue} has that "
+                        f"many {most[0]} (one trainer process each; the most any has is {most[1]})",
                     )
                 )
         return problems

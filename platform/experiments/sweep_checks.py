@@ -1,12 +1,14 @@
 """What is wrong with a submitted sweep, each problem named once by the field the submitter wrote
-(`presets`, `staleness.sync_offset`, `staleness.async`, `axes.<field>`, `algorithm.params.<knob>`):
-the checks `sweeps.expand` runs beside `RunConfig`'s own, as (field, message) pairs."""
+(`presets`, `staleness.sync_offset`, `staleness.async`, `axes.<field>`, `algorithm.params.<knob>`,
+`execution.train_processes`): the checks `sweeps.expand` runs beside `RunConfig`'s own, as
+(field, message) pairs."""
 
 from __future__ import annotations
 
 import math
 from typing import Annotated, Any
 
+from django.conf import settings
 from pydantic import TypeAdapter, ValidationError
 
 from rlcore import presets as rl_presets
@@ -265,4 +267,34 @@ def knob_errors(base: dict[str, Any], knobs: rl_presets.KnobCheck) -> list[tuple
                     "leave it blank or choose only presets that have it",
                 )
             )
+    return errors
+
+
+TRAIN_PROCESSES = "execution.train_processes"
+
+
+def train_process_errors(configs: list[RunConfig], variants: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Cells with more trainer processes than `LAB_MAX_TRAIN_PROCESSES`, or with more than one
+    outside simulated execution (the training worker starts its ranks in simulated mode only, for
+    now); named `axes.execution.train_processes` where that axis set the value."""
+    cap = settings.LAB_MAX_TRAIN_PROCESSES
+    errors = []
+    for config, variant in zip(configs, variants, strict=True):
+        n, mode = config.execution.train_processes, config.execution.mode
+        field = f"axes.{TRAIN_PROCESSES}" if TRAIN_PROCESSES in variant else TRAIN_PROCESSES
+        if n > cap:
+            error = (
+                field,
+                f"{TRAIN_PROCESSES} = {n}: at most {cap} trainer processes per run (LAB_MAX_TRAIN_PROCESSES)",
+            )
+        elif n > 1 and mode != "simulated":
+            error = (
+                field,
+                f"{TRAIN_PROCESSES} = {n}: train_processes > 1 runs in simulated mode for now "
+                f"(this cell runs {mode}); use 1 trainer process there",
+            )
+        else:
+            continue
+        if error not in errors:
+            errors.append(error)
     return errors

@@ -177,6 +177,7 @@ def expand(
                 if error not in errors and not (knobs_reported and dotted == "algorithm.params"):
                     errors.append(error)
     errors += axis_errors + checks.same_cells(configs, variants)
+    errors += [e for e in checks.train_process_errors(configs, variants) if e not in errors]
     if errors:
         raise SweepError(errors)
     return Sweep(base, presets, staleness, seeds, configs, serial, axes, variants)
@@ -200,7 +201,8 @@ def create_experiment(team: Team, owner, name: str, description: str, sweep: Swe
 
 def _admit(team: Team, owner, sweep: Sweep) -> None:
     """Lock the team's row until commit and raise `SweepError` unless `owner` may queue `sweep`'s
-    runs in it now: a member, within the queued cap, every precision run by some worker."""
+    runs in it now: a member, within the queued cap, every precision run by some worker, and no
+    more trainer processes than some worker of the queue has cores or GPUs for."""
     Team.objects.select_for_update().filter(pk=team.pk).first()
     if not Membership.objects.filter(team=team, user=owner).exists():
         raise SweepError([("team", f"you are not a member of team {team} (any more)")])
@@ -208,6 +210,13 @@ def _admit(team: Team, owner, sweep: Sweep) -> None:
         raise SweepError([("team", refusal)])
     if problems := Worker.precision_problems(sweep.configs):
         field = "axes.rollout.dtype" if "rollout.dtype" in sweep.axes else "rollout.dtype"
+        raise SweepError([(field, message) for _, message in problems])
+    if problems := Worker.train_process_problems(sweep.configs):
+        field = (
+            f"axes.{checks.TRAIN_PROCESSES}"
+            if checks.TRAIN_PROCESSES in sweep.axes
+            else checks.TRAIN_PROCESSES
+        )
         raise SweepError([(field, message) for _, message in problems])
 
 

@@ -247,6 +247,9 @@ if LAB_DB_OUTAGE_S < 0:
 # and running (workers pass over a team at its cap); 0 means no cap.
 LAB_TEAM_MAX_QUEUED = _number("LAB_TEAM_MAX_QUEUED", int, 1024, minimum=0)
 LAB_TEAM_MAX_RUNNING = _number("LAB_TEAM_MAX_RUNNING", int, 0, minimum=0)
+# A run's trainer processes (`execution.train_processes`) at most: more is refused at submission,
+# as is more than the cores (CPU) or GPUs a live worker of the run's queue reports.
+LAB_MAX_TRAIN_PROCESSES = _number("LAB_MAX_TRAIN_PROCESSES", int, 8, minimum=1)
 # A run attempt during which other processes on its training worker's machine used more than
 # this many cores on average (workers.measure) ran contended: its throughput is flagged and left
 # out of throughput comparisons and speed-ups by default.

@@ -1,0 +1,212 @@
+"""A run's trainer in `execution.train_processes` ranks, started by the training worker.
+
+The worker's Celery process never initialises torch.distributed: `train` starts torchrun
+(`rlcore.launch.start_ranks`) with N ranks that each run `python -m workers.ranks RUN ATTEMPT
+WORKER FOLDER`, in a process group of their own, with the worker's torch threads ÷ N each, and
+waits. Every `POLL_S` it beats the run's heartbeat and asks whether the run was cancelled or is
+no longer this worker's (what `DatabaseSink.should_stop` reads); then rank 0 stops at its step
+boundary by itself, and whatever is still running `STOP_GRACE_S` later is ended
+(`launch.stop_ranks`). A worker that dies takes torchrun with it (its parent-death signal), and
+torchrun its ranks.
+
+Inside a rank (`main`): Django is set up, and rank 0 reports through a `DatabaseSink` and a
+`CheckpointLedger` under the parent worker's identity (the run stays that worker's), then writes
+its summary, with the attempt's measurement, to `result.json` in the attempt's folder
+(`run_folder`: the run's folder under `LAB_RUNS_DIR`, beside its checkpoints); the other ranks
+report nothing. A rank that raises writes `error-rank<R>.json`; the parent fails the attempt
+with the first one (`RanksFailed`), or with torchrun's own account of a rank that died without
+one. Each rank's output is kept under the attempt's folder (`logs/`). The parent ends the run
+(`Run.finish`, `Run.fail`) as for a run trained in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+STOP_GRACE_S = 2.0  # a stopped run's rank 0 finishes its step and stores what it logged
+KILL_GRACE_S = 4.0  # then SIGTERM, and SIGKILL this long after
+RESULT = "result.json"
+OUTPUT = "torchrun.log"
+REPO = Path(__file__).resolve().parents[1]
+
+
+class RanksFailed(RuntimeError):
+    """A trainer rank exited with an error: the attempt fails with it."""
+
+
+def run_folder(run: Any) -> Path:
+    """The attempt's folder of rank files (results, errors, logs), beside the run's checkpoints."""
+    return run.checkpoint_dir.parent / f"ranks-attempt-{run.attempt}"
+
+
+# ----- the worker's side ---------------------------------------------------------------------
+
+
+def train(run: Any, worker: str, processes: int) -> dict[str, float]:
+    """Train `run` in `processes` ranks; rank 0's summary, or, if the run was stopped before rank
+    0 wrote one, the summary of what it logged. Raises `RanksFailed` when a rank failed."""
+    from django.conf import settings
+
+    from rlcore import launch
+    from workers.db_outage import retry_db
+
+    folder = run_folder(run)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    threads = max(1, settings.LAB_TORCH_THREADS // processes)
+    with (folder / OUTPUT).open("wb") as output:
+        proc = launch.start_ranks(
+            None,
+            processes,
+            entry=["workers.ranks", run.pk, run.attempt, worker, folder],
+            log_dir=folder / "logs",
+            threads=threads,
+            env={"MKL_NUM_THREADS": str(threads)},
+            cwd=REPO,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+        log.info(
+            "run %s attempt %s: %s trainer ranks (torchrun pid %s)", run.pk, run.attempt, processes, proc.pid
+        )
+        try:
+            code = _wait(proc, run, worker, retry_db)
+        except BaseException:
+            launch.stop_ranks(proc, grace_s=KILL_GRACE_S)
+            raise
+    result = folder / RESULT
+    if code == 0 and result.exists():
+        return json.loads(result.read_text())["summary"]
+    if retry_db(run.stop_requested)(worker):
+        log.info("run %s attempt %s: stopped; its ranks ended (%s)", run.pk, run.attempt, code)
+        return retry_db(run.summary_from_points)()
+    raise RanksFailed(failure(folder, code))
+
+
+def _wait(proc: subprocess.Popen, run: Any, worker: str, retry_db) -> int:
+    """torchrun's exit status, once it ends or has been ended after the run was stopped."""
+    from rlcore import launch
+
+    while True:
+        try:
+            return proc.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        retry_db(run.hold)(worker)  # the heartbeat while rank 0 starts up; its progress is rank 0's
+        if retry_db(run.stop_requested)(worker):
+            try:
+                return proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                return launch.stop_ranks(proc, grace_s=KILL_GRACE_S)
+
+
+def failure(folder: Path, code: int) -> str:
+    """Why the ranks failed: the first rank's own error, else torchrun's account of the rank that
+    died (its signal or exit code), else the end of torchrun's output."""
+    errors = []
+    for path in folder.glob("error-rank*.json"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    if errors:
+        first = min(errors, key=lambda error: error["time"])
+        return f"trainer rank {first['rank']} failed: {first['error']}"
+    try:
+        output = (folder / OUTPUT).read_text(errors="replace")
+    except OSError:
+        output = ""
+    cause = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(.*?)\n", output, re.S)
+    if cause:
+        rank, exit_code = cause.group(1), int(cause.group(2))
+        how = f"signal {-exit_code}" if exit_code < 0 else f"exit code {exit_code}"
+        return f"trainer rank {rank} ended with {how} (torchrun exited with {code})"
+    tail = output.strip().splitlines()[-5:]
+    return f"the trainer ranks exited with {code}: " + " | ".join(tail)
+
+
+# ----- inside a rank -------------------------------------------------------------------------
+
+
+class _Quiet:
+    """What a rank other than 0 reports to: nothing (`rlcore.distributed` never calls it)."""
+
+
+def main(argv: list[str]) -> int:
+    run_id, attempt, worker, folder = int(argv[0]), int(argv[1]), argv[2], Path(argv[3])
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        import django
+
+        import workers  # noqa: F401  (platform/ on the path, Django's settings)
+
+        django.setup()
+        from django.conf import settings
+
+        from experiments.models import Run
+        from rlcore import distributed
+
+        run = Run.objects.get(pk=run_id)
+        if run.attempt != attempt or run.worker != worker or run.status != Run.RUNNING:
+            raise RuntimeError(f"run {run_id} attempt {attempt} is no longer {worker}'s to train")
+        config = run.run_config()
+        if rank != 0:
+            distributed.train(
+                config, _Quiet(), checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR
+            )
+            return 0
+        summary = _rank_zero(run, worker, config)
+        (folder / f".{RESULT}").write_text(json.dumps({"summary": summary}))
+        (folder / f".{RESULT}").replace(folder / RESULT)
+        return 0
+    except BaseException as exc:
+        error = {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "time": time.time()}
+        (folder / f"error-rank{rank}.json").write_text(json.dumps(error))
+        raise
+
+
+def _rank_zero(run: Any, worker: str, config: Any) -> dict[str, float]:
+    from django.conf import settings
+
+    from rlcore import distributed
+    from rlcore.tasks import dataset_sha256s
+    from workers.db_outage import retry_db
+    from workers.sink import CheckpointLedger, DatabaseSink
+    from workers.tasks import measurement
+
+    sink = DatabaseSink(run, worker)
+    try:
+        retry_db(run.check_datasets)(dataset_sha256s(config.task))
+        summary = distributed.train(
+            config,
+            sink,
+            checkpoint_dir=run.checkpoint_dir,
+            cache_dir=settings.LAB_CACHE_DIR,
+            ledger=CheckpointLedger(run, worker),
+        )
+        sink.measurement.stop()  # what follows is storing, not training
+        sink.close()
+    except BaseException:
+        try:
+            sink.close()  # what it logged before it failed
+        except Exception:
+            log.exception("run %s: the points still buffered could not be stored", run.pk)
+        raise
+    summary.update(measurement(run, sink, worker))
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
