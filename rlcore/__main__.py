@@ -100,9 +100,10 @@ def _start_ranks(args: argparse.Namespace, processes: int) -> int:
     """torchrun with `processes` ranks of this run; its exit status (the first failing rank's)."""
     from rlcore import launch
 
-    proc = launch.start_ranks(
-        args.config, processes, out=args.out, checkpoint_dir=args.checkpoint_dir, cache_dir=args.cache_dir
+    entry = launch.rlcore_rank(
+        args.config, out=args.out, checkpoint_dir=args.checkpoint_dir, cache_dir=args.cache_dir
     )
+    proc = launch.start_ranks(entry, processes)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -118,13 +119,9 @@ def cmd_rank(args: argparse.Namespace) -> int:
     from rlcore import distributed
 
     if int(os.environ.get("RANK", "0")) != 0:
-        distributed.train(cfg, _Quiet(), checkpoint_dir=args.checkpoint_dir, cache_dir=args.cache_dir)
-        return 0
-    return _train(args, cfg, distributed.train)
-
-
-class _Quiet:
-    """What a rank other than 0 reports to: nothing (`rlcore.distributed` never calls it)."""
+        distributed.train(cfg, None, checkpoint_dir=args.checkpoint_dir, cache_dir=args.cache_dir)
+        distributed.end_process(0)
+    distributed.end_process(_train(args, cfg, distributed.train))
 
 
 def _train(args: argparse.Namespace, cfg: run_config.RunConfig, train) -> int:

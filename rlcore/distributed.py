@@ -31,13 +31,15 @@ import contextlib
 import copy
 import ctypes
 import datetime
+import logging
 import math
 import os
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -120,6 +122,18 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def end_process(code: int) -> NoReturn:
+    """End this rank's process with `code` once its work is done and its output flushed, skipping
+    the interpreter's teardown: there a rank that had finished could still abort (SIGABRT,
+    "terminate called without an active exception", seen about once in ten 2-rank runs on gloo)
+    while the collectives' threads were torn down, and torchrun would fail the whole run for it."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def init(config: RunConfig) -> tuple[Ranks, torch.device, Any]:
@@ -288,7 +302,7 @@ class _Silent:
 
 def train(
     config: RunConfig,
-    sink: Sink,
+    sink: Sink | None,
     *,
     checkpoint_dir: Path | None = None,
     cache_dir: Path | None = None,
@@ -299,13 +313,13 @@ def train(
 ) -> dict[str, float]:
     """`trainer.train` for one rank of `config.execution.train_processes` (started by torchrun):
     the same curve, reported by rank 0 alone through `sink` (the other ranks' sinks are not
-    used). `make_source(learner, mirror)` makes rank 0's batch source from the whole-weights copy
+    used: None will do). `make_source(learner, mirror)` makes rank 0's batch source from the whole-weights copy
     `mirror` (default: the simulated schedule). `on_done` hears the learner when the loop ends,
     on every rank (tests measure the shards). Ends the process group before returning."""
     ranks, device, mesh = init(config)
     try:
         summary = _train(
-            ranks, device, mesh, config, sink if ranks.rank == 0 else _Silent(), checkpoint_dir, cache_dir,
+            ranks, device, mesh, config, sink if ranks.rank == 0 and sink is not None else _Silent(), checkpoint_dir, cache_dir,
             make_source, ledger, keep_checkpoints, on_done,
         )  # fmt: skip
         dist.barrier()  # every rank is done with every collective before the group goes

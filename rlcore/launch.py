@@ -49,21 +49,32 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
-def rank_command(
-    config_path: Path | str | None,
-    processes: int,
+def rlcore_rank(
+    config_path: Path | str,
     *,
     out: Path | str | None = None,
     checkpoint_dir: Path | str | None = None,
     cache_dir: Path | str | None = None,
+) -> list[str]:
+    """What each rank of the run in `config_path` runs under `python -m rlcore run`: the internal
+    `rank` command (rank 0 writes the metrics to `out`, the checkpoints go to `checkpoint_dir`)."""
+    entry = ["-m", "rlcore", "rank", str(config_path)]
+    for flag, value in (("--out", out), ("--checkpoint-dir", checkpoint_dir), ("--cache-dir", cache_dir)):
+        if value is not None:
+            entry += [flag, str(value)]
+    return entry
+
+
+def rank_command(
+    entry: Sequence[str],
+    processes: int,
+    *,
     log_dir: Path | str | None = None,
     port: int | None = None,
     rdzv_id: str | None = None,
-    entry: Sequence[str] | None = None,
 ) -> list[str]:
-    """The torchrun command line that starts `processes` ranks of the run in `config_path`
-    (`python -m rlcore rank CONFIG …`), or, given `entry` (a module and its arguments), ranks
-    that each run `python -m <entry>` (then `config_path` and the paths are not used)."""
+    """The torchrun command line that starts `processes` ranks, each running `entry` (what follows
+    `python`: `-m module args…` as `rlcore_rank` gives, or a script and its arguments)."""
     command = [
         sys.executable,
         "-m",
@@ -83,51 +94,29 @@ def rank_command(
     ]
     if log_dir is not None:  # each rank's output in its own file, rank 0's shown too
         command += ["--log-dir", str(log_dir), "--redirects", "3", "--tee", "3", "--local-ranks-filter", "0"]
-    if entry is not None:
-        return [*command, "-m", *map(str, entry)]
-    if config_path is None:
-        raise ValueError("rank_command needs a config path or an entry")
-    command += ["-m", "rlcore", "rank", str(config_path)]
-    for flag, value in (("--out", out), ("--checkpoint-dir", checkpoint_dir), ("--cache-dir", cache_dir)):
-        if value is not None:
-            command += [flag, str(value)]
-    return command
+    return [*command, *map(str, entry)]
 
 
 def start_ranks(
-    config_path: Path | str | None,
+    entry: Sequence[str],
     processes: int,
     *,
-    out: Path | str | None = None,
-    checkpoint_dir: Path | str | None = None,
-    cache_dir: Path | str | None = None,
     log_dir: Path | str | None = None,
     threads: int | None = None,
     env: Mapping[str, str] | None = None,
-    entry: Sequence[str] | None = None,
     **popen: object,
 ) -> subprocess.Popen:
-    """Start torchrun with `processes` ranks training the run in `config_path` (rank 0 writes the
-    metrics to `out` and checkpoints to `checkpoint_dir`); return its `Popen`. It runs in its own
-    process group (`os.killpg(proc.pid, …)` ends torchrun and its ranks) and gets SIGTERM when
-    the calling thread dies, so call this from a thread that lives as long as the run. `threads`
-    per rank: default the usable cores ÷ `processes`. `env` is added to this process's
-    environment; `entry`: the module each rank runs and its arguments (`rank_command`); other
-    keyword arguments go to `Popen` (stdout, stderr, cwd)."""
+    """Start torchrun with `processes` ranks each running `entry` (`rank_command`); return its
+    `Popen`. It runs in its own process group (`os.killpg(proc.pid, …)` ends torchrun and its
+    ranks) and gets SIGTERM when the calling thread dies, so call this from a thread that lives
+    as long as the run. `threads` per rank: default the usable cores ÷ `processes`. `env` is
+    added to this process's environment; other keyword arguments go to `Popen` (stdout, stderr,
+    cwd)."""
     threads = threads or threads_per_rank(processes)
     environment = {**os.environ, **(env or {})}
     environment.update(OMP_NUM_THREADS=str(threads), LAB_RANK_THREADS=str(threads))
-    command = rank_command(
-        config_path,
-        processes,
-        out=out,
-        checkpoint_dir=checkpoint_dir,
-        cache_dir=cache_dir,
-        log_dir=log_dir,
-        entry=entry,
-    )
     return subprocess.Popen(
-        command,
+        rank_command(entry, processes, log_dir=log_dir),
         env=environment,
         start_new_session=True,
         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,

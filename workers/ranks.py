@@ -68,9 +68,8 @@ def train(run: Any, worker: str, processes: int) -> dict[str, float]:
     threads = max(1, settings.LAB_TORCH_THREADS // processes)
     with (folder / OUTPUT).open("wb") as output:
         proc = launch.start_ranks(
-            None,
+            ["-m", "workers.ranks", run.pk, run.attempt, worker, folder],
             processes,
-            entry=["workers.ranks", run.pk, run.attempt, worker, folder],
             log_dir=folder / "logs",
             threads=threads,
             env={"MKL_NUM_THREADS": str(threads)},
@@ -140,10 +139,6 @@ def failure(folder: Path, code: int) -> str:
 # ----- inside a rank -------------------------------------------------------------------------
 
 
-class _Quiet:
-    """What a rank other than 0 reports to: nothing (`rlcore.distributed` never calls it)."""
-
-
 def main(argv: list[str]) -> int:
     run_id, attempt, worker, folder = int(argv[0]), int(argv[1]), argv[2], Path(argv[3])
     rank = int(os.environ.get("RANK", "0"))
@@ -164,7 +159,7 @@ def main(argv: list[str]) -> int:
         config = run.run_config()
         if rank != 0:
             distributed.train(
-                config, _Quiet(), checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR
+                config, None, checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR
             )
             return 0
         summary = _rank_zero(run, worker, config)
@@ -209,4 +204,7 @@ def _rank_zero(run: Any, worker: str, config: Any) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])  # a rank that raised has printed why and exits 1 the usual way
+    from rlcore.distributed import end_process
+
+    end_process(code)

@@ -40,3 +40,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    distributed.end_process(0)

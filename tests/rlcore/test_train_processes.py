@@ -45,14 +45,7 @@ def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
 def run_target(tmp_path: Path, config: Path, name: str, cache_dir: Path, **flags) -> dict:
     """The ranks of `config` under torchrun through the test target; rank 0's report."""
     out = tmp_path / f"{name}.json"
-    command = launch.rank_command(config, 2)
-    command = command[: command.index("-m", 3)] + [
-        str(TARGET),
-        str(config),
-        str(out),
-        "--cache-dir",
-        str(cache_dir),
-    ]
+    command = launch.rank_command([TARGET, config, out, "--cache-dir", cache_dir], 2)
     for flag, value in flags.items():
         command += [f"--{flag.replace('_', '-')}", str(value)]
     env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "LAB_RANK_THREADS": "1"}
@@ -194,7 +187,7 @@ def test_a_sharded_checkpoint_is_refused_by_another_number_of_ranks(cache_dir, t
 
 def test_the_ranks_run_in_a_process_group_of_their_own_that_stop_ranks_ends(cache_dir, tmp_path):
     config = write_config(tmp_path, merge(PARITY, {"steps": 50}), 2)
-    proc = launch.start_ranks(config, 2, cache_dir=cache_dir, threads=1, cwd=ROOT, env=RANK_ENV,
+    proc = launch.start_ranks(launch.rlcore_rank(config, cache_dir=cache_dir), 2, threads=1, cwd=ROOT, env=RANK_ENV,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     assert os.getpgid(proc.pid) == proc.pid
     launch.stop_ranks(proc, grace_s=10)

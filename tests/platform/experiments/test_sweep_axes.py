@@ -15,6 +15,10 @@ from experiments.sweeps import SweepError, expand
 pytestmark = pytest.mark.django_db
 
 
+# A sweep of 3 steps, 2 prompts × 2 responses a step, 4 held-out problems, as the form posts it.
+SMALL_FORM = {"steps": "3", "rollout.prompts_per_step": "2", "rollout.group_size": "2", "eval_size": "4"}
+
+
 def submit(client, token, **sweep):
     body = {"name": "axes", "team": "team-a", "config": TINY_CONFIG, "presets": ["grpo-tis"], **sweep}
     return client.post(
@@ -150,13 +154,7 @@ def test_the_form_submits_other_axes_and_names_their_errors(alice_client, team):
         team,
         "axes by form",
         presets=["grpo-tis"],
-        fields={
-            "axes": "optimizer.minibatches: 1, 2\nrollout.dtype: same, bfloat16",
-            "steps": "3",
-            "rollout.prompts_per_step": "2",
-            "rollout.group_size": "2",
-            "eval_size": "4",
-        },
+        fields={**SMALL_FORM, "axes": "optimizer.minibatches: 1, 2\nrollout.dtype: same, bfloat16"},
     )
     response = alice_client.post(url, form)
     assert response.status_code == 302, response.content.decode()[:2000]
@@ -219,13 +217,7 @@ def test_the_form_names_knobs_and_optimiser_settings_out_of_range(alice_client, 
         team,
         "out of range",
         presets=["grpo-tis"],
-        fields={
-            "steps": "3",
-            "rollout.prompts_per_step": "2",
-            "rollout.group_size": "2",
-            "eval_size": "4",
-            field: value,
-        },
+        fields={**SMALL_FORM, field: value},
     )
     response = alice_client.post(reverse("submit-sweep"), form)
     assert response.status_code == 422
