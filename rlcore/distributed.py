@@ -32,12 +32,11 @@ import copy
 import ctypes
 import datetime
 import logging
-import math
 import os
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -48,6 +47,7 @@ from rlcore import checkpoints, models, provenance, sources, tasks
 from rlcore.batch import Batch
 from rlcore.config import RunConfig
 from rlcore.evaluate import EvalSums, Evaluator
+from rlcore.ranks import Ranks, cuts
 from rlcore.sinks import (
     EVALUATING,
     PREPARING,
@@ -55,62 +55,12 @@ from rlcore.sinks import (
     Sink,
     Stopped,
 )
-from rlcore.trainer import Learner, Progress, _cuts, local_source, prepare, steps
+from rlcore.trainer import Learner, Progress, local_source, prepare, steps
 
 TIMEOUT_ENV = "LAB_RANK_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 600.0
 THREADS_ENV = "LAB_RANK_THREADS"
 META = "trainer.pt"  # rank 0's part of a sharded checkpoint
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """This process's place among the run's trainer processes, and the collectives
-    `trainer.train_step` puts their parts together with."""
-
-    rank: int
-    world: int
-
-    def share(self, n: int, group_size: int) -> slice:
-        """This rank's rows of `n` consecutive rows: a contiguous run of whole prompt groups,
-        near-equal across ranks."""
-        groups = n // group_size
-        bounds = [0, *_cuts(groups, self.world), groups]
-        return slice(bounds[self.rank] * group_size, bounds[self.rank + 1] * group_size)
-
-    def passes(self, n: int, group_size: int, micro: int) -> int:
-        """The micro-batch passes of the rank with the most rows of `n`: every rank makes as many."""
-        shares = [replace(self, rank=r).share(n, group_size) for r in range(self.world)]
-        return max(math.ceil((s.stop - s.start) / micro) for s in shares)
-
-    def assemble(self, mine: torch.Tensor, rows: slice, n: int) -> torch.Tensor:
-        """The [n, …] tensor whose `rows` this rank computed (`mine`) and the other ranks the
-        rest: every rank gets the whole of it, exactly (each entry is a sum of zeros and one
-        value)."""
-        whole = mine.new_zeros((n, *mine.shape[1:]))
-        whole[rows] = mine
-        dist.all_reduce(whole)
-        return whole
-
-    def sum_floats(self, values: dict[str, float]) -> dict[str, float]:
-        """`values` summed over the ranks (in float64)."""
-        summed = torch.tensor(list(values.values()), dtype=torch.float64, device=_device())
-        dist.all_reduce(summed)
-        return dict(zip(values, summed.tolist(), strict=True))
-
-    def broadcast(self, value: Any) -> Any:
-        """Rank 0's `value` on every rank (picklable objects; tensors travel on the CPU)."""
-        box = [value if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-
-def _device() -> torch.device:
-    return (
-        torch.device("cuda", torch.cuda.current_device())
-        if dist.get_backend() == "nccl"
-        else torch.device("cpu")
-    )
 
 
 # ----- the process group and the shards ------------------------------------------------------
@@ -276,7 +226,7 @@ def evaluate_split(
     """The held-out evaluation of `policy` (whole, on every rank) after `step`: each rank its
     near-equal share of the problems, the sums added up across ranks."""
     size = evaluator.config.eval_size
-    bounds = [0, *_cuts(size, ranks.world), size]
+    bounds = [0, *cuts(size, ranks.world), size]
     first, stop = bounds[ranks.rank], bounds[ranks.rank + 1]
     part = evaluator.evaluate_part(policy, step, first, stop) if stop > first else EvalSums()
     total = ranks.sum_floats({k: float(v) for k, v in asdict(part).items()})

@@ -2,7 +2,7 @@
 on `python -m rlcore rank CONFIG` (or another entry module: the training worker's is
 `workers.ranks`), with an explicit rendezvous on 127.0.0.1 (a free port and a
 fresh id, so two runs on one host never meet), in a process group of its own, with the threads
-of each rank set (the usable cores ÷ N unless given). Linux sends torchrun SIGTERM when the
+of each rank set (the usable cores ÷ N unless given). Linux sends torchrun SIGKILL when the
 thread that started it dies (PR_SET_PDEATHSIG), and each rank SIGKILL when torchrun dies, so no
 rank outlives whoever started it. The command line uses it; so can a worker that starts a run.
 Importing this module imports neither torch nor CUDA."""
@@ -44,9 +44,11 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent thread dies (Linux; nothing elsewhere)."""
+    """In the child, before exec: SIGKILL when the parent thread dies (Linux; nothing elsewhere).
+    Not SIGTERM: torchrun would then stop its ranks gently, waiting up to 30 s on a rank inside a
+    collective; killed, it takes each rank with it at once (their own parent-death signal)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
 def rlcore_rank(
@@ -108,7 +110,7 @@ def start_ranks(
 ) -> subprocess.Popen:
     """Start torchrun with `processes` ranks each running `entry` (`rank_command`); return its
     `Popen`. It runs in its own process group (`os.killpg(proc.pid, …)` ends torchrun and its
-    ranks) and gets SIGTERM when the calling thread dies, so call this from a thread that lives
+    ranks) and is SIGKILLed when the calling thread dies, so call this from a thread that lives
     as long as the run. `threads` per rank: default the usable cores ÷ `processes`. `env` is
     added to this process's environment; other keyword arguments go to `Popen` (stdout, stderr,
     cwd)."""

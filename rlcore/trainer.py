@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +20,7 @@ from rlcore.batch import Batch, seeded_rng
 from rlcore.config import RunConfig
 from rlcore.evaluate import Evaluator
 from rlcore.produce import Producer, make_engine
+from rlcore.ranks import Ranks, cuts
 from rlcore.rollout import score_responses, token_logprobs
 from rlcore.sinks import (
     CHECKPOINTING,
@@ -34,9 +34,6 @@ from rlcore.sinks import (
     ignore_phase,
     never_stop,
 )
-
-if TYPE_CHECKING:
-    from rlcore.distributed import Ranks
 
 
 class Diverged(RuntimeError):
@@ -407,13 +404,8 @@ def minibatch_rows(
     rows = (order[:, None] * group_size + torch.arange(group_size)[None, :]).flatten()
     return [
         chunk.to(device)
-        for chunk in torch.tensor_split(rows, [g * group_size for g in _cuts(groups, minibatches)])
+        for chunk in torch.tensor_split(rows, [g * group_size for g in cuts(groups, minibatches)])
     ]
-
-
-def _cuts(groups: int, parts: int) -> list[int]:
-    """Group indices where each of `parts` near-equal parts after the first starts."""
-    return [round(i * groups / parts) for i in range(1, parts)]
 
 
 def clip_grad_norm(policy: torch.nn.Module, max_norm: float) -> float:

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -112,22 +113,32 @@ def _wait(proc: subprocess.Popen, run: Any, worker: str, retry_db) -> int:
 
 
 def failure(folder: Path, code: int) -> str:
-    """Why the ranks failed: the first rank's own error, else torchrun's account of the rank that
-    died (its signal or exit code), else the end of torchrun's output."""
-    errors = []
+    """Why the ranks failed. A rank that died by a signal it did not get from torchrun (SIGKILL,
+    the OOM killer, an abort, a segfault) without saying why is the cause: the others' errors
+    follow from it (a collective whose peer went away). Else the first rank's own error, else
+    torchrun's first observed failure, else the end of torchrun's output."""
+    errors = {}
     for path in folder.glob("error-rank*.json"):
         try:
-            errors.append(json.loads(path.read_text()))
+            error = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-    if errors:
-        first = min(errors, key=lambda error: error["time"])
-        return f"trainer rank {first['rank']} failed: {first['error']}"
+        errors[int(error["rank"])] = error
     try:
         output = (folder / OUTPUT).read_text(errors="replace")
     except OSError:
         output = ""
-    cause = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(.*?)\n", output, re.S)
+    ended = [
+        (int(rank), int(exit_code))
+        for rank, exit_code in re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", output)
+    ]
+    for rank, exit_code in ended:
+        if exit_code < 0 and -exit_code != signal.SIGTERM and rank not in errors:
+            return f"trainer rank {rank} ended with signal {-exit_code} (torchrun exited with {code})"
+    if errors:
+        first = min(errors.values(), key=lambda error: error["time"])
+        return f"trainer rank {first['rank']} failed: {first['error']}"
+    cause = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", output, re.S)
     if cause:
         rank, exit_code = cause.group(1), int(cause.group(2))
         how = f"signal {-exit_code}" if exit_code < 0 else f"exit code {exit_code}"
@@ -178,8 +189,7 @@ def _rank_zero(run: Any, worker: str, config: Any) -> dict[str, float]:
     from rlcore import distributed
     from rlcore.tasks import dataset_sha256s
     from workers.db_outage import retry_db
-    from workers.sink import CheckpointLedger, DatabaseSink
-    from workers.tasks import measurement
+    from workers.sink import CheckpointLedger, DatabaseSink, measurement
 
     sink = DatabaseSink(run, worker)
     try:

@@ -17,7 +17,7 @@ from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from experiments import packing, series
-from experiments.models import Checkpoint, Completion, Run
+from experiments.models import Checkpoint, Completion, RolloutJob, Run
 from experiments.text import storable
 from rlcore.sinks import TRAINING, Sample
 from workers.db_outage import UNREACHABLE, retry_db
@@ -210,3 +210,14 @@ class CheckpointLedger:
     @retry_db
     def sha256(self, step: int) -> str | None:
         return Checkpoint.objects.filter(run=self.run, step=step).values_list("sha256", flat=True).first()
+
+
+def measurement(run: Run, sink: DatabaseSink, worker: str) -> dict[str, float]:
+    """What the attempt cost (`workers.measure`), with the CPU time of its rollout jobs; nothing
+    (logged) if that cannot be read: a run that trained is never failed for its measurement."""
+    measured = sink.measurement
+    try:
+        return measured.report(retry_db(RolloutJob.cpu_rows)(run, measured.started_at, worker))
+    except Exception:
+        log.exception("run %s: its measurement could not be made; its summary goes without", run.pk)
+        return {}

@@ -25,7 +25,7 @@ from lab.celery import app
 from workers.buffer import clear_buffer
 from workers.db_outage import UNREACHABLE, note_unreachable, reachable_for, retry_db
 from workers.memory import MemoryCeiling, OverMemoryCeiling, import_model_libraries
-from workers.sink import CheckpointLedger, DatabaseSink
+from workers.sink import CheckpointLedger, DatabaseSink, measurement
 from workers.source import BufferDamaged, DatabaseSource
 
 log = logging.getLogger(__name__)
@@ -172,17 +172,6 @@ def _finished(run: Run, worker: str, summary: dict) -> str:
     if run.status == Run.SUCCEEDED:
         run.remove_checkpoints()  # a cancelled run keeps them: a retry resumes from them
     return f"run {run_id} attempt {attempt}: {run.status}"
-
-
-def measurement(run: Run, sink: DatabaseSink, worker: str) -> dict[str, float]:
-    """What the attempt cost (`workers.measure`), with the CPU time of its rollout jobs; nothing
-    (logged) if that cannot be read: a run that trained is never failed for its measurement."""
-    measured = sink.measurement
-    try:
-        return measured.report(retry_db(RolloutJob.cpu_rows)(run, measured.started_at, worker))
-    except Exception:
-        log.exception("run %s: its measurement could not be made; its summary goes without", run.pk)
-        return {}
 
 
 LEFT_RUNNING = (
