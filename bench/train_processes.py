@@ -1,0 +1,248 @@
+"""A run's trainer in two processes (`execution.train_processes: 2`) against one process, on the same work.
+
+Both sides run `examples/arithmetic.yaml`'s built-in tiny model in simulated mode (8 prompts ×
+8 responses, `max_new_tokens` 6, fp32, CPU) for STEPS steps with no checkpoints and the
+smallest evaluation, through the command line as a user would: (a) `python -m rlcore run` in
+one process with 2 torch threads, (b) the same with `execution.train_processes: 2`, where
+`python -m rlcore run` starts torchrun with 2 ranks of 1 thread each (gloo). The runs alternate
+(a), (b), (a), (b), … for `--rounds` rounds, each a fresh process, on 2 cores (pinned as the
+other benchmarks are). A run's tokens/s is steady state: the response tokens of the steps after
+the first divided by those steps' `time/step_s` (rank 0's, which waits for the other rank in the
+collectives), the tokens from each step's `tokens_per_s` × `time/step_s`. The ratio (b)/(a) is
+taken per round; its median, min and max are reported, with where the step's time goes
+(`time/rollout_s`, `time/update_s`, medians over the timed steps).
+
+Memory: the same config is run under torchrun with 1 rank and with 2 ranks through this script's
+rank target (`--held`), which measures, after the last step, each rank's bytes of parameters +
+optimiser state (`rlcore.distributed.held_bytes`, shards only) and of gradients still held.
+
+The section goes into `BENCHMARKS.md`; the exit code is 0 when the 2-rank run reaches
+`--target` × one process's tokens/s (the median ratio), 1 otherwise.
+
+    .venv/bin/python bench/train_processes.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "arithmetic.yaml"
+SECTION = "## Trainer in 2 processes vs 1 (`bench/train_processes.py`)"
+STEPS = 10
+EVAL_SIZE = 8
+RANK_ENV = {"LAB_RANK_TIMEOUT_S": "120"}
+
+
+def two_cores() -> None:
+    """Measure as on the 2-core machines the numbers are stated for (children inherit it)."""
+    if len(os.sched_getaffinity(0)) > 2:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+
+
+def write_config(directory: Path, processes: int, steps: int) -> Path:
+    import yaml
+
+    from rlcore import config
+
+    data = config.load(EXAMPLE).model_dump(mode="json")
+    data.update(
+        steps=steps, eval_every=0, eval_size=EVAL_SIZE, checkpoint_every=0, samples_per_step=0, device="cpu"
+    )
+    data.setdefault("execution", {})
+    data["execution"] = {**(data["execution"] or {}), "train_processes": processes}
+    config.RunConfig.model_validate(data)  # refuse here, not in the child, a config the run would refuse
+    path = directory / f"run-{processes}-{steps}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_cli(config: Path, out: Path, cache_dir: Path, threads: int) -> tuple[list[dict], float]:
+    """`python -m rlcore run config`: its step metrics and the process's wall seconds."""
+    env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": str(threads), "LAB_RANK_THREADS": str(threads)}
+    command = [
+        sys.executable,
+        "-m",
+        "rlcore",
+        "run",
+        str(config),
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(cache_dir),
+    ]
+    started = time.perf_counter()
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"{' '.join(command)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
+        )
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    return [row["metrics"] for row in rows if "metrics" in row and "time/step_s" in row["metrics"]], wall
+
+
+def steady(points: list[dict]) -> dict[str, float]:
+    """Tokens/s over the steps after the first, and the median seconds of its parts."""
+    timed = points[1:]
+    if len(timed) < 2:
+        raise SystemExit(f"only {len(points)} steps logged; need at least 3")
+    seconds = sum(m["time/step_s"] for m in timed)
+    tokens = sum(m["tokens_per_s"] * m["time/step_s"] for m in timed)
+    parts = {
+        name: statistics.median(m[name] for m in timed)
+        for name in ("time/step_s", "time/rollout_s", "time/update_s")
+    }
+    return {"tokens_per_s": tokens / seconds, **parts}
+
+
+def held(config: Path, processes: int, cache_dir: Path, directory: Path) -> list[dict]:
+    """Each rank's bytes after the run, from this script's rank target under torchrun."""
+    from rlcore import launch
+
+    out = directory / f"held-{processes}.json"
+    command = launch.rank_command(
+        [Path(__file__).resolve(), "--held", config, out, "--cache-dir", cache_dir], processes
+    )
+    env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "LAB_RANK_THREADS": "1"}
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"rank target failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+    return json.loads(out.read_text())
+
+
+def rank_target(config_path: Path, out: Path, cache_dir: Path) -> None:
+    """One rank (under torchrun): train, then gather every rank's bytes; rank 0 writes them to `out`."""
+    import torch
+    import torch.distributed as dist
+
+    from rlcore import config as run_config
+    from rlcore import distributed
+
+    every: list = []
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    def measure(learner, ranks) -> None:
+        grads = sum(
+            local(p.grad).numel() * p.grad.element_size()
+            for p in learner.policy.parameters()
+            if p.grad is not None
+        )
+        mine = {"params_optimizer": distributed.held_bytes(learner), "grads": grads}
+        gathered = [None] * ranks.world
+        dist.all_gather_object(gathered, mine)
+        every.extend(gathered)
+
+    distributed.train(run_config.load(config_path), None, cache_dir=cache_dir, on_done=measure)
+    if os.environ["RANK"] == "0":
+        out.write_text(json.dumps(every))
+    distributed.end_process(0)
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument(
+        "--target", type=float, default=0.8, help="2 ranks' tokens/s ≥ target × one process's"
+    )
+    parser.add_argument(
+        "--no-write", action="store_true", help="print the section, leave BENCHMARKS.md alone"
+    )
+    parser.add_argument("--held", nargs=2, type=Path, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.held:
+        rank_target(*args.held, args.cache_dir)
+        return 0
+    sys.path.insert(0, str(ROOT / "bench"))
+    from report import machine, publish
+
+    two_cores()
+    directory = Path(tempfile.mkdtemp(prefix="bench-train-processes-"))
+    cache_dir = directory / "cache"
+    configs = {1: write_config(directory, 1, args.steps), 2: write_config(directory, 2, args.steps)}
+    results: dict[int, list[dict]] = {1: [], 2: []}
+    for round_ in range(args.rounds):
+        for processes, threads in ((1, 2), (2, 1)):
+            points, wall = run_cli(
+                configs[processes], directory / f"r{round_}-{processes}.jsonl", cache_dir, threads
+            )
+            results[processes].append({**steady(points), "wall_s": wall})
+            print(f"round {round_ + 1}, {processes} process(es): {results[processes][-1]}", flush=True)
+    ratios = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(results[1], results[2], strict=True)]
+    ratio = statistics.median(ratios)
+    small = {n: write_config(directory, n, 2) for n in (1, 2)}
+    one, two = held(small[1], 1, cache_dir, directory), held(small[2], 2, cache_dir, directory)
+    ok = ratio >= args.target
+
+    def med(processes: int, name: str) -> float:
+        return statistics.median(r[name] for r in results[processes])
+
+    rows = [
+        "| run | tokens/s (steady) | step ms | rollout ms | update ms | process wall s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for processes, label in ((1, "(a) 1 process, 2 threads"), (2, "(b) 2 ranks × 1 thread")):
+        rows.append(
+            f"| {label} | {med(processes, 'tokens_per_s'):.0f} | {1000 * med(processes, 'time/step_s'):.1f} "
+            f"| {1000 * med(processes, 'time/rollout_s'):.1f} | {1000 * med(processes, 'time/update_s'):.1f} "
+            f"| {med(processes, 'wall_s'):.1f} |"
+        )
+    mem = ["| | params + optimiser state | gradients |", "|---|---|---|"]
+    mem.append(f"| 1 process | {mib(one[0]['params_optimizer'])} | {mib(one[0]['grads'])} |")
+    for rank, r in enumerate(two):
+        mem.append(
+            f"| 2 ranks: rank {rank} | {mib(r['params_optimizer'])} "
+            f"({r['params_optimizer'] / one[0]['params_optimizer']:.2f}×) | {mib(r['grads'])} |"
+        )
+    verdict = "PASS" if ok else "FAIL"
+    section = "\n".join(
+        [
+            SECTION,
+            "",
+            f"{datetime_now()}; {machine(('torch',))}; pinned to 2 cores.",
+            "",
+            f"`examples/arithmetic.yaml`'s tiny model, simulated, {args.steps} steps of 8 prompts × 8 responses, "
+            f"through `python -m rlcore run`; {args.rounds} rounds alternating (a), (b). Tokens/s: response tokens "
+            "of the steps after the first ÷ their `time/step_s` (rank 0's); times are medians over rounds of "
+            "each run's median step.",
+            "",
+            *rows,
+            "",
+            f"Ratio (b)/(a) per round: {', '.join(f'{x:.2f}' for x in ratios)} (median {ratio:.2f}, "
+            f"min {min(ratios):.2f}, max {max(ratios):.2f}). Target ≥ {args.target}: **{verdict}**.",
+            "",
+            "Bytes each rank holds after the last step (`rlcore.distributed.held_bytes`: its shards of the "
+            "parameters and the AdamW state; gradients those still allocated), measured under torchrun "
+            "with 1 rank and with 2:",
+            "",
+            *mem,
+            "",
+        ]
+    )
+    return publish(section, ok, write=not args.no_write)
+
+
+def datetime_now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
