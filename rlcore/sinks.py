@@ -235,11 +235,11 @@ class Measured:
     steps_steady: float | None = None
     tokens_total: float | None = None
     tokens_steady: float | None = None
-    cpu_trainer_s: float | None = None  # the trainer's own process
+    cpu_trainer_s: float | None = None  # the trainer's own process (all its ranks, for several)
     cpu_trainer_steady_s: float | None = None
     cpu_rollout_s: float | None = None  # the rollout jobs made for it
     cpu_rollout_steady_s: float | None = None
-    threads_trainer: float | None = None  # torch threads
+    threads_trainer: float | None = None  # torch threads (of all its ranks)
     machine_cores: float | None = None
     machine_others_cores: float | None = None  # cores other processes used meanwhile
     machine_contended: float | None = None  # 1.0: others used more than LAB_CONTENDED_CORES

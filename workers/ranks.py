@@ -189,9 +189,11 @@ def _rank_zero(run: Any, worker: str, config: Any) -> dict[str, float]:
     from rlcore import distributed
     from rlcore.tasks import dataset_sha256s
     from workers.db_outage import retry_db
+    from workers.measure import Measurement, sibling_pids
     from workers.sink import CheckpointLedger, DatabaseSink, measurement
 
-    sink = DatabaseSink(run, worker)
+    # The attempt's CPU is every rank's: rank 0 reads its fellow ranks' from /proc.
+    sink = DatabaseSink(run, worker, Measurement(others=sibling_pids))
     try:
         retry_db(run.check_datasets)(dataset_sha256s(config.task))
         summary = distributed.train(
@@ -200,6 +202,8 @@ def _rank_zero(run: Any, worker: str, config: Any) -> dict[str, float]:
             checkpoint_dir=run.checkpoint_dir,
             cache_dir=settings.LAB_CACHE_DIR,
             ledger=CheckpointLedger(run, worker),
+            # Before the ranks' last barrier, while the others still run (their CPU is read then).
+            on_done=lambda learner, ranks: sink.measurement.stop(),
         )
         sink.measurement.stop()  # what follows is storing, not training
         sink.close()

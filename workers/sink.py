@@ -39,7 +39,7 @@ class NotOwner(RuntimeError):
 class DatabaseSink:
     """Buffers what the trainer reports and flushes it to the database from a thread."""
 
-    def __init__(self, run: Run, worker: str):
+    def __init__(self, run: Run, worker: str, measurement: Measurement | None = None):
         self.run = run
         self.worker = worker
         self._lock = threading.Lock()
@@ -53,7 +53,7 @@ class DatabaseSink:
         self._phase_detail: dict = {}
         # {"from_step", "from", "to_step", "to"}: steps done and when (Unix time) in this attempt.
         self._timing: dict[str, float] = {}
-        self.measurement = Measurement()  # what this attempt costs, phase by phase
+        self.measurement = measurement or Measurement()  # what this attempt costs, phase by phase
         self._closing = threading.Event()
         self._refused: Exception | None = None  # the database refused a flush (not an outage)
         self._thread = threading.Thread(target=self._flush_loop, name=f"flush-run-{run.pk}", daemon=True)

@@ -98,3 +98,41 @@ def test_a_run_beside_a_cpu_burner_is_flagged_contended_and_left_out(start_worke
         twin.experiment_id: (1, True),
         contended.experiment_id: (1, True),
     }
+
+
+def test_a_trainer_s_other_processes_count_as_its_cpu_not_as_others():
+    """Rank 0 of a run in several ranks counts its fellow ranks' CPU as the trainer's (they are
+    the run's own work, not the machine's load): here a burner stands for the other rank, and
+    two measurements of the same interval, one told of it and one not, differ by its CPU: in
+    `cpu/trainer_s`, and the other way in what is left to other processes (counted as theirs,
+    every run in two ranks would read contended). Its thread counts beside this process's."""
+    import torch
+
+    from rlcore.sinks import PREPARING, TRAINING
+    from workers.measure import Measurement, process_cpu_s
+
+    burner = subprocess.Popen([sys.executable, "-c", BURN])
+    try:
+        told, untold = Measurement(others=lambda: [burner.pid]), Measurement()
+        for measurement in (told, untold):
+            measurement.phase(PREPARING)
+        first = process_cpu_s(burner.pid)
+        wait_for(lambda: process_cpu_s(burner.pid) - first >= 0.5, 60, "the burner to use 0.5 CPU s")
+        for measurement in (told, untold):
+            measurement.phase(TRAINING, step=1)
+            measurement.stop()
+        burned = process_cpu_s(burner.pid) - first
+        told_report, untold_report = told.report([]), untold.report([])
+    finally:
+        burner.kill()
+        burner.wait()
+    assert burned >= 0.5
+    assert abs(told_report["cpu/trainer_s"] - untold_report["cpu/trainer_s"] - burned) <= SLACK_S
+
+    def others_s(report: dict[str, float]) -> float:
+        return report["machine/others_cores"] * report["time/attempt_s"]
+
+    assert others_s(untold_report) - others_s(told_report) >= burned - 2 * SLACK_S
+    assert (
+        told_report["threads/trainer"] == 2 * untold_report["threads/trainer"] == 2 * torch.get_num_threads()
+    )
