@@ -1,7 +1,8 @@
 """A run's trainer in several processes (`execution.train_processes`, `rlcore.distributed`): real
 torchrun ranks on gloo, one thread each, against one process: the same §7 metrics at every step,
 the same final weights, shards that really split the memory, a resume from a sharded checkpoint
-that logs the uninterrupted curve, and a checkpoint refused by another number of ranks."""
+that logs the uninterrupted curve, a checkpoint refused by another number of ranks, and a held-out
+evaluation split across ranks whose responses end at different lengths."""
 
 import json
 import math
