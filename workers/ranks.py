@@ -15,8 +15,14 @@ its summary, with the attempt's measurement, to `result.json` in the attempt's f
 (`run_folder`: the run's folder under `LAB_RUNS_DIR`, beside its checkpoints); the other ranks
 report nothing. A rank that raises writes `error-rank<R>.json`; the parent fails the attempt
 with the first one (`RanksFailed`), or with torchrun's own account of a rank that died without
-one. Each rank's output is kept under the attempt's folder (`logs/`). The parent ends the run
-(`Run.finish`, `Run.fail`) as for a run trained in one process.
+one. A rank killed from outside (SIGKILL, the OOM killer) is `RankKilled`: like a lost worker,
+the run is re-queued to resume from its checkpoint. A rank that gave up waiting in a collective
+(`LAB_RANK_TIMEOUT_S`: a peer hung) fails the attempt naming the timeout, and the parent
+SIGKILLs torchrun and every rank at once (torchrun would give a hung rank 30 s after a SIGTERM
+it may not act on); ranks still running `ERROR_GRACE_S` after any other failure go the same way,
+so a hang never holds the worker. Each rank's output is kept under the
+attempt's folder (`logs/`). The parent ends the run (`Run.finish`, `Run.fail`) as for a run
+trained in one process.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ log = logging.getLogger(__name__)
 POLL_S = 1.0
 STOP_GRACE_S = 2.0  # a stopped run's rank 0 finishes its step and stores what it logged
 KILL_GRACE_S = 4.0  # then SIGTERM, and SIGKILL this long after
+ERROR_GRACE_S = 10.0  # after a rank failed, torchrun's time to end the others and say how they ended
 RESULT = "result.json"
 OUTPUT = "torchrun.log"
 REPO = Path(__file__).resolve().parents[1]
@@ -45,6 +52,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 class RanksFailed(RuntimeError):
     """A trainer rank exited with an error: the attempt fails with it."""
+
+
+class RankKilled(RanksFailed):
+    """A trainer rank was killed by a signal from outside (SIGKILL, the OOM killer) without an
+    error of its own: not the run's fault, like a lost worker; the run is re-queued while it has
+    attempts left, and resumes from its checkpoint."""
+
+
+# Signals a process raises on itself (a crash, an abort): the rank's own failure, not a kill.
+SELF_RAISED = {signal.SIGTERM, signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
+# How a rank's error reads when a collective gave up waiting for a peer (gloo, NCCL's watchdog).
+TIMED_OUT = re.compile(r"Timed out waiting \d+ ?ms|collective operation timeout")
 
 
 def run_folder(run: Any) -> Path:
@@ -92,18 +111,32 @@ def train(run: Any, worker: str, processes: int) -> dict[str, float]:
     if retry_db(run.stop_requested)(worker):
         log.info("run %s attempt %s: stopped; its ranks ended (%s)", run.pk, run.attempt, code)
         return retry_db(run.summary_from_points)()
-    raise RanksFailed(failure(folder, code))
+    raise failure(folder, code)
 
 
 def _wait(proc: subprocess.Popen, run: Any, worker: str, retry_db) -> int:
     """torchrun's exit status, once it ends or has been ended after the run was stopped."""
     from rlcore import launch
 
+    folder = run_folder(run)
+    failed_at = None
     while True:
         try:
             return proc.wait(timeout=POLL_S)
         except subprocess.TimeoutExpired:
             pass
+        errors = [error for _, error in _errors(folder)]
+        if errors and failed_at is None:
+            failed_at = time.monotonic()
+        if errors and (
+            any(TIMED_OUT.search(error["error"]) for error in errors)
+            or time.monotonic() - failed_at > ERROR_GRACE_S
+        ):
+            # A rank failed and torchrun still waits on another: one that hung (stopped, stuck:
+            # its peer timed out, and torchrun would give it 30 s after a SIGTERM it does not act
+            # on), or one slow to go. The attempt is lost: end them all now.
+            log.warning("run %s attempt %s: a rank failed; ending the ranks left", run.pk, run.attempt)
+            return launch.stop_ranks(proc, grace_s=0)
         retry_db(run.hold)(worker)  # the heartbeat while rank 0 starts up; its progress is rank 0's
         if retry_db(run.stop_requested)(worker):
             try:
@@ -112,39 +145,63 @@ def _wait(proc: subprocess.Popen, run: Any, worker: str, retry_db) -> int:
                 return launch.stop_ranks(proc, grace_s=KILL_GRACE_S)
 
 
-def failure(folder: Path, code: int) -> str:
-    """Why the ranks failed. A rank that died by a signal it did not get from torchrun (SIGKILL,
-    the OOM killer, an abort, a segfault) without saying why is the cause: the others' errors
-    follow from it (a collective whose peer went away). Else the first rank's own error, else
-    torchrun's first observed failure, else the end of torchrun's output."""
-    errors = {}
+def _errors(folder: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(rank, {"rank", "error", "time"}) of each rank that wrote its error."""
+    found = []
     for path in folder.glob("error-rank*.json"):
         try:
             error = json.loads(path.read_text())
         except (OSError, ValueError):
-            continue
-        errors[int(error["rank"])] = error
+            continue  # being written
+        found.append((int(error["rank"]), error))
+    return found
+
+
+def failure(folder: Path, code: int) -> RanksFailed:
+    """Why the ranks failed. A rank that gave up waiting in a collective names the cause: a peer
+    hung (whatever then ended that peer, torchrun's SIGKILL among them, follows from it). Else a
+    rank that died by a signal it did not get from torchrun or raise on itself (SIGKILL, the OOM
+    killer) without saying why is the cause (`RankKilled`): the others' errors follow from it (a
+    collective whose peer went away). Else the first rank's own error, else torchrun's first
+    observed failure, else the end of torchrun's output."""
+    errors = dict(_errors(folder))
     try:
         output = (folder / OUTPUT).read_text(errors="replace")
     except OSError:
         output = ""
+    timed_out = sorted((e for e in errors.values() if TIMED_OUT.search(e["error"])), key=lambda e: e["time"])
+    if timed_out:
+        from rlcore.distributed import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
+
+        limit = os.environ.get(TIMEOUT_ENV, f"{DEFAULT_TIMEOUT_S:g}")
+        return RanksFailed(
+            f"trainer rank {timed_out[0]['rank']} gave up waiting for the other ranks after "
+            f"{TIMEOUT_ENV} ({limit} s): {timed_out[0]['error']}"
+        )
     ended = [
         (int(rank), int(exit_code))
         for rank, exit_code in re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", output)
     ]
     for rank, exit_code in ended:
+        if exit_code < 0 and -exit_code not in SELF_RAISED and rank not in errors:
+            return RankKilled(
+                f"trainer rank {rank} was killed by signal {-exit_code} (torchrun exited with {code})"
+            )
+    for rank, exit_code in ended:
         if exit_code < 0 and -exit_code != signal.SIGTERM and rank not in errors:
-            return f"trainer rank {rank} ended with signal {-exit_code} (torchrun exited with {code})"
+            return RanksFailed(
+                f"trainer rank {rank} ended with signal {-exit_code} (torchrun exited with {code})"
+            )
     if errors:
         first = min(errors.values(), key=lambda error: error["time"])
-        return f"trainer rank {first['rank']} failed: {first['error']}"
+        return RanksFailed(f"trainer rank {first['rank']} failed: {first['error']}")
     cause = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", output, re.S)
     if cause:
         rank, exit_code = cause.group(1), int(cause.group(2))
         how = f"signal {-exit_code}" if exit_code < 0 else f"exit code {exit_code}"
-        return f"trainer rank {rank} ended with {how} (torchrun exited with {code})"
+        return RanksFailed(f"trainer rank {rank} ended with {how} (torchrun exited with {code})")
     tail = output.strip().splitlines()[-5:]
-    return f"the trainer ranks exited with {code}: " + " | ".join(tail)
+    return RanksFailed(f"the trainer ranks exited with {code}: " + " | ".join(tail))
 
 
 # ----- inside a rank -------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from lab.celery import app
 from workers.buffer import clear_buffer
 from workers.db_outage import UNREACHABLE, note_unreachable, reachable_for, retry_db
 from workers.memory import MemoryCeiling, OverMemoryCeiling, import_model_libraries
+from workers.ranks import RankKilled
 from workers.sink import CheckpointLedger, DatabaseSink, measurement
 from workers.source import BufferDamaged, DatabaseSource
 
@@ -152,8 +153,9 @@ def _failed(run: Run, worker: str, exc: Exception, reason: str, execution: dict 
         log.warning("run %s attempt %s: no longer this worker's; nothing recorded", run_id, attempt)
         return f"run {run_id} attempt {attempt}: no longer this worker's"
     retry_db(RolloutJob.cancel_for)(run)
-    if isinstance(exc, BufferDamaged) and run.attempt < settings.LAB_MAX_ATTEMPTS:
-        # Not the run's fault, and a new attempt can go on: from an earlier checkpoint.
+    if isinstance(exc, BufferDamaged | RankKilled) and run.attempt < settings.LAB_MAX_ATTEMPTS:
+        # Not the run's fault (a rank killed from outside is a lost worker's), and a new attempt
+        # can go on: from a checkpoint.
         retry_db(run.retry)(within_cap=False)
         return f"run {run_id} attempt {attempt}: failed; re-queued as attempt {run.attempt}"
     return f"run {run_id} attempt {attempt}: failed"

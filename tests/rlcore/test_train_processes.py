@@ -1,7 +1,8 @@
 """A run's trainer in several processes (`execution.train_processes`, `rlcore.distributed`): real
 torchrun ranks on gloo, one thread each, against one process: the same §7 metrics at every step,
 the same final weights, shards that really split the memory, a resume from a sharded checkpoint
-that logs the uninterrupted curve, and a checkpoint refused by another number of ranks."""
+that logs the uninterrupted curve, a checkpoint refused by another number of ranks, and a held-out
+evaluation split across ranks whose responses end at different lengths."""
 
 import json
 import math
@@ -22,6 +23,7 @@ from tests.rlcore.rlcore_helpers import SMALL, TIMING, merge, without_timing
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = Path(__file__).resolve().with_name("ranks_target.py")
+EVAL_TARGET = TARGET.with_name("eval_target.py")
 RANK_ENV = {"LAB_RANK_TIMEOUT_S": "120"}  # a rank stuck in a collective fails the test, not hangs it
 PARITY = merge(SMALL, {"steps": 8, "eval_every": 4, "checkpoint_every": 8, "algorithm": {"preset": "grpo"}})
 
@@ -42,10 +44,12 @@ def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
     return out
 
 
-def run_target(tmp_path: Path, config: Path, name: str, cache_dir: Path, **flags) -> dict:
-    """The ranks of `config` under torchrun through the test target; rank 0's report."""
+def run_target(
+    tmp_path: Path, config: Path, name: str, cache_dir: Path, target: Path = TARGET, **flags
+) -> dict:
+    """The ranks of `config` under torchrun through the test `target`; rank 0's report."""
     out = tmp_path / f"{name}.json"
-    command = launch.rank_command([TARGET, config, out, "--cache-dir", cache_dir], 2)
+    command = launch.rank_command([target, config, out, "--cache-dir", cache_dir], 2)
     for flag, value in flags.items():
         command += [f"--{flag.replace('_', '-')}", str(value)]
     env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "LAB_RANK_THREADS": "1"}
@@ -54,7 +58,8 @@ def run_target(tmp_path: Path, config: Path, name: str, cache_dir: Path, **flags
     )
     finish(proc)
     report = json.loads(out.read_text())
-    report["points"] = [(step, metrics) for step, metrics in report["points"]]
+    if "points" in report:
+        report["points"] = [(step, metrics) for step, metrics in report["points"]]
     return report
 
 
@@ -163,6 +168,27 @@ def test_a_resume_from_a_sharded_checkpoint_logs_the_uninterrupted_curve(cache_d
     assert [step for step, _ in resumed["points"]] == [5, 6, 7, 8]
     assert without_timing(resumed["points"]) == without_timing(whole["points"])[5:]
     assert resumed["summary"]["completed"] == 1
+
+
+def test_ranks_whose_evaluation_responses_end_at_different_lengths_give_one_process_s_numbers(
+    cache_dir, tmp_path
+):
+    """The held-out evaluation split across 2 ranks, rank 0's problems all ending at EOS at once
+    and rank 1's running to max_new_tokens: neither waits on the other (no collective inside
+    generation) and the sums add up to one process's evaluation."""
+    from tests.rlcore import eval_target
+
+    data = merge(PARITY, {"eval_size": 8})
+    report = run_target(tmp_path, write_config(tmp_path, data, 2), "eval", cache_dir, target=EVAL_TARGET)
+    config = trainer.RunConfig.model_validate(data)
+    learner = trainer.prepare(config, cache_dir)
+    eval_target.ends_by_half(learner)
+    one = learner.evaluator.evaluate(learner.policy, eval_target.STEP)
+    assert report["tokens"] == [4, 4 * config.rollout.max_new_tokens]  # 1 token each; the longest
+    assert set(report["metrics"]) == set(one)
+    for name, value in one.items():
+        assert math.isclose(report["metrics"][name], value, rel_tol=1e-6, abs_tol=1e-6), name
+    assert one["eval/kl_init"] > 0
 
 
 def test_a_sharded_checkpoint_is_refused_by_another_number_of_ranks(cache_dir, tmp_path):

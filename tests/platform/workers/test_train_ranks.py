@@ -1,23 +1,32 @@
 """A run of `execution.train_processes: 2` on a real training worker: the worker starts torchrun
-ranks (`workers.ranks`) and never joins them itself; the curves are a one-process run's; a cancel
-ends every rank, and so does the worker's own death."""
+ranks (`workers.ranks`) and never joins them itself; the curves are a one-process run's, also
+when a rank is SIGKILLed mid-run (the attempt fails naming it, the run resumes from its sharded
+checkpoint); a cancel ends every rank, so does the worker's own death, and a rank that hangs in a
+collective is ended by the timeout."""
 
 from __future__ import annotations
+
+import time
 
 import psutil
 import pytest
 from support import TINY_CONFIG, last_step, queue_sweep, wait_for
-from worker_helpers import assert_curves_equal, wait_until_over
+from worker_helpers import assert_curves_equal, assert_resumed_once, wait_until_over
 
 from execution.models import Worker
 from experiments.models import Run
+from rlcore import checkpoints
 from rlcore.launch import usable_cores
 from workers.ranks import run_folder
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-RANKS = {**TINY_CONFIG, "execution": {"train_processes": 2}}
+RANKS_OF = {"execution": {"train_processes": 2}}
+RANKS = {**TINY_CONFIG, **RANKS_OF}
 LONG = {**RANKS, "steps": 400, "eval_every": 400, "checkpoint_every": 50}
+# Long enough that rank 1 is killed well before the end; every step a checkpoint step.
+KILLED = {**TINY_CONFIG, "steps": 12, "eval_every": 4, "checkpoint_every": 2}
+HANG_TIMEOUT_S = 15  # LAB_RANK_TIMEOUT_S of the hang's worker: well over any wait of a healthy rank
 
 
 def rank_processes(run: Run) -> list[psutil.Process]:
@@ -42,16 +51,67 @@ def started_ranks(run: Run) -> list[psutil.Process]:
     return procs
 
 
-def test_two_ranks_on_a_worker_train_the_one_process_curves(start_worker, team, alice):
-    one = queue_sweep(team, alice, "one process", config=TINY_CONFIG).runs.get()
-    two = queue_sweep(team, alice, "two processes", config=RANKS).runs.get()
+def the_ranks(run: Run) -> dict[str, psutil.Process]:
+    """Rank 0 and rank 1 of `run`'s current attempt, once both run."""
+
+    def found():
+        ranks = {}
+        for proc in rank_processes(run):
+            try:
+                rank = proc.environ().get("RANK")
+            except psutil.NoSuchProcess:
+                continue
+            if rank is not None:
+                ranks[rank] = proc
+        return ranks if set(ranks) == {"0", "1"} else None
+
+    return wait_for(found, 120, f"both ranks of run {run.pk}")
+
+
+def kill_rank_one_after_a_checkpoint(run: Run, steps: int) -> int:
+    """SIGKILL rank 1 of `run` once a checkpoint is on disk, with both ranks held (SIGSTOP) while
+    that is looked at, so the kill lands before the last step whatever the load; the newest
+    checkpoint's step then."""
+    ranks = the_ranks(run)
+    deadline = time.monotonic() + 120
+    while True:
+        for proc in ranks.values():
+            proc.suspend()
+        written = [step for step, _ in checkpoints.existing_sharded(run.checkpoint_dir)]
+        if written or time.monotonic() > deadline:
+            break
+        for proc in ranks.values():
+            proc.resume()
+        time.sleep(0.05)
+    assert written, "no checkpoint within 120 s"
+    assert max(written) < steps and not (run_folder(run) / "result.json").exists(), written
+    ranks["1"].kill()
+    ranks["0"].resume()
+    return max(written)
+
+
+def test_two_ranks_on_a_worker_train_the_one_process_curves_even_after_a_rank_is_killed(
+    start_worker, team, alice
+):
+    """Rank 1 SIGKILLed after the first checkpoint: the attempt fails naming it and the run is
+    re-queued like a lost worker's; attempt 2 resumes from the sharded checkpoint and ends on
+    the one-process run's curve, every point once."""
+    one = queue_sweep(team, alice, "one process", config=KILLED).runs.get()
+    two = queue_sweep(team, alice, "two processes", config={**KILLED, **RANKS_OF}).runs.get()
     worker = start_worker()
-    wait_until_over([one, two], 120)
+    kill_rank_one_after_a_checkpoint(two, KILLED["steps"])
+    wait_until_over([one, two], 180)
     for run in (one, two):
         run.refresh_from_db()
         assert run.status == Run.SUCCEEDED, run.error
+    assert two.attempt == 2
+    # Attempt 1 failed naming the rank (its error, cleared when attempt 2 was claimed, in the log).
+    assert f"run {two.pk} attempt 1 failed" in worker.log()
+    assert "RankKilled: trainer rank 1 was killed by signal 9" in worker.log()
+    assert f"run {two.pk} attempt 1: failed; re-queued as attempt 2" in worker.log()
+    assert_resumed_once(two, KILLED["steps"])
     assert_curves_equal(two, one)
-    assert two.summary["steps"] == TINY_CONFIG["steps"]
+    assert two.summary["steps"] == KILLED["steps"]
     # The ranks ran outside the worker's process, their output kept with the run's files.
     assert list((run_folder(two) / "logs").rglob("*.log"))
     assert "trainer ranks" in worker.log()
@@ -78,15 +138,20 @@ def test_a_killed_worker_takes_its_ranks_with_it(start_worker, team, alice):
     wait_for(lambda: gone(procs), 10, "every rank to end with the worker")
 
 
-def test_a_rank_that_dies_fails_the_attempt_naming_it(start_worker, team, alice):
-    run = queue_sweep(team, alice, "a rank dies", config=LONG).runs.get()
-    start_worker()
+def test_a_rank_that_hangs_in_a_collective_is_ended_by_the_timeout(start_worker, team, alice):
+    """Rank 1 stopped (SIGSTOP) mid-run: rank 0's next collective gives up after
+    LAB_RANK_TIMEOUT_S, the attempt fails naming the timeout, and no rank is left running."""
+    run = queue_sweep(team, alice, "a rank hangs", config=LONG).runs.get()
+    start_worker(env={"LAB_RANK_TIMEOUT_S": str(HANG_TIMEOUT_S)})
     procs = started_ranks(run)
     [rank_one] = [p for p in procs if p.environ().get("RANK") == "1"]
-    rank_one.kill()
-    wait_until_over([run], 30)
+    rank_one.suspend()
+    wait_until_over([run], HANG_TIMEOUT_S + 60)
     run.refresh_from_db()
-    assert run.status == Run.FAILED
-    assert "trainer rank 1 " in run.error, run.error
-    wait_for(lambda: gone(procs), 10, "every rank to end after one died")
-    assert run.summary.get("steps", 0) >= 2  # what it logged before it failed
+    assert run.status == Run.FAILED and run.attempt == 1, run.error
+    assert (
+        f"trainer rank 0 gave up waiting for the other ranks after LAB_RANK_TIMEOUT_S ({HANG_TIMEOUT_S} s)"
+        in run.error
+    )
+    assert "Timed out" in run.error, run.error
+    wait_for(lambda: gone(procs), 10, "every rank, the stopped one too, to end")
