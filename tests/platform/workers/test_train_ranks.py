@@ -117,6 +117,11 @@ def test_two_ranks_on_a_worker_train_the_one_process_curves_even_after_a_rank_is
     assert "trainer ranks" in worker.log()
     record = Worker.objects.get(identity=worker.identity)
     assert (record.cores, record.gpus) == (usable_cores(), 0)
+    # Its measurement counts both ranks' threads and CPU as the trainer's (rank 1's are not the
+    # machine's other load), each rank with its share of the worker's threads.
+    one_threads = one.measured.threads_trainer
+    assert two.measured.threads_trainer == 2 * max(1, one_threads // 2), (one_threads, two.summary)
+    assert two.measured.cpu_trainer_steady_s > 0
 
 
 def test_a_cancel_ends_every_rank(start_worker, team, alice):
