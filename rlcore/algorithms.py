@@ -1,4 +1,4 @@
-"""The loss family (docs/algorithms.md §2–5, §13) as pure tensor functions: `build(name, **params)` gives
+"""The loss family (docs/algorithms.md §2–5, §13, §16) as pure tensor functions: `build(name, **params)` gives
 an `Algorithm` whose `advantages` are group-relative (with RED-Drop) and whose `policy_loss` has the
 spec's gradient with respect to `logp`. Shapes: N responses, T response positions.
 
