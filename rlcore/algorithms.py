@@ -1,4 +1,4 @@
-"""The loss family (docs/algorithms.md §2–5, §13) as pure tensor functions: `build(name, **params)` gives
+"""The loss family (docs/algorithms.md §2–5, §13, §16) as pure tensor functions: `build(name, **params)` gives
 an `Algorithm` whose `advantages` are group-relative (with RED-Drop) and whose `policy_loss` has the
 spec's gradient with respect to `logp`. Shapes: N responses, T response positions.
 
@@ -9,6 +9,7 @@ a new surrogate is one registered function, its name in `presets.Surrogate`, the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
@@ -17,8 +18,11 @@ import torch
 from torch import Tensor
 
 from rlcore.presets import AlgorithmSpec, preset_names, resolve
+from rlcore.sinks import BAPO_METRICS
 
 STD_EPS = 1e-6
+# Probabilities in the binary KL are clamped to [ε, 1 − ε] (AReaL's).
+PROB_EPS = 1e-8
 
 
 def presets() -> list[str]:
@@ -166,6 +170,7 @@ class Algorithm:
         *,
         logp_prox: Tensor | None = None,
         selected: Tensor | None = None,
+        bounds: tuple[float, float, float] | None = None,
         total_tokens: float | None = None,
         total_seqs: int | None = None,
         max_length: int | None = None,
@@ -175,13 +180,15 @@ class Algorithm:
         `logp_old` [N, T] are the behaviour log-probs μ recorded at rollout; `logp_prox` [N, T]
         the trainer's own log-probs under the step-start weights (needed when anchored on them);
         `mask` [N, T] is 1 on response tokens; `advantages` [N]. `selected` is M2PO's whole-batch
-        mask (`selection`); without it M2PO selects over the rows given. For gradient
+        mask (`selection`); without it M2PO selects over the rows given. `bounds` is BAPO's
+        (c_low, c_high, s) searched over the whole mini-batch (`search`); without it BAPO searches
+        over the rows given. For gradient
         accumulation over micro-batches, pass the whole (mini-)batch's `total_tokens` /
         `total_seqs` so that the sum of micro-batch losses equals its loss. `max_length` is the
         constant that `seq-mean-token-sum-norm` divides by (default: T).
         """
         s = self.spec
-        head = self.ratios(logp, logp_old, mask, advantages, logp_prox, selected)
+        head = self.ratios(logp, logp_old, mask, advantages, logp_prox, selected, bounds)
         # The surrogate, by name.
         token = _pick(SURROGATES, "surrogate", s.surrogate)(s, head)
         clipped = token.clipped if token.clipped is not None else torch.zeros_like(head.ratio)
@@ -191,7 +198,7 @@ class Algorithm:
 
         # The tail every surrogate shares.
         q = (head.anchor - logp_old).exp()  # the behaviour weight π_prox/μ; 1 under a behaviour anchor
-        q_weight, q_removed = _pick(CORRECTIONS, "correction", s.correction)(s, q)
+        q_weight, q_removed = _pick(CORRECTIONS, "correction", s.correction)(s, q, head)
         per_token = q_weight * token.per_token
         weight = token.weight * q_weight
         removed = removed | q_removed
@@ -205,6 +212,8 @@ class Algorithm:
         aggregate = _pick(AGGREGATIONS, "loss_agg", s.loss_agg)
         loss = aggregate(per_token * head.m, head.m, n_seqs, total_tokens, max_length)
         stats = self.statistics(logp.detach(), logp_old, head.m, clipped.detach(), removed, weight.detach())
+        if head.bounds is not None:
+            stats.update(zip(BAPO_METRICS, head.bounds, strict=True))
         return loss, stats
 
     def ratios(
@@ -215,6 +224,7 @@ class Algorithm:
         advantages: Tensor,
         logp_prox: Tensor | None = None,
         selected: Tensor | None = None,
+        bounds: tuple[float, float, float] | None = None,
     ) -> Ratios:
         """What every surrogate reads, computed once (the arguments are `policy_loss`'s)."""
         m = mask.to(logp.dtype)
@@ -222,16 +232,84 @@ class Algorithm:
         log_ratio = logp.detach() - anchor
         if selected is None:
             selected = self.selection(logp, logp_old, mask, advantages, logp_prox)
+        adv = self._effective(advantages, logp, logp_old, m)[:, None]
+        ratio = log_ratio.exp()
+        if bounds is None and self.spec.surrogate == "bapo":
+            bounds = self.search_bounds(self.search_sums(ratio, adv, m))
         return Ratios(
             logp=logp,
             anchor=anchor,
+            behaviour=logp_old,
             m=m,
-            adv=self._effective(advantages, logp, logp_old, m)[:, None],
-            ratio=log_ratio.exp(),
+            adv=adv,
+            ratio=ratio,
             seq_ratio=((log_ratio * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)).exp()[:, None],
             live=(logp - anchor).exp(),
             selected=selected,
+            bounds=bounds,
         )
+
+    def search(
+        self,
+        logp: Tensor,
+        logp_old: Tensor,
+        mask: Tensor,
+        advantages: Tensor,
+        logp_prox: Tensor | None = None,
+    ) -> tuple[float, float, float] | None:
+        """BAPO's clip bounds (c_low, c_high) and the balance s they reach, searched over the rows
+        given (a whole mini-batch, before any backward, so that accumulation over micro-batches is
+        exact) from the current log-probs `logp` (detached); None for every other surrogate."""
+        if self.spec.surrogate != "bapo":
+            return None
+        return self.ratios(logp.detach(), logp_old, mask, advantages, logp_prox).bounds
+
+    def bapo_grid(self) -> tuple[list[float], list[float]]:
+        """The values BAPO's search tries in turn for c_low and for c_high: each from its start,
+        raised by its step and capped at its end (the authors' loop)."""
+        s = self.spec
+        grids = []
+        for start, end, step in (
+            (s.bapo_low_start, s.bapo_low_end, s.bapo_low_step),
+            (s.bapo_high_start, s.bapo_high_end, s.bapo_high_step),
+        ):
+            values = [start]
+            while values[-1] < end:
+                values.append(min(values[-1] + step, end))
+            grids.append(values)
+        return grids[0], grids[1]
+
+    def search_sums(self, ratio: Tensor, adv: Tensor, m: Tensor) -> list[float]:
+        """What BAPO's search reads of a batch, as sums (so that parts of it add up): per c_high
+        tried, Σ_{A≥0} min(ρ, c_high)·A; per c_low tried, Σ_{A<0} max(ρ, c_low)·|A|, over valid
+        tokens; and the count of valid tokens with A < 0."""
+        lows, highs = self.bapo_grid()
+        rho, a = ratio.detach().to(torch.float64), adv.expand_as(ratio).to(torch.float64)
+        valid = m > 0
+        pos, neg = valid & (a >= 0), valid & (a < 0)
+        rho_pos, a_pos, rho_neg, a_neg = rho[pos], a[pos], rho[neg], -a[neg]
+        sums = [(rho_pos.clamp(max=c) * a_pos).sum() for c in highs]
+        sums += [(rho_neg.clamp(min=c) * a_neg).sum() for c in lows]
+        sums.append(neg.sum().to(torch.float64))
+        return torch.stack(sums).tolist()
+
+    def search_bounds(self, sums: list[float]) -> tuple[float, float, float]:
+        """BAPO's search on `search_sums`: s(c_low, c_high) = positive / (negative + 1e-8) (∞ without
+        negative tokens); from (start, start), raise c_low while s < ρ₀ and c_low is below its end,
+        then c_high likewise. Returns (c_low, c_high, s)."""
+        lows, highs = self.bapo_grid()
+        pos, neg, negatives = sums[: len(highs)], sums[len(highs) : -1], sums[-1]
+
+        def balance(i: int, j: int) -> float:
+            return pos[j] / (neg[i] + 1e-8) if negatives > 0 else math.inf
+
+        target = self.spec.bapo_target
+        i = j = 0
+        while balance(i, j) < target and i + 1 < len(lows):
+            i += 1
+        while balance(i, j) < target and j + 1 < len(highs):
+            j += 1
+        return lows[i], highs[j], balance(i, j)
 
     @staticmethod
     def statistics(
@@ -270,16 +348,19 @@ class Ratios:
     gradient, `anchor` the log-probs the ratio is taken against, `m` the mask in π's dtype, `adv`
     [N, 1] the advantages the loss uses (detached, after OPSM), `ratio` π/anchor detached,
     `seq_ratio` [N, 1] the geometric mean of a response's ratios, detached, `live` π/anchor with
-    its gradient, and `selected` M2PO's whole-batch mask (None for every other surrogate)."""
+    its gradient, `selected` M2PO's whole-batch mask (None for every other surrogate), `behaviour`
+    μ, and `bounds` BAPO's searched (c_low, c_high, s) (None for every other surrogate)."""
 
     logp: Tensor
     anchor: Tensor
+    behaviour: Tensor
     m: Tensor
     adv: Tensor
     ratio: Tensor
     seq_ratio: Tensor
     live: Tensor
     selected: Tensor | None
+    bounds: tuple[float, float, float] | None = None
 
 
 class TokenLoss(NamedTuple):
@@ -324,14 +405,18 @@ def _rec(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
     return TokenLoss(-r.adv * weight * r.logp * keep, 1 - keep, weight * keep)
 
 
-def _ppo_clip(s: AlgorithmSpec, r: Ratios, live: Tensor) -> TokenLoss:
-    """max(−A·ρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high)) on the ratio `live`, with the dual clip."""
+def _ppo_clip(
+    s: AlgorithmSpec, r: Ratios, live: Tensor, bounds: tuple[float, float] | None = None, dual: bool = True
+) -> TokenLoss:
+    """max(−A·ρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high)) on the ratio `live` (or clip(ρ, *bounds)),
+    with the dual clip where `dual`."""
+    low, high = bounds if bounds is not None else (1 - s.eps_low, 1 + s.eps_high)
     unclipped = -r.adv * live
-    clipped_branch = -r.adv * live.clamp(1 - s.eps_low, 1 + s.eps_high)
+    clipped_branch = -r.adv * live.clamp(low, high)
     per_token = torch.maximum(unclipped, clipped_branch)
     clipped = (clipped_branch > unclipped).to(r.logp.dtype)
     weight = live.detach() * (1 - clipped)
-    if s.dual_clip is not None:
+    if dual and s.dual_clip is not None:
         cap = -r.adv * s.dual_clip
         dual = (r.adv < 0) & (per_token > cap)
         per_token = torch.where(dual, cap.expand_as(per_token), per_token)
@@ -400,6 +485,70 @@ def _dppo_tv(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
     return TokenLoss(-(~removed).to(r.logp.dtype) * r.adv * r.live, None, r.ratio, removed)
 
 
+def k3(x: Tensor) -> Tensor:
+    return x.exp() - 1 - x
+
+
+def binary_kl(a: Tensor, b: Tensor) -> Tensor:
+    """KL between two Bernoulli distributions given by the token probabilities a and b, each
+    clamped to [1e-8, 1 − 1e-8] (AReaL's): a·ln(a/b) + (1−a)·ln((1−a)/(1−b))."""
+    a, b = a.clamp(PROB_EPS, 1 - PROB_EPS), b.clamp(PROB_EPS, 1 - PROB_EPS)
+    return a * (a / b).log() + (1 - a) * ((1 - a) / (1 - b)).log()
+
+
+@surrogate("trm")
+def _trm(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    """Trust-region masking: PPO-clip, a response dropped when the largest k3(x) over its tokens
+    exceeds δ, x = p − μ under a proximal anchor (fixed for the step), sg(π) − μ under a behaviour
+    one. Clipping is counted on the responses kept."""
+    x = (r.anchor if s.anchor == "proximal" else r.logp.detach()) - r.behaviour
+    worst = torch.where(r.m > 0, k3(x), torch.full_like(x, -math.inf)).amax(dim=1, keepdim=True)
+    keep = (worst <= s.trm_delta).to(r.logp.dtype)
+    ppo = _ppo_clip(s, r, r.live)
+    removed = (keep == 0).expand_as(x)
+    return TokenLoss(keep * ppo.per_token, keep * ppo.clipped, keep * ppo.weight, removed)
+
+
+@surrogate("dppo-kl")
+def _dppo_kl(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    """DPPO binary-KL: −A·sg(min(ρ, C))·π, tokens whose binary KL(anchor ‖ π) exceeds δ where
+    they moved with their advantage masked."""
+    pi = r.logp.detach()
+    moved = ((r.adv > 0) & (pi > r.anchor)) | ((r.adv < 0) & (pi < r.anchor))
+    removed = moved & (binary_kl(r.anchor.exp(), pi.exp()) > s.dppo_kl_delta)
+    weight = r.ratio.clamp(max=s.dppo_ratio_cap) * (~removed).to(pi.dtype)
+    return TokenLoss(-r.adv * weight * r.logp, None, weight, removed)
+
+
+@surrogate("ce-gppo")
+def _ce_gppo(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    """CE-GPPO: −A·ρ inside the clip window; outside it on the clipped side (A < 0 below 1 − ε_low,
+    A > 0 above 1 + ε_high) a token keeps the gradient −β·(1 ∓ ε)·A·∇π, its value β·(1 ∓ ε)·(−A)."""
+    low, high = 1 - s.eps_low, 1 + s.eps_high
+    below = (r.adv < 0) & (r.ratio < low)
+    above = (r.adv > 0) & (r.ratio > high)
+    unit = (r.logp - r.logp.detach()).exp()  # ρ / sg(ρ): 1, with π's gradient
+    scale = torch.where(below, s.cegppo_beta_low * low, s.cegppo_beta_high * high).to(r.logp.dtype)
+    clipped = below | above
+    per_token = torch.where(clipped, -scale * r.adv * unit, -r.adv * r.live)
+    weight = torch.where(clipped, scale, r.ratio)
+    return TokenLoss(per_token, clipped.to(r.logp.dtype), weight)
+
+
+@surrogate("dro")
+def _dro(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    """DRO (verl's form): −(A·π − (β/2)·(π − anchor)²)."""
+    x = r.logp - r.anchor
+    return TokenLoss(-(r.adv * r.logp - s.dro_beta / 2 * x * x), None, torch.ones_like(r.ratio))
+
+
+@surrogate("bapo")
+def _bapo(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
+    """BAPO: PPO-clip on the ratio with the searched bounds (c_low, c_high), no dual clip."""
+    low, high, _ = r.bounds
+    return _ppo_clip(s, r, r.live, (low, high), dual=False)
+
+
 def _one_side(s: AlgorithmSpec, r: Ratios, ratio: Tensor) -> Tensor:
     return ((r.adv >= 0) & (ratio <= 1 + s.eps_high)) | ((r.adv <= 0) & (ratio >= 1 - s.eps_low))
 
@@ -435,23 +584,31 @@ def _nothing_removed(q: Tensor) -> Tensor:
     return torch.zeros_like(q, dtype=torch.bool)
 
 
-def _decoupled(s: AlgorithmSpec, q: Tensor) -> tuple[Tensor, Tensor]:
-    removed = q > s.is_cap
+def _weighted_unless(q: Tensor, removed: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(removed, torch.zeros_like(q), q), removed
 
 
-def _masked_is(s: AlgorithmSpec, q: Tensor) -> tuple[Tensor, Tensor]:
+def _masked_is(s: AlgorithmSpec, q: Tensor, r: Ratios) -> tuple[Tensor, Tensor]:
     removed = (q < s.is_low) | (q > s.is_high)
     return (~removed).to(q.dtype), removed
 
 
-# The behaviour corrections (presets.Correction) applied on top of the surrogate: the behaviour
-# weight q [N, T] -> (the weight applied, the tokens removed).
-CORRECTIONS: dict[str, Callable[[AlgorithmSpec, Tensor], tuple[Tensor, Tensor]]] = {
-    "none": lambda s, q: (torch.ones_like(q), _nothing_removed(q)),
-    "decoupled": _decoupled,
-    "tis": lambda s, q: (q.clamp(max=s.is_cap), _nothing_removed(q)),
+def _kpop(s: AlgorithmSpec, q: Tensor, r: Ratios) -> tuple[Tensor, Tensor]:
+    """q, with tokens masked whose binary KL between the anchor's and μ's probabilities exceeds φ
+    in either direction."""
+    p, mu = r.anchor.exp(), r.behaviour.exp()
+    return _weighted_unless(q, torch.maximum(binary_kl(p, mu), binary_kl(mu, p)) > s.kpop_phi)
+
+
+# The behaviour corrections (presets.Correction) applied on top of the surrogate: (the behaviour
+# weight q [N, T], the head) -> (the weight applied, the tokens removed).
+CORRECTIONS: dict[str, Callable[[AlgorithmSpec, Tensor, Ratios], tuple[Tensor, Tensor]]] = {
+    "none": lambda s, q, r: (torch.ones_like(q), _nothing_removed(q)),
+    "decoupled": lambda s, q, r: _weighted_unless(q, q > s.is_cap),
+    "tis": lambda s, q, r: (q.clamp(max=s.is_cap), _nothing_removed(q)),
     "mis": _masked_is,
+    "icepop": lambda s, q, r: _weighted_unless(q, (q < s.is_low) | (q > s.is_high)),
+    "kpop": _kpop,
 }
 
 # The regularisers (presets.Reg): the per-token loss with the term added.

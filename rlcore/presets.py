@@ -10,8 +10,23 @@ from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 from pydantic import Field
 
-Surrogate = Literal["rec", "ppo", "gspo", "m2po", "cispo", "sapo", "gmpo", "topr", "dppo-tv"]
-Correction = Literal["none", "decoupled", "tis", "mis"]
+Surrogate = Literal[
+    "rec",
+    "ppo",
+    "gspo",
+    "m2po",
+    "cispo",
+    "sapo",
+    "gmpo",
+    "topr",
+    "dppo-tv",
+    "trm",
+    "dppo-kl",
+    "ce-gppo",
+    "dro",
+    "bapo",
+]
+Correction = Literal["none", "decoupled", "tis", "mis", "icepop", "kpop"]
 Anchor = Literal["behaviour", "proximal"]
 Clip = Literal["none", "one-side", "two-side", "ring", "seq-one-side"]
 Weight = Literal["none", "is", "seq-is", "advantage", "truncated-is"]
@@ -139,16 +154,16 @@ class AlgorithmSpec:
     is_low: Annotated[
         float,
         Field(
-            title="MIS lower bound",
-            description="masked IS keeps tokens with is_low ≤ q ≤ is_high (0 < is_low ≤ 1)",
+            title="MIS / IcePop lower bound",
+            description="masked IS and IcePop keep tokens with is_low ≤ q ≤ is_high (0 < is_low ≤ 1)",
         ),
         Knob(gt=0, le=1),
     ] = 0.5
     is_high: Annotated[
         float,
         Field(
-            title="MIS upper bound",
-            description="masked IS keeps tokens with is_low ≤ q ≤ is_high (is_high ≥ 1)",
+            title="MIS / IcePop upper bound",
+            description="masked IS and IcePop keep tokens with is_low ≤ q ≤ is_high (is_high ≥ 1)",
         ),
         Knob(ge=1),
     ] = 5.0
@@ -186,6 +201,101 @@ class AlgorithmSpec:
         ),
         Knob(gt=0, lt=1, why=": it bounds a change of probability"),
     ] = 0.2
+    kpop_phi: Annotated[
+        float,
+        Field(
+            title="KPop binary-KL bound φ",
+            description=(
+                "mask a token whose binary KL between its proximal and behaviour probabilities "
+                "(either direction) exceeds φ"
+            ),
+        ),
+        Knob(gt=0),
+    ] = 2.0
+    trm_delta: Annotated[
+        float,
+        Field(
+            title="TRM sequence bound δ",
+            description="drop a response whose largest per-token k3 between trainer and rollout exceeds δ",
+        ),
+        Knob(gt=0),
+    ] = 0.1
+    dppo_kl_delta: Annotated[
+        float,
+        Field(
+            title="DPPO-KL binary-KL bound δ",
+            description="mask a token whose binary KL between behaviour and current probabilities exceeds δ "
+            "where it moved with its advantage",
+        ),
+        Knob(gt=0),
+    ] = 0.05
+    dppo_ratio_cap: Annotated[
+        float,
+        Field(
+            title="DPPO-KL ratio cap C",
+            description="DPPO-KL weights the gradient by the detached ratio truncated at C",
+        ),
+        Knob(ge=1, why=": C truncates the ratio, which is 1 on-policy"),
+    ] = 1e4
+    cegppo_beta_low: Annotated[
+        float,
+        Field(
+            title="CE-GPPO β₁ (A < 0, ratio below 1 − ε_low)",
+            description="the gradient kept by negative tokens clipped below: −β₁(1 − ε_low)·A",
+        ),
+        Knob(ge=0),
+    ] = 0.5
+    cegppo_beta_high: Annotated[
+        float,
+        Field(
+            title="CE-GPPO β₂ (A > 0, ratio above 1 + ε_high)",
+            description="the gradient kept by positive tokens clipped above: −β₂(1 + ε_high)·A",
+        ),
+        Knob(ge=0),
+    ] = 1.0
+    dro_beta: Annotated[
+        float,
+        Field(title="DRO β", description="DRO's penalty (β/2)·(π − anchor)²"),
+        Knob(ge=0),
+    ] = 0.05
+    bapo_target: Annotated[
+        float,
+        Field(
+            title="BAPO target ρ₀",
+            description="widen the bounds until the positive over negative surrogate mass s reaches ρ₀",
+        ),
+        Knob(gt=0),
+    ] = 0.5
+    bapo_low_start: Annotated[
+        float,
+        Field(title="BAPO c_low start", description="the search starts the lower bound here"),
+        Knob(gt=0, le=1),
+    ] = 0.6
+    bapo_low_end: Annotated[
+        float,
+        Field(title="BAPO c_low end", description="the lower bound rises at most to here"),
+        Knob(gt=0, le=1),
+    ] = 0.9
+    bapo_low_step: Annotated[
+        float,
+        Field(title="BAPO c_low step", description="the lower bound rises by this much at a time"),
+        Knob(ge=0.01, why=": the search tries each value in turn"),
+    ] = 0.05
+    bapo_high_start: Annotated[
+        float,
+        Field(title="BAPO c_high start", description="the search starts the upper bound here"),
+        Knob(ge=1),
+    ] = 1.2
+    bapo_high_end: Annotated[
+        float,
+        Field(title="BAPO c_high end", description="the upper bound rises at most to here"),
+        Knob(ge=1),
+    ] = 3.0
+    bapo_high_step: Annotated[
+        float,
+        Field(title="BAPO c_high step", description="the upper bound rises by this much at a time"),
+        Knob(ge=0.01, why=": the search tries each value in turn"),
+    ] = 0.1
     opsm_delta: Annotated[
         float | None,
         Field(
@@ -221,6 +331,15 @@ class AlgorithmSpec:
 
 _CLIP = ("eps_low", "eps_high", "anchor")
 _RING = ("eps_low_prime", "eps_high_prime")
+_BAPO = (
+    "bapo_target",
+    "bapo_low_start",
+    "bapo_low_end",
+    "bapo_low_step",
+    "bapo_high_start",
+    "bapo_high_end",
+    "bapo_high_step",
+)
 # The knobs each structure field's value reads, beyond std_normalize, loss_agg and opsm_delta
 # (every member reads them) and std (read when std_normalize): `anchor` wherever a ratio is read.
 READS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -233,8 +352,19 @@ READS: dict[str, dict[str, tuple[str, ...]]] = {
         "gmpo": _CLIP,
         "topr": ("anchor",),
         "dppo-tv": ("anchor", "dppo_delta"),
+        "trm": (*_CLIP, "dual_clip", "trm_delta"),
+        "dppo-kl": ("anchor", "dppo_kl_delta", "dppo_ratio_cap"),
+        "ce-gppo": (*_CLIP, "cegppo_beta_low", "cegppo_beta_high"),
+        "dro": ("anchor", "dro_beta"),
+        "bapo": ("anchor", *_BAPO),
     },
-    "correction": {"decoupled": ("is_cap",), "tis": ("is_cap",), "mis": ("is_low", "is_high")},
+    "correction": {
+        "decoupled": ("is_cap",),
+        "tis": ("is_cap",),
+        "mis": ("is_low", "is_high"),
+        "icepop": ("is_low", "is_high"),
+        "kpop": ("kpop_phi",),
+    },
     "clip": {"one-side": _CLIP, "two-side": _CLIP, "ring": (*_CLIP, *_RING), "seq-one-side": _CLIP},
     "weight": {
         "is": ("anchor",),
@@ -401,6 +531,50 @@ PRESETS: dict[str, Preset] = {
         "DPPO binary-TV with a k2 term (prime-rl's default loss, arXiv 2602.04879): IS-weighted REINFORCE, "
         "tokens whose probability moved > 0.2 with A masked, + 1e-3·(log ρ)²",
         AlgorithmSpec(surrogate="dppo-tv", reg="k2", reg_coef=1e-3),
+        FIELD,
+    ),
+    "icepop": Preset(
+        "IcePop (arXiv 2510.18855; verl decoupled_token_icepop, AReaL's ratio rejection): PPO-clip on "
+        "π/π_prox weighted by q = π_prox/μ, tokens with q outside [0.5, 5] masked (q-weighted as verl and "
+        "AReaL; weight 1 is grpo-mis)",
+        AlgorithmSpec(surrogate="ppo", correction="icepop", anchor="proximal", std_normalize=True),
+        CORRECTIONS,
+    ),
+    "kpop": Preset(
+        "KPop (ringtech.notion.site/kpop; AReaL's binary_kl rejection): PPO-clip on π/π_prox weighted by q, "
+        "tokens whose binary KL between π_prox and μ (either way) exceeds 2.0 masked",
+        AlgorithmSpec(surrogate="ppo", correction="kpop", anchor="proximal", std_normalize=True),
+        CORRECTIONS,
+    ),
+    "trm": Preset(
+        "Trust-region masking (arXiv 2512.23075; verl rollout_rs seq_max_k3): PPO-clip on π/π_prox, a "
+        "response dropped when its largest k3(p − μ) exceeds 0.1, no IS weight (k3, not slime's k2)",
+        AlgorithmSpec(surrogate="trm", anchor="proximal", std_normalize=True),
+        CORRECTIONS,
+    ),
+    "dppo-kl": Preset(
+        "DPPO binary-KL (arXiv 2602.04879; verl compute_policy_loss_dppo_kl, Stable-RL): −A·sg(min(ρ, 1e4))·π, "
+        "tokens whose binary KL to μ exceeds 0.05 where they moved with A masked, no penalty (verl's form)",
+        AlgorithmSpec(surrogate="dppo-kl"),
+        FIELD,
+    ),
+    "ce-gppo": Preset(
+        "CE-GPPO (arXiv 2509.20712; Kwai-Klear/CE-GPPO): PPO-clip whose clipped tokens keep a gradient "
+        "β·(1 ± ε)·A, β₁ 0.5 below, β₂ 1.0 above (no dual clip or SFT term, as their scripts add)",
+        AlgorithmSpec(surrogate="ce-gppo", std_normalize=True),
+        FIELD,
+    ),
+    "dro": Preset(
+        "DRO (verl compute_policy_loss_dro, after arXiv 2405.19107): −(A·π − (β/2)·(π − μ)²), β 0.05, "
+        "anchored on μ as Tinker (verl takes π_old): opmd with c = β/2",
+        AlgorithmSpec(surrogate="dro"),
+        FIELD,
+    ),
+    "bapo": Preset(
+        "BAPO (arXiv 2510.18927; WooooDyy/BAPO): PPO-clip with bounds [c_low, c_high] searched per mini-batch "
+        "(c_low 0.6→0.9, c_high 1.2→3.0) until positive/negative surrogate mass ≥ 0.5 (the authors' search, "
+        "per mini-batch not micro-batch, no dual clip)",
+        AlgorithmSpec(surrogate="bapo", std_normalize=True),
         FIELD,
     ),
 }

@@ -206,6 +206,9 @@ ASYNC_METRICS = ("staleness/in_flight", "staleness/in_queue")
 # The training–inference mismatch (docs/algorithms.md §14): at every step of a run whose engine can
 # disagree with the trainer (`RunConfig.rescored`), else at the steps with on-policy rows.
 MISMATCH_METRICS = ("mismatch/k1", "mismatch/k3", "mismatch/abs_max")
+# Logged at every step of a `bapo` run (docs/algorithms.md §16): the clip bounds its search chose and
+# the balance s they reached (∞ without negative tokens), averaged over the step's mini-batches.
+BAPO_METRICS = ("bapo/c_low", "bapo/c_high", "bapo/s")
 # Logged at step 0 and every `eval_every` steps, and after the last step.
 EVAL_METRICS = ("eval/accuracy", "eval/reward", "eval/kl_init")
 # The metrics whose latest value a run's summary carries (the trainer's, and the platform's for

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,7 @@ from rlcore.produce import Producer, make_engine
 from rlcore.ranks import Ranks, cuts
 from rlcore.rollout import score_responses, token_logprobs
 from rlcore.sinks import (
+    BAPO_METRICS,
     CHECKPOINTING,
     EVALUATING,
     PREPARING,
@@ -312,12 +314,12 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
     pass_ = _Pass(learner, rollout, init_given, shared, ranks)
 
     policy.eval()  # no dropout: the trainer's log-probs must match the rollout's
-    # The step-start log-probs p take a forward of their own for M2PO's whole-batch selection and
-    # once a step holds several optimiser steps; with one, p is π itself wherever the gradient is
-    # taken (the same weights), detached, and costs nothing.
+    # The step-start log-probs p take a forward of their own for M2PO's whole-batch selection, for
+    # BAPO's search before the first backward, and once a step holds several optimiser steps; with
+    # one, p is π itself wherever the gradient is taken (the same weights), detached.
     several = opt.minibatches * opt.epochs > 1
     started = time.perf_counter()
-    prox = pass_.proximal(micro) if algorithm.spec.surrogate == "m2po" or several else None
+    prox = pass_.proximal(micro) if algorithm.spec.surrogate in ("m2po", "bapo") or several else None
     proximal_s = time.perf_counter() - started if prox is not None else 0.0
     selected = None if prox is None else algorithm.selection(prox, rollout.logp, mask, advantages, prox)
     order = seeded_rng(config.seed, step, "minibatches")
@@ -336,6 +338,7 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
                 init_given[rows] if init_given is not None and epoch == 0 else None,
                 micro,
                 first=epoch == 0,
+                fresh=not updates,
             )
             if epoch == 0:
                 logp_first[rows] = logp
@@ -362,6 +365,8 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
     if not math.isfinite(float(loss)):
         raise Diverged(f"diverged at step {step}: loss={float(loss)}")
     stats["clip_frac"] = sum(c for c, _ in updates) / len(updates)
+    if pass_.searches:  # BAPO's bounds and balance, over the step's optimiser steps
+        stats.update(zip(BAPO_METRICS, map(statistics.fmean, zip(*pass_.searches, strict=True)), strict=True))
     if ranks is not None:
         pass_.sums = ranks.sum_floats(pass_.sums)
     rewards = batch.rewards
@@ -466,6 +471,7 @@ class _Pass:
     sums: dict[str, float] = field(
         default_factory=lambda: {"entropy": 0.0, "kl/init": 0.0, "kl/init_k1": 0.0, "kl/init_k3": 0.0}
     )
+    searches: list[tuple[float, float, float]] = field(default_factory=list)  # BAPO's, per mini-batch
 
     @property
     def temperature(self) -> float:
@@ -484,11 +490,13 @@ class _Pass:
         passes = self.ranks.passes(n, group_size, micro)
         return own, pieces + [(slice(0, min(mine, micro)), False)] * (passes - len(pieces))
 
-    def proximal(self, micro: int) -> torch.Tensor:
-        """[N, T] log-probs under the step-start weights: one no-grad forward, in micro-batches."""
-        policy, n = self.learner.policy, self.rollout.response_ids.shape[0]
+    def proximal(self, micro: int, rollout=None) -> torch.Tensor:
+        """[N, T] log-probs of the batch (or of `rollout`, a mini-batch of it) under the weights
+        now (at the step's start: p): one no-grad forward, in micro-batches."""
+        policy, whole = self.learner.policy, self.rollout if rollout is None else rollout
+        n = whole.response_ids.shape[0]
         own, pieces = self._own(n, micro)
-        rollout = self.rollout if self.ranks is None else self.rollout.rows(own)
+        rollout = whole if self.ranks is None else whole.rows(own)
         parts = []
         with torch.no_grad():
             for rows, real in pieces:
@@ -508,14 +516,21 @@ class _Pass:
         init_given: torch.Tensor | None,
         micro: int,
         first: bool,
+        fresh: bool = False,
     ) -> tuple[float, torch.Tensor]:
         """The gradient of one mini-batch `part`, accumulated over micro-batches (the caller
         steps the optimiser); returns (its clip fraction, its log-probs). On the batch's first
-        pass the entropy and KL-to-θ0 sums are added up too."""
+        pass the entropy and KL-to-θ0 sums are added up too. `fresh`: no optimiser step has been
+        taken yet this step (the weights are the step-start ones, whose log-probs `prox` holds)."""
         config, algorithm, policy = self.learner.config, self.learner.algorithm, self.learner.policy
         n = part.response_ids.shape[0]
         mask = part.response_mask
         tokens = float(mask.sum().clamp(min=1))
+        bounds = None
+        if algorithm.spec.surrogate == "bapo":  # searched over the whole mini-batch before any backward
+            now = prox if fresh else self.proximal(micro, part)
+            bounds = algorithm.search(now, part.logp, mask, advantages, prox)
+            self.searches.append(bounds)
         own, pieces = self._own(n, micro)
         if self.ranks is not None:  # this rank's whole prompt groups of the mini-batch
             part, advantages = part.rows(own), advantages[own]
@@ -541,6 +556,7 @@ class _Pass:
                 # Without a proximal pass (one optimiser step) p is this forward's own π.
                 logp_prox=logp.detach() if prox is None else prox[rows],
                 selected=None if selected is None else selected[rows],
+                bounds=bounds,
                 total_tokens=tokens,
                 total_seqs=n,
                 max_length=config.rollout.max_new_tokens,

@@ -1,4 +1,4 @@
-"""The field's staleness-robust losses (docs/algorithms.md §13): every new preset against the
+"""The field's staleness-robust losses (docs/algorithms.md §13, §16): every new preset against the
 worked example, and against an independent implementation written here from the formulas (plain
 Python floats, gradients by hand) on random batches with varied lengths, A = 0 ties and both
 anchors."""
@@ -54,10 +54,49 @@ TABLE = {
         "clip_frac",
         0.25,
     ),
+    # §16 (the field since late 2025). TRM's share is the responses it dropped plus the clipped
+    # tokens of those it kept.
+    ("icepop", ()): ([-0.9526, 0, 0, 0, 1.7320, 0, -0.2598, -0.5196], -0.077942, "clip_frac", 0.5),
+    ("kpop", ()): ([-0.9526, 0, 0, 0, 1.7320, 0, -0.2598, -0.5196], -0.043301, "clip_frac", 0.5),
+    ("trm", ()): (
+        [-0.9526, 0, 0, 0, 0, 0, -0.2598, -0.6495],
+        -0.362648,
+        "clip_frac+correction/masked_frac",
+        0.625,
+    ),
+    ("dppo-kl", ()): (
+        [-0.55, -0.75, 0.35, 1.75, 1.0, 0, -0.15, -0.30],
+        0.089121,
+        "correction/masked_frac",
+        0.125,
+    ),
+    ("ce-gppo", ()): (
+        [-0.9526, -1.0392, 0.3464, 3.0311, 1.7320, 0.3464, -0.2598, -0.5196],
+        0.335584,
+        "clip_frac",
+        0.375,
+    ),
+    ("dro", ()): (
+        [-0.4952, -0.4797, 0.4822, 0.5626, 0.5347, 0.4398, -0.5602, -0.5255],
+        0.117176,
+        "clip_frac",
+        0,
+    ),
+    ("bapo", ()): (
+        [-0.9526, -1.2990, 0, 3.0311, 1.7320, 0, -0.2598, -0.5196],
+        0.411361,
+        "clip_frac",
+        0.25,
+    ),
 }
 # Tokens each mask removed in the example: decoupled PPO's cap (q 6 > 5), MIS ([0.5, 5]: q 6 and 0.4),
 # OPSM (y3, whose mean μ − π is 0.255 > 0.1).
 MASKED = {"decoupled-ppo": 0.125, "grpo-mis": 0.25, "grpo": 0.25, "grpo-tis": 0, "dppo-tv": 0, "cispo": 0}
+# §16: IcePop masks q 6 and 0.4; KPop only q 6 (p > 0 is no probability: the clamp makes its binary
+# KL 13.8); TRM drops y2 and y3 (largest k3 3.21, 0.32 > 0.1); DPPO-KL y3t2 (binary KL 0.126).
+MASKED.update(
+    {"icepop": 0.25, "kpop": 0.125, "trm": 0.5, "dppo-kl": 0.125, "ce-gppo": 0, "dro": 0, "bapo": 0}
+)
 
 
 def example(preset, overrides):
@@ -77,16 +116,80 @@ def test_worked_example(key):
     expected_grad, expected_loss, share_of, share = TABLE[key]
     assert grad.tolist() == pytest.approx(expected_grad, abs=1e-4)
     assert loss == pytest.approx(expected_loss, abs=1e-4)
-    assert stats[share_of] == pytest.approx(share, abs=1e-4)
+    assert sum(stats[name] for name in share_of.split("+")) == pytest.approx(share, abs=1e-4)
     if key[0] in MASKED:
         assert stats["correction/masked_frac"] == pytest.approx(MASKED[key[0]], abs=1e-9)
 
 
-def test_the_anchor_is_what_makes_tis_differ_from_grpo():
-    """Under a behaviour anchor q ≡ 1: grpo-tis is GRPO exactly."""
-    tis, _, _ = example("grpo-tis", (("anchor", "behaviour"),))
+@pytest.mark.parametrize("preset", ["grpo-tis", "icepop", "kpop"])
+def test_the_anchor_is_what_makes_tis_differ_from_grpo(preset):
+    """Under a behaviour anchor q ≡ 1: grpo-tis, IcePop and KPop are GRPO exactly."""
+    corrected, _, _ = example(preset, (("anchor", "behaviour"),))
     grpo, _, _ = example("grpo", ())
-    assert torch.allclose(tis, grpo, atol=1e-12)
+    assert torch.allclose(corrected, grpo, atol=1e-12)
+    assert not torch.allclose(example(preset, ())[0], grpo, atol=1e-3)
+
+
+def test_bapo_searches_its_bounds_as_the_authors_loop():
+    """§16's example: s(0.6, 1.2) = 0.471 < 0.5; raising c_low only lowers s, so c_low goes to 0.9,
+    then c_high to 3.0 without reaching 0.5 (s = 0.479)."""
+    _, _, stats = example("bapo", ())
+    assert (stats["bapo/c_low"], stats["bapo/c_high"]) == (0.9, 3.0)
+    assert stats["bapo/s"] == pytest.approx(0.479452, abs=1e-6)
+    algo = algorithms.build("bapo", bapo_low_end=0.6, bapo_high_end=1.2)  # no room to move
+    _, _, stats = example("bapo", (("bapo_low_end", 0.6), ("bapo_high_end", 1.2)))
+    assert stats["bapo/s"] == pytest.approx(3.2 / 6.8, abs=1e-6)
+    # The target met at once: the bounds stay where they start.
+    _, _, stats = example("bapo", (("bapo_target", 0.4),))
+    assert (stats["bapo/c_low"], stats["bapo/c_high"]) == (0.6, 1.2)
+    assert algo.bapo_grid() == ([0.6], [1.2])
+    lows, highs = algorithms.build("bapo").bapo_grid()
+    assert len(lows) == 7 and lows[-1] == 0.9 and len(highs) == 19 and highs[-1] == 3.0
+    # Without negative tokens s is infinite and nothing moves.
+    mu = torch.zeros(2, 2, dtype=torch.float64)
+    _, stats = algorithms.build("bapo").policy_loss(mu - 0.1, mu, torch.ones(2, 2), torch.tensor([1.0, 0.0]))
+    assert stats["bapo/s"] == math.inf and (stats["bapo/c_low"], stats["bapo/c_high"]) == (0.6, 1.2)
+
+
+def test_bapo_searches_once_per_mini_batch_so_accumulation_is_exact():
+    """Bounds searched over the whole mini-batch and held for its micro-batches give the whole
+    mini-batch's gradient; searched per micro-batch (the authors' code) they would not."""
+    pi, mu, prox, mask, rewards = random_batch(2, groups=6)
+    t = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
+    algo = algorithms.build("bapo", bapo_target=0.9)
+    adv = algo.advantages(t(rewards), 4)
+    whole = t(pi).requires_grad_()
+    algo.policy_loss(whole, t(mu), t(mask), adv)[0].backward()
+    bounds = algo.search(t(pi), t(mu), t(mask), adv)
+    parts = t(pi).requires_grad_()
+    n_tokens = float(t(mask).sum())
+    pieces = (slice(0, 8), slice(8, 16), slice(16, 24))
+    for rows in pieces:
+        loss, stats = algo.policy_loss(
+            parts[rows], t(mu)[rows], t(mask)[rows], adv[rows], bounds=bounds, total_tokens=n_tokens
+        )
+        loss.backward()
+        assert (stats["bapo/c_low"], stats["bapo/c_high"]) == bounds[:2]
+    assert torch.allclose(whole.grad, parts.grad, atol=1e-12)
+    local = [algo.search(t(pi)[r], t(mu)[r], t(mask)[r], adv[r]) for r in pieces]
+    assert any(b[:2] != bounds[:2] for b in local), (bounds, local)
+    assert algorithms.build("grpo").search(t(pi), t(mu), t(mask), adv) is None
+
+
+@pytest.mark.parametrize("anchor", ["behaviour", "proximal"])
+def test_dro_is_opmd_with_half_its_beta(anchor):
+    pi, mu, prox, mask, rewards = random_batch(4)
+    t = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
+    grads = []
+    for preset, params in (("dro", {"dro_beta": 0.3}), ("opmd", {"reg_coef": 0.15})):
+        algo = algorithms.build(preset, anchor=anchor, **params)
+        logp = t(pi).requires_grad_()
+        algo.policy_loss(logp, t(mu), t(mask), algo.advantages(t(rewards), 4), logp_prox=t(prox))[
+            0
+        ].backward()
+        grads.append(logp.grad)
+    assert torch.allclose(grads[0], grads[1], atol=1e-12)
+    assert not torch.allclose(grads[0], example("reinforce", ())[0].new_zeros(1), atol=1e-3)
 
 
 def test_proximal_anchor_needs_the_proximal_logprobs():
@@ -101,6 +204,33 @@ def test_proximal_anchor_needs_the_proximal_logprobs():
 
 def sigmoid(x):
     return 1 / (1 + math.exp(-x))
+
+
+def binary_kl(a, b):
+    a, b = min(max(a, 1e-8), 1 - 1e-8), min(max(b, 1e-8), 1 - 1e-8)
+    return a * math.log(a / b) + (1 - a) * math.log((1 - a) / (1 - b))
+
+
+def k3(x):
+    return math.exp(x) - 1 - x
+
+
+def bapo_bounds(spec, tokens):
+    """BAPO's search as the authors' loop, over (ρ, A) of the batch's valid tokens."""
+
+    def balance(low, high):
+        if not any(a < 0 for _, a in tokens):
+            return math.inf
+        positive = sum(min(rho, high) * a for rho, a in tokens if a >= 0)
+        negative = sum(max(rho, low) * -a for rho, a in tokens if a < 0)
+        return positive / (negative + 1e-8)
+
+    low, high = spec.bapo_low_start, spec.bapo_high_start
+    while balance(low, high) < spec.bapo_target and low < spec.bapo_low_end:
+        low = min(low + spec.bapo_low_step, spec.bapo_low_end)
+    while balance(low, high) < spec.bapo_target and high < spec.bapo_high_end:
+        high = min(high + spec.bapo_high_step, spec.bapo_high_end)
+    return low, high, balance(low, high)
 
 
 def reference(preset, params, pi, mu, prox, mask, adv_in):
@@ -137,6 +267,24 @@ def reference(preset, params, pi, mu, prox, mask, adv_in):
             left.discard(k)
         keep_m2 = {k: k in left for k in tokens}
 
+    # TRM keeps a response whose largest k3(x) is within δ; x = p − μ (proximal), π − μ (behaviour).
+    trm_keep = [
+        max(
+            [
+                k3(anchor[i][t] - mu[i][t] if spec.anchor == "proximal" else pi[i][t] - mu[i][t])
+                for t in valid[i]
+            ]
+        )
+        <= spec.trm_delta
+        if valid[i]
+        else True
+        for i in range(n)
+    ]
+    if spec.surrogate == "bapo":
+        low, high, _ = bapo_bounds(
+            spec, [(math.exp(pi[i][t] - anchor[i][t]), adv[i]) for i in range(n) for t in valid[i]]
+        )
+
     loss, grad = 0.0, [[0.0] * len(pi[i]) for i in range(n)]
     seq_level = spec.loss_agg == "seq-mean-token-mean"
     for i in range(n):
@@ -163,10 +311,27 @@ def reference(preset, params, pi, mu, prox, mask, adv_in):
             x = pi[i][t] - anchor[i][t]
             rho = math.exp(x)
             q = math.exp(anchor[i][t] - mu[i][t])
-            if spec.surrogate == "ppo":
-                lo, hi = 1 - spec.eps_low, 1 + spec.eps_high
+            if spec.surrogate in ("ppo", "trm", "bapo"):
+                lo, hi = (low, high) if spec.surrogate == "bapo" else (1 - spec.eps_low, 1 + spec.eps_high)
                 unclipped, capped = -a * rho, -a * min(max(rho, lo), hi)
                 value, d = (capped, 0.0) if capped > unclipped else (unclipped, -a * rho)
+                if not trm_keep[i] and spec.surrogate == "trm":
+                    value, d = 0.0, 0.0
+            elif spec.surrogate == "dppo-kl":
+                moved = (a > 0 and pi[i][t] > anchor[i][t]) or (a < 0 and pi[i][t] < anchor[i][t])
+                out = moved and binary_kl(math.exp(anchor[i][t]), math.exp(pi[i][t])) > spec.dppo_kl_delta
+                w = 0.0 if out else min(rho, spec.dppo_ratio_cap)
+                value, d = -a * w * pi[i][t], -a * w
+            elif spec.surrogate == "ce-gppo":
+                lo, hi = 1 - spec.eps_low, 1 + spec.eps_high
+                if a < 0 and rho < lo:
+                    value = d = -spec.cegppo_beta_low * lo * a
+                elif a > 0 and rho > hi:
+                    value = d = -spec.cegppo_beta_high * hi * a
+                else:
+                    value, d = -a * rho, -a * rho
+            elif spec.surrogate == "dro":
+                value, d = -(a * pi[i][t] - spec.dro_beta / 2 * x * x), -a + spec.dro_beta * x
             elif spec.surrogate == "m2po":
                 kept = keep_m2[(i, t)]
                 value, d = (-rho * a, -rho * a) if kept else (0.0, 0.0)
@@ -191,6 +356,14 @@ def reference(preset, params, pi, mu, prox, mask, adv_in):
                 "decoupled": q if q <= spec.is_cap else 0.0,
                 "tis": min(q, spec.is_cap),
                 "mis": 1.0 if spec.is_low <= q <= spec.is_high else 0.0,
+                "icepop": q if spec.is_low <= q <= spec.is_high else 0.0,
+                "kpop": q
+                if max(
+                    binary_kl(math.exp(anchor[i][t]), math.exp(mu[i][t])),
+                    binary_kl(math.exp(mu[i][t]), math.exp(anchor[i][t])),
+                )
+                <= spec.kpop_phi
+                else 0.0,
             }[spec.correction]
             value, d = factor * value, factor * d
             if spec.reg == "k2":
@@ -236,6 +409,27 @@ CASES = [
     ("grpo", {"anchor": "proximal"}),
     ("grpo-tis", {"opsm_delta": 0.05}),
     ("cispo", {"opsm_delta": 0.05}),
+    # §16
+    ("icepop", {}),
+    ("icepop", {"anchor": "behaviour"}),
+    ("icepop", {"is_low": 0.8, "is_high": 1.2}),
+    ("kpop", {}),
+    ("kpop", {"kpop_phi": 0.02}),
+    ("kpop", {"anchor": "behaviour", "kpop_phi": 0.02}),
+    ("trm", {}),
+    ("trm", {"anchor": "behaviour"}),
+    ("trm", {"trm_delta": 0.05}),
+    ("dppo-kl", {}),
+    ("dppo-kl", {"anchor": "proximal", "dppo_kl_delta": 0.01}),
+    ("dppo-kl", {"dppo_ratio_cap": 1.2}),
+    ("ce-gppo", {}),
+    ("ce-gppo", {"anchor": "proximal", "cegppo_beta_low": 1.0, "eps_high": 0.1}),
+    ("dro", {}),
+    ("dro", {"anchor": "proximal", "dro_beta": 0.5}),
+    ("bapo", {}),
+    ("bapo", {"anchor": "proximal"}),
+    ("bapo", {"bapo_target": 2.0, "bapo_high_step": 0.3, "bapo_low_start": 0.2}),
+    ("bapo", {"opsm_delta": 0.05}),
 ]
 
 
@@ -321,6 +515,20 @@ def test_diagnostics_of_the_ratio():
         ("is_low", 0, "0 < is_low <= 1"),
         ("anchor", "trainer", "anchor must be one of behaviour, proximal"),
         ("m2po_quadrants", "yes", "m2po_quadrants must be true or false"),
+        ("kpop_phi", 0, "kpop_phi must be > 0"),
+        ("trm_delta", -0.1, "trm_delta must be > 0"),
+        ("dppo_kl_delta", 0, "dppo_kl_delta must be > 0"),
+        ("dppo_ratio_cap", 0.5, "dppo_ratio_cap must be >= 1"),
+        ("cegppo_beta_low", -1, "cegppo_beta_low must be >= 0"),
+        ("cegppo_beta_high", -0.5, "cegppo_beta_high must be >= 0"),
+        ("dro_beta", -0.05, "dro_beta must be >= 0"),
+        ("bapo_target", 0, "bapo_target must be > 0"),
+        ("bapo_low_start", 1.5, "0 < bapo_low_start <= 1"),
+        ("bapo_low_end", 0, "0 < bapo_low_end <= 1"),
+        ("bapo_low_step", 0.001, "bapo_low_step must be >= 0.01"),
+        ("bapo_high_start", 0.9, "bapo_high_start must be >= 1"),
+        ("bapo_high_end", 0.5, "bapo_high_end must be >= 1"),
+        ("bapo_high_step", 0, "bapo_high_step must be >= 0.01"),
     ],
 )
 def test_knobs_out_of_range_name_the_rule(knob, value, rule):
@@ -364,6 +572,12 @@ def test_knobs_out_of_range_name_the_rule(knob, value, rule):
             1.0,
             "opsm_delta must satisfy 0 < opsm_delta < 1, or be null to turn OPSM off (got 1.0)",
         ),
+        (
+            "dppo_ratio_cap",
+            0.5,
+            "dppo_ratio_cap must be >= 1 (got 0.5): C truncates the ratio, which is 1 on-policy",
+        ),
+        ("bapo_high_step", 0, "bapo_high_step must be >= 0.01 (got 0): the search tries each value in turn"),
         ("temperature", 1, "unknown algorithm parameter 'temperature'; known: eps_low, eps_high,"),
     ],
 )
@@ -431,3 +645,34 @@ def test_every_preset_reads_its_own_knobs_and_names_its_source():
     assert sorted(grouped) == sorted(PRESETS)
     for name in ("decoupled-ppo", "grpo-tis", "grpo-mis", "m2po", "cispo", "sapo", "gmpo", "topr", "dppo-tv"):
         assert "arXiv" in PRESETS[name].description or "verl" in PRESETS[name].description, name
+    # §16: each names its source; grouped on its form (a proximal-anchored correction, or a surrogate).
+    sources = {
+        "icepop": "arXiv 2510.18855",
+        "kpop": "ringtech.notion.site/kpop",
+        "trm": "arXiv 2512.23075",
+        "dppo-kl": "arXiv 2602.04879",
+        "ce-gppo": "arXiv 2509.20712",
+        "dro": "verl compute_policy_loss_dro",
+        "bapo": "arXiv 2510.18927",
+    }
+    for name, source in sources.items():
+        assert source in PRESETS[name].description, name
+    assert {"icepop", "kpop", "trm"} <= set(families()["Behaviour corrections (proximal anchor)"])
+    assert {"dppo-kl", "ce-gppo", "dro", "bapo"} <= set(families()["The field's staleness-robust losses"])
+    assert "minpro" not in PRESETS  # provisional in §16: its paper could not be pinned
+    assert PRESETS["bapo"].spec.knobs() == (
+        "std_normalize",
+        "std",
+        "loss_agg",
+        "anchor",
+        "bapo_target",
+        "bapo_low_start",
+        "bapo_low_end",
+        "bapo_low_step",
+        "bapo_high_start",
+        "bapo_high_end",
+        "bapo_high_step",
+        "opsm_delta",
+    )
+    assert "kpop_phi" in PRESETS["kpop"].spec.knobs() and "is_low" in PRESETS["icepop"].spec.knobs()
+    assert "trm_delta" not in PRESETS["grpo"].spec.knobs()

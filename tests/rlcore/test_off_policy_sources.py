@@ -109,3 +109,28 @@ def test_bad_settings_name_the_field(small_config, overrides, field, rule):
         small_config(**overrides)
     errors = error_list(caught.value)
     assert any(name == field and rule in message for name, message in errors), errors
+
+
+def test_bapo_searches_its_bounds_per_mini_batch_the_same_with_and_without_micro_batches(
+    small_config, cache_dir
+):
+    """BAPO's bounds are searched over each whole mini-batch under the weights it is trained at,
+    before any backward (docs/algorithms.md §16): micro-batching changes neither them nor the run."""
+    runs = []
+    for micro in (None, 3):
+        sink = ListSink()
+        config = small_config(
+            steps=2,
+            staleness={"offline": True},
+            algorithm={"preset": "bapo"},
+            optimizer={"lr": 1e-2, "minibatches": 2, "micro_batch_size": micro},
+        )
+        trainer.train(config, sink, cache_dir=cache_dir)
+        runs.append(sink)
+    for name in ("bapo/c_low", "bapo/c_high"):
+        assert steps_of(runs[0], name) == steps_of(runs[1], name), name
+    # The balance s to float32's rounding of the weights after step 1 (sums in another order).
+    assert steps_of(runs[0], "bapo/s") == pytest.approx(steps_of(runs[1], "bapo/s"), rel=1e-4)
+    assert max(steps_of(runs[0], "bapo/c_low")) > 0.6, "the search moved the bounds"
+    assert steps_of(runs[0], "grad_norm") == pytest.approx(steps_of(runs[1], "grad_norm"), rel=1e-4)
+    assert steps_of(runs[0], "eval/accuracy") == steps_of(runs[1], "eval/accuracy")

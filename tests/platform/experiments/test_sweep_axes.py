@@ -111,10 +111,16 @@ def test_bad_axes_are_a_422_naming_the_field_and_queue_nothing(client, token, ax
         ({"is_cap": 0.5}, "algorithm.params.is_cap", "is_cap must be >= 1"),
         ({"dppo_delta": 1.5}, "algorithm.params.dppo_delta", "0 < dppo_delta < 1"),
         ({"sapo_tau_pos": 0}, "algorithm.params.sapo_tau_pos", "sapo_tau_pos must be > 0"),
+        ({"bapo_high_step": 0}, "algorithm.params.bapo_high_step", "bapo_high_step must be >= 0.01"),
     ],
 )
 def test_knobs_out_of_range_are_a_422_naming_the_field(client, token, params, field, rule):
-    presets = {"is_cap": "grpo-tis", "dppo_delta": "dppo-tv", "sapo_tau_pos": "sapo"}
+    presets = {
+        "is_cap": "grpo-tis",
+        "dppo_delta": "dppo-tv",
+        "sapo_tau_pos": "sapo",
+        "bapo_high_step": "bapo",
+    }
     config = {**TINY_CONFIG, "algorithm": {"params": params}}
     response = submit(client, token, config=config, presets=[presets[next(iter(params))]])
     assert response.status_code == 422
