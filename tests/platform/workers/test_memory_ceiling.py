@@ -92,6 +92,9 @@ LARGER_ROLLOUT_MODEL = {
 LARGE_BATCH = {
     **LARGER_ROLLOUT_MODEL,
     "rollout": {"group_size": 16, "prompts_per_step": 256, "max_new_tokens": 256},
+    # The trainer's own evaluation of θ0 before step 1 generates up to 256 tokens a prompt too:
+    # two prompts, not twenty, so that the run gets to its batch (and its failing job) in seconds.
+    "eval_size": 2,
 }
 
 
