@@ -211,13 +211,14 @@ def main() -> int:
 
     gap = [
         f"(b)'s step takes {extra('time/step_s'):+.1f} ms over (a)'s: generation {extra('time/rollout_s'):+.1f} ms "
-        f"(rank 0 generates alone, with 1 thread, while rank 1 waits for the batch), the publish and the "
-        f"batch's hand-over besides generation {extra('time/wait_s') - extra('time/rollout_s'):+.1f} ms (the "
-        f"weights' all-gather into the whole copy that generates; the batch broadcast from rank 0), the "
-        f"update {extra('time/update_s'):+.1f} ms (each rank's half of the batch on 1 thread, plus FSDP's "
-        "collectives on gloo: the gradients reduce-scattered once per FSDP unit in the backward, which gloo "
-        "does as an all-reduce of the whole unit, the log-probs assembled, the gradient norm and the sums "
-        "added across ranks, each a point where the faster rank waits for the other).",
+        f"(rank 0 generates alone, with 1 thread, while rank 1 waits for the batch), the publish "
+        f"and the batch's hand-over besides generation {extra('time/wait_s') - extra('time/rollout_s'):+.1f} ms "
+        "(the weights' all-gather, one per FSDP unit, into the whole copy that generates, which the step's "
+        f"forwards and backward then use too; the batch broadcast from rank 0), the update "
+        f"{extra('time/update_s'):+.1f} ms (each rank's half of the batch on 1 thread, which costs about what "
+        "the whole batch costs one process on 2 threads at this size, plus FSDP's hooks and the gradients' "
+        "reduce-scatter, one per unit, the log-probs assembled, the gradient norm and the sums added across "
+        "ranks: each collective a point where the faster rank waits for the other).",
     ]
     mem = ["| | params + optimiser state | gradients |", "|---|---|---|"]
     mem.append(f"| 1 process | {mib(one[0]['params_optimizer'])} | {mib(one[0]['grads'])} |")
