@@ -423,6 +423,7 @@ def _train(
     summary = steps(
         learner, source, sink, progress, start, save if checkpoint_dir is not None else None, ranks
     )
+    reshard(learner.policy)  # a stop right after a publish leaves the weights gathered for its forward
     if on_done is not None:
         on_done(learner, ranks)
     return summary
