@@ -10,7 +10,8 @@ other benchmarks are). A run's tokens/s is steady state: the response tokens of 
 the first divided by those steps' `time/step_s` (rank 0's, which waits for the other rank in the
 collectives), the tokens from each step's `tokens_per_s` × `time/step_s`. The ratio (b)/(a) is
 taken per round; its median, min and max are reported, with where the step's time goes
-(`time/rollout_s`, `time/update_s`, medians over the timed steps).
+(`time/wait_s`: the publish and taking the batch, of which `time/rollout_s` generating it;
+`time/update_s`; medians over the timed steps) and what (b) spends over (a) in each part.
 
 Memory: the same config is run under torchrun with 1 rank and with 2 ranks through this script's
 rank target (`--held`), which measures, after the last step, each rank's bytes of parameters +
@@ -99,7 +100,7 @@ def steady(points: list[dict]) -> dict[str, float]:
     tokens = sum(m["tokens_per_s"] * m["time/step_s"] for m in timed)
     parts = {
         name: statistics.median(m[name] for m in timed)
-        for name in ("time/step_s", "time/rollout_s", "time/update_s")
+        for name in ("time/step_s", "time/rollout_s", "time/update_s", "time/wait_s")
     }
     return {"tokens_per_s": tokens / seconds, **parts}
 
@@ -194,15 +195,31 @@ def main() -> int:
         return statistics.median(r[name] for r in results[processes])
 
     rows = [
-        "| run | tokens/s (steady) | step ms | rollout ms | update ms | process wall s |",
-        "|---|---|---|---|---|---|",
+        "| run | tokens/s (steady) | step ms | publish + batch ms | of which generation ms | update ms "
+        "| process wall s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for processes, label in ((1, "(a) 1 process, 2 threads"), (2, "(b) 2 ranks × 1 thread")):
         rows.append(
             f"| {label} | {med(processes, 'tokens_per_s'):.0f} | {1000 * med(processes, 'time/step_s'):.1f} "
-            f"| {1000 * med(processes, 'time/rollout_s'):.1f} | {1000 * med(processes, 'time/update_s'):.1f} "
-            f"| {med(processes, 'wall_s'):.1f} |"
+            f"| {1000 * med(processes, 'time/wait_s'):.1f} | {1000 * med(processes, 'time/rollout_s'):.1f} "
+            f"| {1000 * med(processes, 'time/update_s'):.1f} | {med(processes, 'wall_s'):.1f} |"
         )
+
+    def extra(name: str) -> float:  # (b)'s milliseconds over (a)'s
+        return 1000 * (med(2, name) - med(1, name))
+
+    gap = [
+        f"(b)'s step takes {extra('time/step_s'):+.1f} ms over (a)'s: generation {extra('time/rollout_s'):+.1f} ms "
+        f"(rank 0 generates alone, with 1 thread, while rank 1 waits for the batch), the publish "
+        f"and the batch's hand-over besides generation {extra('time/wait_s') - extra('time/rollout_s'):+.1f} ms "
+        "(the weights' all-gather, one per FSDP unit, into the whole copy that generates, which the step's "
+        f"forwards and backward then use too; the batch broadcast from rank 0), the update "
+        f"{extra('time/update_s'):+.1f} ms (each rank's half of the batch on 1 thread, which costs about what "
+        "the whole batch costs one process on 2 threads at this size, plus FSDP's hooks and the gradients' "
+        "reduce-scatter, one per unit, the log-probs assembled, the gradient norm and the sums added across "
+        "ranks: each collective a point where the faster rank waits for the other).",
+    ]
     mem = ["| | params + optimiser state | gradients |", "|---|---|---|"]
     mem.append(f"| 1 process | {mib(one[0]['params_optimizer'])} | {mib(one[0]['grads'])} |")
     for rank, r in enumerate(two):
@@ -226,6 +243,8 @@ def main() -> int:
             "",
             f"Ratio (b)/(a) per round: {', '.join(f'{x:.2f}' for x in ratios)} (median {ratio:.2f}, "
             f"min {min(ratios):.2f}, max {max(ratios):.2f}). Target ≥ {args.target}: **{verdict}**.",
+            "",
+            *gap,
             "",
             "Bytes each rank holds after the last step (`rlcore.distributed.held_bytes`: its shards of the "
             "parameters and the AdamW state; gradients those still allocated), measured under torchrun "

@@ -7,17 +7,23 @@
 - The policy is sharded with FSDP2: `fully_shard` on each decoder layer, then on the root; its
   gradients are summed across ranks, not averaged (every rank's loss is already divided by the
   whole batch's counts). The AdamW state lives with the shards. Frozen θ0 stays whole on every
-  rank (kl/init reads it at every response position).
+  rank (kl/init reads it at every response position). The weights are gathered once per
+  optimiser step (one all-gather per FSDP unit; the step's first at the publish, which fills the
+  mirror too) and stay whole through its forwards and backward passes, going back to their
+  shards once those are done (`Ranks.after_backward`); the gradients are reduced once per unit.
+  On gloo both collectives are all-to-alls (FSDP2's custom comms): gloo's own all-gather and
+  reduce-scatter (an all-reduce of the whole buffer) take several times longer for a few MiB.
 - Every rank holds the whole batch and runs `trainer.train_step` on it alike (`Ranks`): each
   forward and backward takes the rank's share of whole prompt groups, every rank making as many
   passes as the busiest; log-probs and sums are put together across ranks before anything reads
   them, so advantages, M2PO's whole-batch mask, mini-batch permutations, the proximal log-probs
   and every §7 metric are one process's, to float error.
 - Generation never runs on the sharded policy: a whole copy of the current weights (`mirror`,
-  gathered from the shards at each publish and evaluation, by every rank) generates and
+  gathered from the shards at each publish and evaluation, by every rank: `gather_into`) generates and
   evaluates, so ranks whose responses end at different lengths wait for nobody. Rank 0 holds the
   batch source (the simulated schedule here; rollout workers elsewhere) and hands each batch to
-  the others; a held-out evaluation is split across the ranks and its sums added up.
+  the others (its tensors pickled as numpy arrays); a held-out evaluation is split across the
+  ranks and its sums added up.
 - Rank 0 alone reports to the sink (nothing is logged twice) and decides when to stop.
 - Checkpoints are `torch.distributed.checkpoint` folders (`step-000025.dcp`): model and optimiser
   state sharded, plus rank 0's `trainer.pt` (the step, the config, the schedule's state, the
@@ -109,7 +115,7 @@ def init(config: RunConfig) -> tuple[Ranks, torch.device, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    return Ranks(dist.get_rank(), dist.get_world_size()), device, mesh
+    return Ranks(dist.get_rank(), dist.get_world_size(), after_backward=reshard), device, mesh
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -123,26 +129,95 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard(model: torch.nn.Module, mesh: Any) -> None:
-    """FSDP2: each decoder layer, then the root, on `mesh`; gradients summed across ranks."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    """FSDP2: each decoder layer, then the root, on `mesh`; gradients summed across ranks.
+    Parameters gathered for a forward stay whole through the backward passes that follow (no
+    second all-gather in a backward, nor in the second of `score_responses`' two forwards): the
+    trainer shards them again once a mini-batch's backward passes are done (`reshard`, as
+    `Ranks.after_backward`), so at rest each rank holds only its shards."""
+    from torch.distributed.fsdp import fully_shard
 
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    gloo = dist.get_backend() == "gloo"
+    for module in fsdp_modules(model):
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
+        module.set_reshard_after_backward(False, recurse=False)
+        if gloo:
+            module.set_custom_reduce_scatter(AllToAllReduceScatter())
+            module.set_custom_all_gather(AllToAllAllGather())
 
 
-def gather_into(mirror: torch.nn.Module, policy: torch.nn.Module) -> torch.nn.Module:
-    """Copy the sharded policy's whole weights into `mirror` (a collective: every rank calls it)."""
+class AllToAllReduceScatter:
+    """FSDP2's gradient reduce-scatter on gloo (`set_custom_reduce_scatter`) as one all-to-all
+    and a sum on each rank: gloo's own reduce-scatter all-reduces the whole buffer, moving it
+    twice over, several times slower for a few MiB."""
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        op: Any,
+        async_op: bool = False,
+    ) -> None:
+        if op != dist.ReduceOp.SUM:
+            dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group)
+            return
+        received = torch.empty_like(input_tensor)
+        dist.all_to_all_single(received, input_tensor, group=group)
+        torch.sum(received.view(group.size(), -1), dim=0, out=output_tensor)
+
+
+class AllToAllAllGather:
+    """FSDP2's parameter all-gather on gloo (`set_custom_all_gather`) as one all-to-all, each
+    rank sending its shard to every rank: quicker there than gloo's all-gather for a few MiB."""
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
+    ) -> None:
+        # The input is a slice of the output (FSDP gathers in place): copied before it is written.
+        dist.all_to_all_single(output_tensor, input_tensor.repeat(group.size()), group=group)
+
+
+def fsdp_modules(model: torch.nn.Module) -> list[Any]:
+    """The modules of `model` that `shard` made FSDP units (the decoder layers, the root)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [module for module in model.modules() if isinstance(module, FSDPModule)]
+
+
+def gather_into(mirror: torch.nn.Module, policy: torch.nn.Module, keep: bool = False) -> torch.nn.Module:
+    """Copy the sharded policy's whole weights into `mirror` (a collective: every rank calls it):
+    one all-gather per FSDP unit, all of them started before any is waited on. With `keep`, the
+    policy's parameters stay gathered for the forward that comes next (its backward shards them
+    again); otherwise they are sharded again here."""
+    units = fsdp_modules(policy)
+    handles = [unit.unshard(async_op=True) for unit in units]
+    for handle in handles:
+        if handle is not None:
+            handle.wait()
     whole = dict(mirror.named_parameters())
     with torch.no_grad():
         for name, param in policy.named_parameters():
             full = param.full_tensor() if hasattr(param, "full_tensor") else param
             whole[name].copy_(full)
+    if not keep:
+        reshard(policy)
     return mirror
+
+
+def reshard(policy: torch.nn.Module) -> None:
+    """Leave every FSDP unit of `policy` sharded (nothing to do where it already is)."""
+    for unit in fsdp_modules(policy):
+        unit.reshard()
 
 
 def held_bytes(learner: Learner) -> int:
@@ -172,7 +247,8 @@ class RankSource:
         self.ranks, self.inner, self.mirror, self.split_eval = ranks, inner, mirror, split_eval
 
     def publish(self, version: int, policy: torch.nn.Module) -> None:
-        gather_into(self.mirror, policy)
+        # The step's forward comes next, on these same weights: they stay gathered for it.
+        gather_into(self.mirror, policy, keep=True)
         if self.inner is not None:
             self.inner.publish(version, self.mirror)
 
@@ -181,11 +257,15 @@ class RankSource:
         if self.inner is not None:
             try:
                 state = self.inner.take(step).to_state()
+                # As numpy arrays the tensors pickle as their bytes (a tensor's storage pickles
+                # through torch.save, several times slower on a batch this small).
+                state["tensors"] = {name: _as_array(t) for name, t in state["tensors"].items()}
             except Stopped as stopped:
                 state = str(stopped) or "stopped"
         state = self.ranks.broadcast(state)
         if isinstance(state, str):
             raise Stopped(state)
+        state["tensors"] = {name: _as_tensor(a) for name, a in state["tensors"].items()}
         return Batch.from_state(state)
 
     def evaluate(self, step: int, policy: torch.nn.Module, evaluator: Evaluator) -> dict[str, float] | None:
@@ -218,6 +298,15 @@ class RankSource:
     def resume(self, step: int) -> None:
         if self.inner is not None:
             self.inner.resume(step)
+
+
+def _as_array(t: torch.Tensor) -> Any:
+    """`t` as a numpy array where numpy has its dtype (bfloat16 stays a tensor)."""
+    return t.numpy() if t.dtype != torch.bfloat16 else t
+
+
+def _as_tensor(a: Any) -> torch.Tensor:
+    return torch.from_numpy(a) if not torch.is_tensor(a) else a
 
 
 def evaluate_split(
@@ -334,6 +423,7 @@ def _train(
     summary = steps(
         learner, source, sink, progress, start, save if checkpoint_dir is not None else None, ranks
     )
+    reshard(learner.policy)  # a stop right after a publish leaves the weights gathered for its forward
     if on_done is not None:
         on_done(learner, ranks)
     return summary

@@ -228,7 +228,7 @@ def steps(
     steps_done = start - 1
     deferred = False  # an evaluation of this attempt is made elsewhere
     for step in range(start, config.steps + 1):
-        if sink.should_stop() if ranks is None else ranks.broadcast(sink.should_stop()):
+        if sink.should_stop() if ranks is None else ranks.broadcast_flag(sink.should_stop()):
             break
         sink.phase(TRAINING, step=step, steps=config.steps)
         try:
@@ -342,7 +342,7 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
             )
             if epoch == 0:
                 logp_first[rows] = logp
-            grad_norm = clip_grad_norm(policy, opt.grad_clip)
+            grad_norm = clip_grad_norm(policy, opt.grad_clip, ranks)
             if not math.isfinite(grad_norm) or not bool(torch.isfinite(logp).all()):
                 learner.optimizer.zero_grad(set_to_none=True)
                 raise Diverged(f"diverged at step {step}: grad_norm={grad_norm}")
@@ -413,12 +413,20 @@ def minibatch_rows(
     ]
 
 
-def clip_grad_norm(policy: torch.nn.Module, max_norm: float) -> float:
+def clip_grad_norm(policy: torch.nn.Module, max_norm: float, ranks: Ranks | None = None) -> float:
     """Clip the gradients' total norm to `max_norm`; return the norm before clipping (over every
-    rank's shard when the policy is sharded)."""
-    norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
-    if hasattr(norm, "full_tensor"):  # a DTensor (FSDP2): the norm of the whole gradient
-        norm = norm.full_tensor()
+    rank's shard when the policy is sharded: the shards' squared norms summed across `ranks` in
+    one collective, then each rank scales its own shards as `clip_grad_norm_` would)."""
+    grads = [p.grad for p in policy.parameters() if p.grad is not None]
+    if ranks is None or not grads or not hasattr(grads[0], "to_local"):
+        norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor (FSDP2): the norm of the whole gradient
+            norm = norm.full_tensor()
+        return float(norm)
+    local = [g.to_local() for g in grads]
+    squares = torch.stack(torch._foreach_norm(local)).square().sum()
+    norm = ranks.sum_tensor(squares).sqrt()
+    torch._foreach_mul_(local, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
     return float(norm)
 
 
@@ -570,8 +578,9 @@ class _Pass:
                 )
         if self.ranks is None:
             return clipped / tokens, torch.cat(logp_parts)
-        clipped = self.ranks.sum_floats({"clipped": clipped})["clipped"]
-        return clipped / tokens, self.ranks.assemble(torch.cat(logp_parts), own, n)
+        self.ranks.backward_done(policy)
+        logp, clipped = self.ranks.assemble(torch.cat(logp_parts), own, n, extra=clipped)
+        return clipped / tokens, logp
 
     def _add_sums(
         self, piece, logp: torch.Tensor, logp_all: torch.Tensor, init_all: torch.Tensor | None
