@@ -289,7 +289,8 @@ def test_two_trainer_ranks_with_rollout_workers_train_the_one_process_run(
     """`execution.train_processes: 2` outside simulated execution: rank 0 holds the run's batch
     source. Distributed, with a real rollout worker: every metric of the one-process run within
     1e-5 at every step, and the last published weights within 1e-6. Async in 2 ranks: its
-    staleness bound and bookkeeping hold, and its execution report reaches the summary."""
+    staleness bound and bookkeeping hold, and its execution report reaches the summary. A
+    distributed run in 2 ranks cancelled while rank 0 waits on its batches ends cancelled."""
     distributed = {**TINY_CONFIG, "execution": {"mode": "distributed"}}
     ranks = {"mode": "distributed", "train_processes": 2}
     offset = [{"sync_offset": 2}]
@@ -299,6 +300,8 @@ def test_two_trainer_ranks_with_rollout_workers_train_the_one_process_run(
     ).runs.get()
     async_config = {**TINY_CONFIG, "execution": {"mode": "async", "max_staleness": 2, "train_processes": 2}}
     in_async = queue_sweep(team, alice, "async ranks", config=async_config).runs.get()
+    long = {**distributed, "execution": ranks, "steps": 400, "eval_every": 400, "checkpoint_every": 50}
+    cancelled = queue_sweep(team, alice, "cancelled ranks", config=long, staleness=offset).runs.get()
     kept = WeightsKept([one, two], tmp_path / "weights")
     start_worker()
     rollout_worker = start_worker(queue="rollout")
@@ -334,3 +337,10 @@ def test_two_trainer_ranks_with_rollout_workers_train_the_one_process_run(
     for step, lag in lags.items():
         assert flight[step] + queue[step] == pytest.approx(lag), step
     assert sorted(step for _, step, _ in logged(in_async, "eval/accuracy")) == [0, 5, 6]
+
+    wait_for(lambda: (last_step(cancelled, "loss") or 0) >= 2, 120, "two steps of the run to cancel")
+    cancelled.cancel()
+    wait_until_over([cancelled], 60)
+    cancelled.refresh_from_db()
+    assert cancelled.status == Run.CANCELLED, cancelled.error
+    assert 2 <= cancelled.summary["steps"] < long["steps"]
