@@ -21,9 +21,11 @@
 - Generation never runs on the sharded policy: a whole copy of the current weights (`mirror`,
   gathered from the shards at each publish and evaluation, by every rank: `gather_into`) generates and
   evaluates, so ranks whose responses end at different lengths wait for nobody. Rank 0 holds the
-  batch source (the simulated schedule here; rollout workers elsewhere) and hands each batch to
-  the others (its tensors pickled as numpy arrays); a held-out evaluation is split across the
-  ranks and its sums added up.
+  batch source (the simulated schedule here; in distributed and async execution the worker's
+  `DatabaseSource`, which publishes the mirror for the rollout workers) and hands each batch to
+  the others (its tensors pickled as numpy arrays); the simulated schedule's held-out evaluation
+  is split across the ranks and its sums added up (a `DatabaseSource` hands its evaluations to
+  eval jobs).
 - Rank 0 alone reports to the sink (nothing is logged twice) and decides when to stop.
 - Checkpoints are `torch.distributed.checkpoint` folders (`step-000025.dcp`): model and optimiser
   state sharded, plus rank 0's `trainer.pt` (the step, the config, the schedule's state, the
@@ -353,7 +355,7 @@ def train(
     """`trainer.train` for one rank of `config.execution.train_processes` (started by torchrun):
     the same curve, reported by rank 0 alone through `sink` (the other ranks' sinks are not
     used: None will do). `make_source(learner, mirror)` makes rank 0's batch source from the whole-weights copy
-    `mirror` (default: the simulated schedule). `on_done` hears the learner when the loop ends,
+    `mirror` (default: the simulated schedule); only rank 0's is used. `on_done` hears the learner when the loop ends,
     on every rank (tests measure the shards). Ends the process group before returning."""
     ranks, device, mesh = init(config)
     try:
@@ -403,7 +405,8 @@ def _train(
     inner = None
     if ranks.rank == 0:
         inner = make_source(learner, mirror) if make_source is not None else local_source(whole, cache_dir)
-    source = RankSource(ranks, inner, mirror, split_eval=make_source is None)
+    # Rank 0's choice: the other ranks are not handed `make_source` (only rank 0 calls it).
+    source = RankSource(ranks, inner, mirror, split_eval=ranks.broadcast(make_source is None))
     progress = Progress()
     if checkpoint_dir is not None and ledger is None:
         ledger = checkpoints.FileLedger(checkpoint_dir)

@@ -10,17 +10,20 @@ boundary by itself, and whatever is still running `STOP_GRACE_S` later is ended
 torchrun its ranks.
 
 Inside a rank (`main`): Django is set up, and rank 0 reports through a `DatabaseSink` and a
-`CheckpointLedger` under the parent worker's identity (the run stays that worker's), then writes
-its summary, with the attempt's measurement, to `result.json` in the attempt's folder
-(`run_folder`: the run's folder under `LAB_RUNS_DIR`, beside its checkpoints); the other ranks
-report nothing. A rank that raises writes `error-rank<R>.json`; the parent fails the attempt
-with the first one (`RanksFailed`), or with torchrun's own account of a rank that died without
-one. A rank killed from outside (SIGKILL, the OOM killer) is `RankKilled`: like a lost worker,
-the run is re-queued to resume from its checkpoint. A rank that gave up waiting in a collective
-(`LAB_RANK_TIMEOUT_S`: a peer hung) fails the attempt naming the timeout, and the parent
-SIGKILLs torchrun and every rank at once (torchrun would give a hung rank 30 s after a SIGTERM
-it may not act on); ranks still running `ERROR_GRACE_S` after any other failure go the same way,
-so a hang never holds the worker. Each rank's output is kept under the
+`CheckpointLedger` under the parent worker's identity (the run stays that worker's), and in
+distributed and async execution holds the run's `DatabaseSource` (it publishes the whole weights
+gathered from the shards; the other ranks get each batch from rank 0), then writes its summary,
+with the attempt's measurement, to `result.json` in the attempt's folder (`run_folder`: the run's
+folder under `LAB_RUNS_DIR`, beside its checkpoints); the other ranks report nothing. A rank
+that raises writes `error-rank<R>.json`; the parent fails the attempt with the first one
+(`RanksFailed`), or with torchrun's own account of a rank that died without one (rank 0's
+`BufferDamaged` re-queues the run, as in one process). A rank killed from outside (SIGKILL, the
+OOM killer) is `RankKilled`: like a lost worker, the run is re-queued to resume from its
+checkpoint. A rank that gave up waiting in a collective (`LAB_RANK_TIMEOUT_S`: a peer hung)
+fails the attempt naming the timeout, and the parent SIGKILLs torchrun and every rank at once
+(torchrun would give a hung rank 30 s after a SIGTERM it may not act on); ranks still running
+`ERROR_GRACE_S` after any other failure go the same way, so a hang never holds the worker. Each
+rank's output is kept under the
 attempt's folder (`logs/`). The parent ends the run (`Run.finish`, `Run.fail`) as for a run
 trained in one process.
 """
@@ -46,12 +49,18 @@ STOP_GRACE_S = 2.0  # a stopped run's rank 0 finishes its step and stores what i
 KILL_GRACE_S = 4.0  # then SIGTERM, and SIGKILL this long after
 ERROR_GRACE_S = 10.0  # after a rank failed, torchrun's time to end the others and say how they ended
 RESULT = "result.json"
+EXECUTION = "execution.json"  # a failed attempt's execution report (distributed and async execution)
 OUTPUT = "torchrun.log"
 REPO = Path(__file__).resolve().parents[1]
 
 
 class RanksFailed(RuntimeError):
-    """A trainer rank exited with an error: the attempt fails with it."""
+    """A trainer rank exited with an error: the attempt fails with it, and with the execution
+    report rank 0's batch source left (`execution`; None in simulated execution)."""
+
+    def __init__(self, message: str, execution: dict[str, float] | None = None):
+        super().__init__(message)
+        self.execution = execution
 
 
 class RankKilled(RanksFailed):
@@ -111,7 +120,24 @@ def train(run: Any, worker: str, processes: int) -> dict[str, float]:
     if retry_db(run.stop_requested)(worker):
         log.info("run %s attempt %s: stopped; its ranks ended (%s)", run.pk, run.attempt, code)
         return retry_db(run.summary_from_points)()
-    raise failure(folder, code)
+    failed = failure(folder, code)
+    failed.execution = _execution(folder)
+    if str(failed).startswith("trainer rank 0 failed: BufferDamaged:"):
+        # Rank 0's batch source cannot go on from here: re-queued, as for one process.
+        from workers.source import BufferDamaged
+
+        damaged = BufferDamaged(str(failed))
+        damaged.execution = failed.execution  # type: ignore[attr-defined]
+        raise damaged
+    raise failed
+
+
+def _execution(folder: Path) -> dict[str, float] | None:
+    """The execution report rank 0 left when its attempt failed (`EXECUTION`), if any."""
+    try:
+        return json.loads((folder / EXECUTION).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _wait(proc: subprocess.Popen, run: Any, worker: str, retry_db) -> int:
@@ -230,7 +256,7 @@ def main(argv: list[str]) -> int:
                 config, None, checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR
             )
             return 0
-        summary = _rank_zero(run, worker, config)
+        summary = _rank_zero(run, worker, config, folder)
         (folder / f".{RESULT}").write_text(json.dumps({"summary": summary}))
         (folder / f".{RESULT}").replace(folder / RESULT)
         return 0
@@ -240,7 +266,12 @@ def main(argv: list[str]) -> int:
         raise
 
 
-def _rank_zero(run: Any, worker: str, config: Any) -> dict[str, float]:
+def _rank_zero(run: Any, worker: str, config: Any, folder: Path) -> dict[str, float]:
+    """Rank 0's part: it reports through a `DatabaseSink` and, outside simulated execution, holds
+    the run's `DatabaseSource` (built as a one-process trainer builds it): the weights it publishes
+    are the whole ones gathered from the shards (`distributed.RankSource`), the same file and
+    sha256 as one process's, and its execution report joins the summary. A failed attempt leaves
+    that report in `EXECUTION` for the worker to record with the failure."""
     from django.conf import settings
 
     from rlcore import distributed
@@ -248,27 +279,39 @@ def _rank_zero(run: Any, worker: str, config: Any) -> dict[str, float]:
     from workers.db_outage import retry_db
     from workers.measure import Measurement, sibling_pids
     from workers.sink import CheckpointLedger, DatabaseSink, measurement
+    from workers.source import DatabaseSource
 
     # The attempt's CPU is every rank's: rank 0 reads its fellow ranks' from /proc.
     sink = DatabaseSink(run, worker, Measurement(others=sibling_pids))
+    source = None
     try:
         retry_db(run.check_datasets)(dataset_sha256s(config.task))
+        if config.execution.mode != "simulated":
+            source = DatabaseSource(run, config, sink.should_stop, worker)
         summary = distributed.train(
             config,
             sink,
             checkpoint_dir=run.checkpoint_dir,
             cache_dir=settings.LAB_CACHE_DIR,
+            make_source=None if source is None else lambda learner, mirror: source,
             ledger=CheckpointLedger(run, worker),
             # Before the ranks' last barrier, while the others still run (their CPU is read then).
             on_done=lambda learner, ranks: sink.measurement.stop(),
         )
         sink.measurement.stop()  # what follows is storing, not training
+        if source is not None:
+            summary.update(source.summary())
         sink.close()
     except BaseException:
         try:
             sink.close()  # what it logged before it failed
         except Exception:
             log.exception("run %s: the points still buffered could not be stored", run.pk)
+        if source is not None:
+            try:
+                (folder / EXECUTION).write_text(json.dumps(source.summary()))
+            except Exception:
+                log.exception("run %s: no execution report for the failed attempt", run.pk)
         raise
     summary.update(measurement(run, sink, worker))
     return summary

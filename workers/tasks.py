@@ -141,7 +141,8 @@ def _train_in_ranks(run: Run, worker: str, processes: int) -> str:
         summary = ranks.train(run, worker, processes)
     except Exception as exc:
         log.exception("run %s attempt %s failed", run.pk, run.attempt)
-        return _failed(run, worker, exc, f"{type(exc).__name__}: {exc}", None)
+        execution = getattr(exc, "execution", None)  # rank 0's batch source's report, if it left one
+        return _failed(run, worker, exc, f"{type(exc).__name__}: {exc}", execution)
     return _finished(run, worker, summary)
 
 

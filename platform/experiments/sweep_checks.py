@@ -274,27 +274,20 @@ TRAIN_PROCESSES = "execution.train_processes"
 
 
 def train_process_errors(configs: list[RunConfig], variants: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """Cells with more trainer processes than `LAB_MAX_TRAIN_PROCESSES`, or with more than one
-    outside simulated execution (the training worker starts its ranks in simulated mode only, for
-    now); named `axes.execution.train_processes` where that axis set the value."""
+    """Cells with more trainer processes than `LAB_MAX_TRAIN_PROCESSES`, in any execution mode;
+    named `axes.execution.train_processes` where that axis set the value. What the live workers
+    of the queue have is checked apart (`execution.models.Worker.train_process_problems`)."""
     cap = settings.LAB_MAX_TRAIN_PROCESSES
     errors = []
     for config, variant in zip(configs, variants, strict=True):
-        n, mode = config.execution.train_processes, config.execution.mode
-        field = f"axes.{TRAIN_PROCESSES}" if TRAIN_PROCESSES in variant else TRAIN_PROCESSES
-        if n > cap:
-            error = (
-                field,
-                f"{TRAIN_PROCESSES} = {n}: at most {cap} trainer processes per run (LAB_MAX_TRAIN_PROCESSES)",
-            )
-        elif n > 1 and mode != "simulated":
-            error = (
-                field,
-                f"{TRAIN_PROCESSES} = {n}: train_processes > 1 runs in simulated mode for now "
-                f"(this cell runs {mode}); use 1 trainer process there",
-            )
-        else:
+        n = config.execution.train_processes
+        if n <= cap:
             continue
+        field = f"axes.{TRAIN_PROCESSES}" if TRAIN_PROCESSES in variant else TRAIN_PROCESSES
+        error = (
+            field,
+            f"{TRAIN_PROCESSES} = {n}: at most {cap} trainer processes per run (LAB_MAX_TRAIN_PROCESSES)",
+        )
         if error not in errors:
             errors.append(error)
     return errors

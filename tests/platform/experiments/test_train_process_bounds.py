@@ -1,6 +1,6 @@
 """`execution.train_processes` is bounded at submission, in the API and the form alike, naming the
-field: at most `LAB_MAX_TRAIN_PROCESSES`, more than one only in simulated mode (for now), and no
-more than the cores (or GPUs) some live worker of the run's queue reports; nothing is queued."""
+field: at most `LAB_MAX_TRAIN_PROCESSES` and no more than the cores (or GPUs) some live worker of
+the run's queue reports, in every execution mode; nothing is queued."""
 
 from __future__ import annotations
 
@@ -52,6 +52,8 @@ def test_more_processes_than_any_live_worker_of_the_queue_has_cores_is_refused(c
     assert field == FIELD
     assert "execution.train_processes = 4: no live worker on queue cpu has that many cores" in message
     assert "the most any has is 2" in message
+    field, message = refusal(submit(client, token, 4, mode="async"))  # its trainer's queue counts too
+    assert field == FIELD and "no live worker on queue cpu has that many cores" in message
     assert Run.objects.count() == before + 1
     assert submit(client, token, 2).status_code == 201
     Worker.seen("big:3", ["cpu"], [], cores=4, gpus=0)
@@ -71,21 +73,22 @@ def test_a_run_on_cuda_counts_the_workers_gpus(client, token, team):
     assert field == FIELD and "has that many GPUs" in message and "the most any has is 1" in message
 
 
-def test_above_the_cap_or_outside_simulated_mode_is_refused(client, token, team, settings):
+def test_above_the_cap_is_refused_in_every_mode(client, token, team, settings):
     settings.LAB_MAX_TRAIN_PROCESSES = 2
     before = Run.objects.count()
-    field, message = refusal(submit(client, token, 3))
-    assert field == FIELD
-    assert "at most 2 trainer processes per run (LAB_MAX_TRAIN_PROCESSES)" in message
-    field, message = refusal(submit(client, token, 2, mode="distributed"))
-    assert field == FIELD and "train_processes > 1 runs in simulated mode for now" in message
+    for mode in ("simulated", "distributed", "async"):
+        field, message = refusal(submit(client, token, 3, mode=mode))
+        assert field == FIELD
+        assert "at most 2 trainer processes per run (LAB_MAX_TRAIN_PROCESSES)" in message
     field, message = refusal(submit(client, token, 0))
     assert field == FIELD and "greater than or equal to 1" in message
     field, message = refusal(submit(client, token, None, axes={"execution.train_processes": [1, 3]}))
     assert field == "axes.execution.train_processes"
     assert "at most 2 trainer processes" in message
     assert Run.objects.count() == before
-    assert submit(client, token, 2).status_code == 201
+    for mode in ("simulated", "distributed", "async"):
+        assert submit(client, token, 2, mode=mode).status_code == 201, mode
+    assert Run.objects.count() == before + 3
 
 
 def test_the_form_names_the_field(alice_client, team):

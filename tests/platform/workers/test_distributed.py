@@ -1,11 +1,22 @@
 """Distributed execution: one training worker, rollout jobs on two rollout workers, and every
-metric equal to the simulated run of the same config and seed at every step."""
+metric equal to the simulated run of the same config and seed at every step; likewise a trainer
+in two ranks (`execution.train_processes`) against one process, in distributed and async
+execution."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+
 import pytest
+import torch
+from safetensors.torch import load
 from support import TINY_CONFIG, last_step, logged, queue_sweep, wait_for
-from worker_helpers import curves, wait_until_over
+from worker_helpers import assert_curves_equal, curves, wait_until_over
 
 from experiments.models import PolicyVersion, RolloutJob, Run
 from rlcore.staleness import behavior_version
@@ -237,3 +248,99 @@ def test_an_async_run_splits_its_staleness_and_measures_its_bfloat16_mismatch(st
     assert flight[1] == queue[1] == 0, "step 1 trains on θ0's batch, made before anything was published"
     assert sorted(series("mismatch/abs_max")) == list(range(1, 9))
     assert min(series("mismatch/abs_max").values()) > 1e-3
+
+
+class WeightsKept:
+    """Hard links to every weights file the trainers of `runs` publish, made as they appear (a
+    run's buffer goes once it ends): `into/<run id>/v000006.safetensors` and so on."""
+
+    def __init__(self, runs: list[Run], into: Path):
+        self.folders = {run.pk: run.buffer_dir / "weights" for run in runs}
+        self.into, self.over = into, threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.over.is_set():
+            for pk, folder in self.folders.items():
+                with contextlib.suppress(OSError):  # not there yet, or gone with its run
+                    for name in os.listdir(folder):
+                        kept = self.into / str(pk) / name
+                        if not name.startswith(".") and not kept.exists():
+                            kept.parent.mkdir(parents=True, exist_ok=True)
+                            os.link(folder / name, kept)
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        self.over.set()
+        self.thread.join()
+
+    def last(self, run: Run) -> dict[str, torch.Tensor]:
+        """The tensors of `run`'s last published version, checked against its recorded sha256."""
+        version = PolicyVersion.objects.filter(run=run).order_by("-version").first()
+        data = (self.into / str(run.pk) / f"v{version.version:06d}.safetensors").read_bytes()
+        assert hashlib.sha256(data).hexdigest() == version.sha256
+        return load(data)
+
+
+def test_two_trainer_ranks_with_rollout_workers_train_the_one_process_run(
+    start_worker, team, alice, tmp_path
+):
+    """`execution.train_processes: 2` outside simulated execution: rank 0 holds the run's batch
+    source. Distributed, with a real rollout worker: every metric of the one-process run within
+    1e-5 at every step, and the last published weights within 1e-6. Async in 2 ranks: its
+    staleness bound and bookkeeping hold, and its execution report reaches the summary. A
+    distributed run in 2 ranks cancelled while rank 0 waits on its batches ends cancelled."""
+    distributed = {**TINY_CONFIG, "execution": {"mode": "distributed"}}
+    ranks = {"mode": "distributed", "train_processes": 2}
+    offset = [{"sync_offset": 2}]
+    one = queue_sweep(team, alice, "one trainer", config=distributed, staleness=offset).runs.get()
+    two = queue_sweep(
+        team, alice, "two ranks", config={**distributed, "execution": ranks}, staleness=offset
+    ).runs.get()
+    async_config = {**TINY_CONFIG, "execution": {"mode": "async", "max_staleness": 2, "train_processes": 2}}
+    in_async = queue_sweep(team, alice, "async ranks", config=async_config).runs.get()
+    long = {**distributed, "execution": ranks, "steps": 400, "eval_every": 400, "checkpoint_every": 50}
+    cancelled = queue_sweep(team, alice, "cancelled ranks", config=long, staleness=offset).runs.get()
+    kept = WeightsKept([one, two], tmp_path / "weights")
+    start_worker()
+    rollout_worker = start_worker(queue="rollout")
+    try:
+        wait_until_over([one, two, in_async], 300)
+    finally:
+        kept.stop()
+    for run in (one, two, in_async):
+        run.refresh_from_db()
+        assert run.status == Run.SUCCEEDED, run.error
+        assert run.summary["weights/publish_bytes"] > 0, "the source's report is in the summary"
+        jobs = RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH)
+        assert set(jobs.values_list("worker", flat=True)) == {rollout_worker.identity}
+        assert_one_point_per_name_and_step(run)
+    assert_curves_equal(two, one)
+    mine, reference = kept.last(two), kept.last(one)
+    assert set(mine) == set(reference)
+    assert max(float((mine[k] - reference[k]).abs().max()) for k in reference) <= 1e-6
+    record = two.provenance
+    assert (record["train_processes"], record["backend"], record["threads_per_rank"]) == (2, "gloo", 1)
+    assert in_async.provenance["train_processes"] == 2
+
+    lags = {step: value for _, step, value in logged(in_async, "staleness/max")}
+    assert sorted(lags) == list(range(1, TINY_CONFIG["steps"] + 1))
+    assert lags[1] == 0 and max(lags.values()) <= 2
+    for step, lag in lags.items():
+        job = RolloutJob.objects.get(run=in_async, kind=RolloutJob.BATCH, step=step)
+        assert lag == step - 1 - job.version, "the logged staleness is the measured one"
+    flight, queue = (
+        {step: value for _, step, value in logged(in_async, name)}
+        for name in ("staleness/in_flight", "staleness/in_queue")
+    )
+    for step, lag in lags.items():
+        assert flight[step] + queue[step] == pytest.approx(lag), step
+    assert sorted(step for _, step, _ in logged(in_async, "eval/accuracy")) == [0, 5, 6]
+
+    wait_for(lambda: (last_step(cancelled, "loss") or 0) >= 2, 120, "two steps of the run to cancel")
+    cancelled.cancel()
+    wait_until_over([cancelled], 60)
+    cancelled.refresh_from_db()
+    assert cancelled.status == Run.CANCELLED, cancelled.error
+    assert 2 <= cancelled.summary["steps"] < long["steps"]
