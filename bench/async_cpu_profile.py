@@ -63,6 +63,7 @@ PARTS = [
         "database + lease: rollout jobs",
         ["workers/jobs.py", "execute (workers/rollout.py", "generate (workers/rollout.py"],
     ),
+    ("the trainer's loop, other", ["steps (rlcore/trainer.py"]),
     ("Celery and kombu (messages)", ["celery/", "kombu/"]),
 ]
 WAITING = ("Condition.wait (threading.py", "Event.wait (threading.py", "sleep")
