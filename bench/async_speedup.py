@@ -40,7 +40,8 @@ flatter the workers. The same run measures what two
 processes at once get done on this machine (`two_process_ceiling`), the most any two workers
 can gain here. It also counts the CPU seconds each run used over the same window (the
 simulated process's, the two workers' from /proc), the work itself, which the machine's swings
-in speed move far less than wall-clock: their ratio is what running apart adds.
+in speed move far less than wall-clock: their ratio is what running apart adds (broken down
+by `bench/async_cpu_profile.py`).
 
     .venv/bin/python bench/async_speedup.py
 """
@@ -422,7 +423,9 @@ def main() -> None:
             f"The work itself (CPU seconds, which the machine's swings in speed move far less than "
             f"wall-clock): async used **{async_cpu / alone_cpu:.2f}×** the CPU of simulated with 1 thread "
             f"({async_cpu:.1f} s against {alone_cpu:.1f} s); the difference is what running apart adds "
-            f"(publishing, hashing and loading weights, the database, messages). With that work, two "
+            f"(evaluations in parts, the same torch work at a higher CPU cost while both workers compute, "
+            f"publishing, hashing and loading weights, the database, messages; how much each: "
+            f"`bench/async_cpu_profile.py`, the next section). With that work, two "
             f"workers busy all the time would be {2 * alone_cpu / async_cpu:.2f}× as fast as one thread; "
             f"they were busy {busy:.0%} of the run.",
             "",

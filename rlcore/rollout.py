@@ -141,7 +141,17 @@ class HFEngine:
         return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
 
     def load_snapshot(self, weights: dict[str, Tensor]) -> None:
-        self.model.load_state_dict(weights)
+        """Copy a snapshot or published weights in: one fused copy when they name every tensor of
+        the state dict with its shape and dtype (what `load_state_dict` would copy, without its
+        per-module walk), else `load_state_dict`, which says what does not match."""
+        targets = self.model.state_dict()
+        if targets.keys() == weights.keys() and all(
+            weights[name].shape == t.shape and weights[name].dtype == t.dtype for name, t in targets.items()
+        ):
+            with torch.no_grad():
+                torch._foreach_copy_(list(targets.values()), [weights[name] for name in targets])
+        else:
+            self.model.load_state_dict(weights)
         self._cast()
 
     def _cast(self) -> None:
