@@ -246,17 +246,27 @@ def main(argv: list[str]) -> int:
 
         from experiments.models import Run
         from rlcore import distributed
+        from workers.memory import MemoryCeiling, import_model_libraries
 
         run = Run.objects.get(pk=run_id)
         if run.attempt != attempt or run.worker != worker or run.status != Run.RUNNING:
             raise RuntimeError(f"run {run_id} attempt {attempt} is no longer {worker}'s to train")
         config = run.run_config()
+        # Each rank under the run's memory ceiling, counting what it adds to its own resident
+        # memory once the model libraries are in (theirs is the process's, as on a worker); the
+        # address space is not capped here: the collectives' threads reserve theirs as they go.
+        import_model_libraries()
+        ceiling = MemoryCeiling(settings.LAB_RUN_MEMORY_MB, limit_address_space=False)
         if rank != 0:
-            distributed.train(
-                config, None, checkpoint_dir=run.checkpoint_dir, cache_dir=settings.LAB_CACHE_DIR
+            ceiling.call(
+                distributed.train,
+                config,
+                None,
+                checkpoint_dir=run.checkpoint_dir,
+                cache_dir=settings.LAB_CACHE_DIR,
             )
             return 0
-        summary = _rank_zero(run, worker, config, folder)
+        summary = ceiling.call(_rank_zero, run, worker, config, folder)
         (folder / f".{RESULT}").write_text(json.dumps({"summary": summary}))
         (folder / f".{RESULT}").replace(folder / RESULT)
         return 0

@@ -45,11 +45,24 @@ LARGER_MODEL = {
 def test_a_run_over_the_ceiling_fails_once_and_the_worker_runs_the_next(start_worker, team, alice):
     big = queue_sweep(team, alice, "too big", config=LARGER_MODEL).runs.get()
     small = queue_sweep(team, alice, "fits").runs.get()
+    # The ceiling holds in each trainer rank too: rank 0 outgrows it warm-starting θ0.
+    ranks = queue_sweep(
+        team, alice, "too big in ranks", config={**LARGER_MODEL, "execution": {"train_processes": 2}}
+    ).runs.get()
     worker = start_worker({"LAB_RUN_MEMORY_MB": str(CEILING_MB)})
 
-    wait_for(lambda: Run.objects.get(pk=small.pk).status not in Run.ACTIVE, 300, "both runs to end")
+    ids = [big.pk, small.pk, ranks.pk]
+    wait_for(
+        lambda: not Run.objects.filter(pk__in=ids, status__in=Run.ACTIVE).exists(),
+        300,
+        "the three runs to end",
+    )
     big.refresh_from_db()
     small.refresh_from_db()
+    ranks.refresh_from_db()
+    assert (ranks.status, ranks.attempt) == (Run.FAILED, 1), ranks.error
+    assert "trainer rank 0 failed: OverMemoryCeiling: memory: " in ranks.error, ranks.error
+    assert f"ceiling {CEILING_MB} MiB (LAB_RUN_MEMORY_MB)" in ranks.error, ranks.error
     assert (small.status, small.attempt, small.worker) == (Run.SUCCEEDED, 1, worker.identity), small.error
     assert (big.status, big.attempt, big.worker) == (Run.FAILED, 1, worker.identity)
     assert (
