@@ -150,12 +150,16 @@ def test_the_form_parses_other_axes():
 
 def test_the_form_submits_other_axes_and_names_their_errors(alice_client, team):
     from experiments.forms import TEMPLATES
+    from rlcore.presets import PRESETS
 
     url = reverse("submit-sweep")
     page = alice_client.get(url, {"template": "field-losses"})
     assert page.status_code == 200 and "The field&#x27;s losses under staleness" in page.content.decode()
     assert "Behaviour corrections (proximal anchor)" in page.content.decode()
     assert TEMPLATES["field-losses"]["optimizer.minibatches"] == 4
+    # The template runs the field's losses, the newest (ALGORITHMS §16) among them, beside grpo.
+    newest = {"icepop", "kpop", "trm", "dppo-kl", "ce-gppo", "dro", "bapo"}
+    assert {"grpo", *newest} <= set(TEMPLATES["field-losses"]["presets"]) <= set(PRESETS)
     form = sweep_form(
         team,
         "axes by form",
