@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from rlcore.presets import AlgorithmSpec, preset_names, resolve
-from rlcore.sinks import BAPO_METRICS
+from rlcore.sinks import BAPO_METRICS, M2PO_METRICS, MASKED_METRICS
 
 STD_EPS = 1e-6
 # Probabilities in the binary KL are clamped to [ε, 1 − ε] (AReaL's).
@@ -174,6 +174,7 @@ class Algorithm:
         total_tokens: float | None = None,
         total_seqs: int | None = None,
         max_length: int | None = None,
+        by_mechanism: bool = False,
     ) -> tuple[Tensor, dict[str, float]]:
         """Scalar loss whose gradient w.r.t. `logp` [N, T] is the preset's, plus statistics.
 
@@ -185,7 +186,8 @@ class Algorithm:
         over the rows given. For gradient
         accumulation over micro-batches, pass the whole (mini-)batch's `total_tokens` /
         `total_seqs` so that the sum of micro-batch losses equals its loss. `max_length` is the
-        constant that `seq-mean-token-sum-norm` divides by (default: T).
+        constant that `seq-mean-token-sum-norm` divides by (default: T). `by_mechanism`: the
+        statistics also count the valid tokens each mechanism acted on (`MASKED_METRICS`, §7).
         """
         s = self.spec
         head = self.ratios(logp, logp_old, mask, advantages, logp_prox, selected, bounds)
@@ -203,6 +205,7 @@ class Algorithm:
         weight = token.weight * q_weight
         removed = removed | q_removed
         per_token = _pick(REGULARISERS, "reg", s.reg)(s, head, per_token)
+        dropped = None
         if s.opsm_delta is not None:
             dropped = (head.adv == 0) & (advantages.detach().to(logp.dtype)[:, None] != 0)
             per_token = torch.where(dropped, torch.zeros_like(per_token), per_token)
@@ -214,6 +217,8 @@ class Algorithm:
         stats = self.statistics(logp.detach(), logp_old, head.m, clipped.detach(), removed, weight.detach())
         if head.bounds is not None:
             stats.update(zip(BAPO_METRICS, head.bounds, strict=True))
+        if by_mechanism:
+            stats.update(masked_tokens(head.m, token, q_removed, dropped, clipped))
         return loss, stats
 
     def ratios(
@@ -342,6 +347,41 @@ class Algorithm:
         }
 
 
+def masked_tokens(
+    m: Tensor, token: TokenLoss, q_removed: Tensor, dropped: Tensor | None, clipped: Tensor
+) -> dict[str, float]:
+    """`MASKED_METRICS` (§7): how many valid tokens each mechanism acted on, each counted on its
+    own (a token two of them hit counts in both): the staleness mask (the surrogate's token mask:
+    M2PO, DPPO), the mismatch mask (the behaviour correction's on q: MIS, IcePop, KPop,
+    decoupled-PPO's cap), the sequence mask (whole responses: TRM, OPSM) and the clip. One
+    synchronisation for all four."""
+    valid = m > 0
+    nothing = torch.zeros_like(valid)
+    surrogate = nothing if token.removed is None else token.removed.expand_as(valid)
+    sequence = surrogate if token.rows else nothing
+    if dropped is not None:
+        sequence = sequence | dropped.expand_as(valid)
+    counts = torch.stack(
+        [
+            (valid & (nothing if token.rows else surrogate)).sum(),
+            (valid & q_removed.expand_as(valid)).sum(),
+            (valid & sequence).sum(),
+            (valid & (clipped > 0).expand_as(valid)).sum(),
+        ]
+    )
+    return dict(zip(MASKED_METRICS, map(float, counts.tolist()), strict=True))
+
+
+def second_moments(logp_start: Tensor, logp_old: Tensor, mask: Tensor, selected: Tensor) -> dict[str, float]:
+    """`M2PO_METRICS` (§7): M2PO's second moment, the mean of (p − μ)² over the valid tokens
+    before its selection and over those it kept (0 when it kept none), as `selection` reads it."""
+    valid = mask > 0
+    m2 = (logp_start.detach() - logp_old).to(torch.float64) ** 2
+    kept = valid & (selected > 0)
+    sums = torch.stack([m2[valid].sum(), valid.sum(), m2[kept].sum(), kept.sum()]).tolist()
+    return dict(zip(M2PO_METRICS, (sums[0] / max(sums[1], 1.0), sums[2] / max(sums[3], 1.0)), strict=True))
+
+
 @dataclass(frozen=True)
 class Ratios:
     """The head of the loss, shared by every surrogate ([N, T] unless said): `logp` π with its
@@ -366,12 +406,13 @@ class Ratios:
 class TokenLoss(NamedTuple):
     """A surrogate's answer, [N, T]: the loss per token, where a clip acted (None: nowhere), the
     importance weight its gradient carries, and the tokens a mask took out of the loss (None:
-    none)."""
+    none), whole responses at a time where `rows`."""
 
     per_token: Tensor
     clipped: Tensor | None
     weight: Tensor
     removed: Tensor | None = None
+    rows: bool = False  # `removed` takes whole responses out (a sequence mask), not single tokens
 
 
 Fn = TypeVar("Fn", bound=Callable)
@@ -506,7 +547,7 @@ def _trm(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
     keep = (worst <= s.trm_delta).to(r.logp.dtype)
     ppo = _ppo_clip(s, r, r.live)
     removed = (keep == 0).expand_as(x)
-    return TokenLoss(keep * ppo.per_token, keep * ppo.clipped, keep * ppo.weight, removed)
+    return TokenLoss(keep * ppo.per_token, keep * ppo.clipped, keep * ppo.weight, removed, rows=True)
 
 
 @surrogate("dppo-kl")

@@ -158,6 +158,14 @@ class JsonlSink:
         self._file.close()
 
 
+# The valid tokens of a step's batch each masking mechanism acted on (docs/algorithms.md §7), part
+# of STEP_METRICS: staleness mask, mismatch mask, sequence mask, clip.
+MASKED_METRICS = (
+    "masked_tokens/staleness",
+    "masked_tokens/mismatch",
+    "masked_tokens/sequence",
+    "masked_tokens/clip",
+)
 # Logged at every trainer step (docs/algorithms.md §7); names are part of the API.
 STEP_METRICS = (
     "reward/mean",
@@ -168,6 +176,7 @@ STEP_METRICS = (
     "kl/init_k3",
     "kl/behavior",
     "kl/behavior_k3",
+    "kl/behavior_proximal",
     "staleness",
     "staleness/mean",
     "staleness/p50",
@@ -185,6 +194,7 @@ STEP_METRICS = (
     "ess_frac",
     "correction/masked_frac",
     "correction/weight_mean",
+    *MASKED_METRICS,
     "kl/proximal",
     "optimizer_steps",
     "drop_frac",
@@ -205,10 +215,19 @@ STEP_METRICS = (
 ASYNC_METRICS = ("staleness/in_flight", "staleness/in_queue")
 # The training–inference mismatch (docs/algorithms.md §14): at every step of a run whose engine can
 # disagree with the trainer (`RunConfig.rescored`), else at the steps with on-policy rows.
-MISMATCH_METRICS = ("mismatch/k1", "mismatch/k3", "mismatch/abs_max")
+MISMATCH_METRICS = (
+    "mismatch/k1",
+    "mismatch/k3",
+    "mismatch/abs_max",
+    "mismatch/drift_mean",
+    "mismatch/drift_abs_mean",
+)
 # Logged at every step of a `bapo` run (docs/algorithms.md §16): the clip bounds its search chose and
 # the balance s they reached (∞ without negative tokens), averaged over the step's mini-batches.
 BAPO_METRICS = ("bapo/c_low", "bapo/c_high", "bapo/s")
+# Logged at every step of an `m2po` run (docs/algorithms.md §7): the mean (p − μ)² over the valid
+# tokens before its selection and over the tokens it kept.
+M2PO_METRICS = ("m2po/m2_before", "m2po/m2_after")
 # Logged at step 0 and every `eval_every` steps, and after the last step.
 EVAL_METRICS = ("eval/accuracy", "eval/reward", "eval/kl_init")
 # The metrics whose latest value a run's summary carries (the trainer's, and the platform's for

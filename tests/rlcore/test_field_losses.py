@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlcore import algorithms
+from rlcore.sinks import MASKED_METRICS
 
 RATIOS = [[1.1, 1.5], [0.7, 3.5], [2.0, 0.3], [0.3, 0.6]]
 Q = [[1.0, 1.2], [0.9, 6.0], [1.5, 0.4], [1.0, 0.8]]  # behaviour weights p/μ: p = μ + ln q
@@ -676,3 +677,88 @@ def test_every_preset_reads_its_own_knobs_and_names_its_source():
     )
     assert "kpop_phi" in PRESETS["kpop"].spec.knobs() and "is_low" in PRESETS["icepop"].spec.knobs()
     assert "trm_delta" not in PRESETS["grpo"].spec.knobs()
+
+
+# §7's masked-token counts on the worked example's 8 tokens, (staleness, mismatch, sequence, clip),
+# read off §13/§16's notes above (MASKED) and the clip shares of TABLE: IcePop's mismatch mask takes
+# q 6 and q 0.4 and its clip 4 tokens, KPop's only q 6; TRM drops y2 and y3 and clips one kept token;
+# DPPO-KL's trust region takes y3t2, M2PO's selection all but y1t1; OPSM drops y3.
+COUNTS = {
+    ("icepop", ()): (0, 2, 0, 4),
+    ("kpop", ()): (0, 1, 0, 4),
+    ("decoupled-ppo", ()): (0, 1, 0, 4),
+    ("trm", ()): (0, 0, 4, 1),
+    ("dppo-kl", ()): (1, 0, 0, 0),
+    ("m2po", ()): (7, 0, 0, 0),
+    ("grpo", (("opsm_delta", 0.1),)): (0, 0, 2, 2),
+}
+
+
+@pytest.mark.parametrize("key", list(COUNTS), ids=lambda k: k[0] + "".join(f"+{n}" for n, _ in k[1]))
+def test_masked_token_counts_by_mechanism_on_the_worked_example(key):
+    algo = algorithms.build(key[0], **dict(key[1]))
+    mu = torch.full((4, 2), MU, dtype=torch.float64)
+    logp = mu + torch.tensor(RATIOS, dtype=torch.float64).log()
+    prox = mu + torch.tensor(Q, dtype=torch.float64).log()
+    adv = algo.advantages(torch.tensor(REWARDS, dtype=torch.float64), 4)
+    mask = torch.ones(4, 2, dtype=torch.float64)
+    _, stats = algo.policy_loss(logp, mu, mask, adv, logp_prox=prox, by_mechanism=True)
+    assert tuple(stats[name] for name in MASKED_METRICS) == COUNTS[key]
+    assert stats["masked_tokens/clip"] == pytest.approx(8 * stats["clip_frac"])
+    _, without = algo.policy_loss(logp, mu, mask, adv, logp_prox=prox)
+    assert not set(MASKED_METRICS) & set(without), "counted only where asked (once per step)"
+
+
+def test_masked_token_counts_count_valid_tokens_only():
+    """`grpo-mis` (PPO-clip on r = π/p, masked IS on q = p/μ ∈ [0.5, 5]) with OPSM (δ 0.1) on the
+    example, y2t2 (q 6, clipped) padding. By hand: A_σ's signs +, −, −, +; OPSM's mean μ − π over
+    valid tokens is −ln 0.7 = 0.357 for y2 (now one token) and −(ln 2 + ln 0.3)/2 = 0.255 for y3,
+    both > 0.1 with A < 0, so both go (3 valid tokens); the mismatch mask takes y3t2 (q 0.4) only;
+    the clip acts where A > 0 and r > 1.2 or A < 0 and r < 0.8 on the A OPSM left: y1t2
+    (r = 1.5/1.2 = 1.25) alone."""
+    mask = torch.ones(4, 2, dtype=torch.float64)
+    mask[1, 1] = 0
+    signs = [1, -1, -1, 1]
+    drift = [
+        -sum(math.log(RATIOS[i][j]) for j in range(2) if mask[i, j]) / float(mask[i].sum()) for i in range(4)
+    ]
+    dropped = [signs[i] < 0 and drift[i] > 0.1 for i in range(4)]
+    valid = [(i, j) for i in range(4) for j in range(2) if mask[i, j]]
+    sequence = sum(dropped[i] for i, _ in valid)
+    mismatch = sum(not 0.5 <= Q[i][j] <= 5 for i, j in valid)
+    r = {(i, j): RATIOS[i][j] / Q[i][j] for i, j in valid}
+    clip = sum(
+        not dropped[i] and ((signs[i] > 0 and r[i, j] > 1.2) or (signs[i] < 0 and r[i, j] < 0.8))
+        for i, j in valid
+    )
+    assert (sequence, mismatch, clip) == (3, 1, 1)
+    algo = algorithms.build("grpo-mis", opsm_delta=0.1)
+    mu = torch.full((4, 2), MU, dtype=torch.float64)
+    logp = mu + torch.tensor(RATIOS, dtype=torch.float64).log()
+    prox = mu + torch.tensor(Q, dtype=torch.float64).log()
+    adv = algo.advantages(torch.tensor(REWARDS, dtype=torch.float64), 4)
+    _, stats = algo.policy_loss(logp, mu, mask, adv, logp_prox=prox, by_mechanism=True)
+    assert tuple(stats[name] for name in MASKED_METRICS) == (0, mismatch, sequence, clip)
+
+
+def test_m2po_second_moment_before_and_after_its_selection():
+    """By hand on the example with y2t2 (ln 3.5)² padding: before, the mean of (ln ρ)² over the 7
+    valid tokens; after, over those the selection kept, a mean ≤ τ."""
+    mask = torch.ones(4, 2, dtype=torch.float64)
+    mask[1, 1] = 0
+    algo = algorithms.build("m2po")
+    mu = torch.full((4, 2), MU, dtype=torch.float64)
+    logp = mu + torch.tensor(RATIOS, dtype=torch.float64).log()
+    adv = algo.advantages(torch.tensor(REWARDS, dtype=torch.float64), 4)
+    selected = algo.selection(logp, mu, mask, adv)
+    squares = {(i, j): math.log(RATIOS[i][j]) ** 2 for i in range(4) for j in range(2) if mask[i, j]}
+    # Largest first until the mean of those left is ≤ 0.04.
+    left = sorted(squares.values())
+    while sum(left) / len(left) > 0.04:
+        left.pop()
+    kept = {key for key, value in squares.items() if selected[key] > 0}
+    assert sorted(squares[key] for key in kept) == pytest.approx(left)
+    moments = algorithms.second_moments(logp, mu, mask, selected)
+    assert moments["m2po/m2_before"] == pytest.approx(sum(squares.values()) / 7, abs=1e-12)
+    assert moments["m2po/m2_after"] == pytest.approx(sum(left) / len(left), abs=1e-12)
+    assert moments["m2po/m2_after"] <= 0.04 < moments["m2po/m2_before"]

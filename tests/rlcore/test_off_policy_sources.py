@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from rlcore import trainer
-from rlcore.sinks import ListSink
+from rlcore.sinks import M2PO_METRICS, MISMATCH_METRICS, ListSink
 from tests.rlcore.rlcore_helpers import without_timing
 
 
@@ -25,10 +25,14 @@ def test_a_proximal_clip_acts_only_with_several_minibatches(small_config, cache_
         trainer.train(config, sink, cache_dir=cache_dir)
         clip[minibatches] = steps_of(sink, "clip_frac")
         assert steps_of(sink, "optimizer_steps") == [minibatches] * 2
+        # The current policy's KL to μ beside the step-start weights' (§7): one optimiser step, one π.
+        current, start = steps_of(sink, "kl/behavior"), steps_of(sink, "kl/behavior_proximal")
         if minibatches == 1:  # π = π_prox wherever the gradient is taken: r ≡ 1
             assert max(abs(k) for k in steps_of(sink, "kl/proximal")) < 1e-5
+            assert current == pytest.approx(start, abs=1e-6)
         else:
             assert max(steps_of(sink, "kl/proximal")) > 1e-3
+            assert max(abs(a - b) for a, b in zip(current, start, strict=True)) > 1e-4
     assert clip[1] == [0.0, 0.0]
     assert max(clip[4]) > 0
 
@@ -69,9 +73,21 @@ def test_m2po_masks_the_same_tokens_with_and_without_micro_batches(small_config,
             optimizer={"lr": 1e-2, "micro_batch_size": micro},
         )
         trainer.train(config, sink, cache_dir=cache_dir)
-        masked.append(steps_of(sink, "correction/masked_frac"))
-    assert masked[0] == masked[1]
-    assert max(masked[0]) > 0 and min(masked[0]) == 0.0  # step 1 is on-policy (θ = θ0)
+        masked.append(
+            [
+                steps_of(sink, name)
+                for name in ("correction/masked_frac", "masked_tokens/staleness", *M2PO_METRICS)
+            ]
+        )
+    assert masked[0][:2] == masked[1][:2]
+    share, count, before, after = masked[0]
+    assert before + after == pytest.approx(masked[1][2] + masked[1][3], rel=1e-5, abs=1e-6)
+    assert max(share) > 0 and min(share) == 0.0  # step 1 is on-policy (θ = θ0)
+    assert [c > 0 for c in count] == [s > 0 for s in share]
+    assert before[0] == pytest.approx(0, abs=1e-10) and after[0] == before[0]
+    # M2PO's second moment, before its selection and after it: within τ (0.04) once it masks.
+    for s, b, a in zip(share, before, after, strict=True):
+        assert a <= 0.04 + 1e-12 and a <= b and (s > 0) == (b > 0.04)
 
 
 def test_the_rollout_precision_makes_a_mismatch_that_tis_corrects(small_config, cache_dir):
@@ -82,9 +98,17 @@ def test_the_rollout_precision_makes_a_mismatch_that_tis_corrects(small_config, 
         trainer.train(config, sink, cache_dir=cache_dir)
         seen[dtype] = {
             name: steps_of(sink, name)
-            for name in ("mismatch/k1", "mismatch/abs_max", "correction/weight_mean")
+            for name in ("mismatch/k1", "mismatch/abs_max", "correction/weight_mean", *MISMATCH_METRICS[3:])
         }
     same, low = seen["same"], seen["bfloat16"]
+    for run in (same, low):  # the drift t − μ, signed (−k1) and absolute, between |k1| and abs_max
+        assert run["mismatch/drift_mean"] == pytest.approx([-k for k in run["mismatch/k1"]], abs=1e-9)
+        for signed, absolute, worst in zip(
+            run["mismatch/drift_mean"], run["mismatch/drift_abs_mean"], run["mismatch/abs_max"], strict=True
+        ):
+            assert abs(signed) <= absolute + 1e-12 and absolute <= worst + 1e-12
+    # bfloat16 rounds both ways: its absolute drift is far more than what the signed one keeps.
+    assert min(low["mismatch/drift_abs_mean"]) > 2 * max(abs(d) for d in low["mismatch/drift_mean"])
     assert max(abs(k) for k in same["mismatch/k1"]) < 1e-6
     assert max(same["mismatch/abs_max"]) < 1e-4
     assert max(abs(w - 1) for w in same["correction/weight_mean"]) < 1e-5

@@ -1,12 +1,22 @@
-"""The trainer: every metric every step, determinism, resume, cancellation, divergence."""
+"""The trainer: every metric every step (and named in docs/algorithms.md §7), determinism, resume, cancellation, divergence."""
 
 import copy
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from rlcore import checkpoints, evaluate, models, tasks, trainer
-from rlcore.sinks import EVAL_METRICS, STEP_METRICS, ListSink
+from rlcore.sinks import (
+    ASYNC_METRICS,
+    BAPO_METRICS,
+    EVAL_METRICS,
+    M2PO_METRICS,
+    MISMATCH_METRICS,
+    STEP_METRICS,
+    ListSink,
+)
 from tests.rlcore.rlcore_helpers import TIMING, without_timing
 
 
@@ -334,3 +344,16 @@ def test_theta0_logprobs_too_large_for_a_batch_are_left_to_the_trainer(small_con
     batch, metrics = trainer.run_step(learner, source, 1)
     assert batch.init_logp is None
     assert metrics["kl/init"] == pytest.approx(0.0, abs=1e-7), "the trainer computed it: step 1 trains θ0"
+
+
+def test_every_metric_name_is_documented_in_section_7():
+    """docs/algorithms.md §7 names every metric the trainer logs (`a/b|c` stands for a/b and a/c)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "algorithms.md").read_text()
+    section = text.split("\n## 7. Metrics\n", 1)[1].split("\n## 8.", 1)[0]
+    named = set()
+    for code in re.findall(r"`([^`]+)`", section):
+        head, *alternatives = code.split("|")
+        named.add(head)
+        named.update(head.rsplit("/", 1)[0] + "/" + alt for alt in alternatives if "/" in head)
+    listed = (*STEP_METRICS, *MISMATCH_METRICS, *ASYNC_METRICS, *BAPO_METRICS, *M2PO_METRICS, *EVAL_METRICS)
+    assert sorted(set(listed) - named) == []
