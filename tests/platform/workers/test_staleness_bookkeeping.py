@@ -25,6 +25,7 @@ from rlcore.config import RunConfig
 from rlcore.produce import Producer, make_engine
 from rlcore.trainer import prepare
 from workers import rollout
+from workers.jobs import claim
 from workers.rollout import execute
 from workers.source import DatabaseSource
 
@@ -119,34 +120,51 @@ def test_an_async_batch_is_labelled_with_the_version_it_loaded_though_a_newer_on
     purge_queue("rollout")
 
 
-def test_a_job_remade_after_its_worker_died_is_made_and_labelled_with_its_version(run):
-    """Distributed, `sync_offset: 1`: step 3 trains on version 1. Its job's worker dies, the
-    trainer publishes version 2 meanwhile, the reaper re-queues the job, and the new attempt
-    loads version 1 again: labelled 1 and row for row what version 1 generates.
+# (mode, its sections, the step of the job whose worker dies, the version its re-made attempt uses)
+REMADE = {
+    "distributed": ({"execution": {"mode": "distributed"}, "staleness": {"sync_offset": 1}}, 3, 1),
+    "async": ({"execution": {"mode": "async", "max_staleness": 1}}, 2, 2),
+}
+
+
+@pytest.mark.parametrize("mode", REMADE)
+def test_a_job_remade_after_its_worker_died_is_made_and_labelled_with_the_version_it_reads(run, mode):
+    """A batch job's worker dies mid-job, the trainer publishes a newer version meanwhile, the
+    reaper re-queues the job and another worker makes it. Distributed (`sync_offset: 1`): step 3
+    trains on version 1, so the new attempt loads version 1 again although version 2 is out.
+    Async: the new attempt reads the newest version itself, 2, not what was newest when the dead
+    attempt was claimed (1). Either way the batch is labelled with the version it loaded and is
+    row for row what that version's weights generate.
 
     The bug it catches (a token labelled with a version that did not generate it): a re-made job
-    that loads the newest weights but keeps its row's label, i.e. `load_into` reading
+    that loads the newest weights but keeps the label in its row, i.e. `load_into` reading
     `newest_version(run)` whatever `job.version` says and `_make_here` labelling with
-    `job.version`. Tried: the label stays 1, the responses are version 2's, and the test fails."""
+    `job.version`; in async with the row's version written at the first claim (`claim` setting
+    it to the newest then) and kept by the reaper's re-queue. Tried: the distributed batch says
+    1 with version 2's responses, the async one says 1 with version 2's responses, and the test
+    fails in both modes."""
     purge_queue("rollout")
-    config = configured(run, execution={"mode": "distributed"}, staleness={"sync_offset": 1})
+    sections, step, version = REMADE[mode]
+    config = configured(run, **sections)
     learner = prepare(config, settings.LAB_CACHE_DIR)
     versions = [learner.policy, moved(learner.policy, seed=1), moved(learner.policy, seed=2)]
     assert run.claim("trainer:1", attempt=run.attempt)
     source = DatabaseSource(run, config, should_stop=lambda: False, worker="trainer:1")
-    source.publish(0, versions[0])  # steps 1 and 2 (version 0)
-    source.publish(1, versions[1])  # step 3 (version 1)
-    [job] = RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH, step=3)
-    assert job.version == 1 and job.claim("r1:1", attempt=1)
+    source.publish(0, versions[0])
+    source.publish(1, versions[1])
+    [job] = RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH, step=step)
+    assert claim(job.pk, 1, "r1:1") is not None  # its worker dies: no heartbeat from now on
     RolloutJob.objects.filter(pk=job.pk).update(heartbeat=timezone.now() - timedelta(hours=1))
-    source.publish(2, versions[2])  # the trainer moves on while nobody makes step 3
+    source.publish(2, versions[2])  # the trainer moves on while nobody makes the job
     assert [j.pk for j in RolloutJob.reap()] == [job.pk]
-    assert execute(job.pk, 2, "r2:2").endswith("done with version 1")
+    assert execute(job.pk, 2, "r2:2").endswith(f"done with version {version}")
     batch = made(job)
-    assert (job.attempt, job.version, batch.version) == (2, 1, 1)
+    assert (job.attempt, job.version, batch.version) == (2, version, version)
+    assert batch.versions().tolist() == [version] * len(batch.problems)
     groups = range(job.groups_start, job.groups_stop)
-    assert same_responses(batch, generated_by(learner, versions[1], 3, groups))
-    assert not same_responses(batch, generated_by(learner, versions[2], 3, groups))
+    assert same_responses(batch, generated_by(learner, versions[version], step, groups))
+    for other in {0, 1, 2} - {version}:
+        assert not same_responses(batch, generated_by(learner, versions[other], step, groups)), other
     purge_queue("rollout")
 
 
