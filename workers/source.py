@@ -209,7 +209,12 @@ class DatabaseSource:
     def resume(self, step: int) -> None:
         """Give the jobs earlier attempts gave up (failed, lost, cancelled) a fresh chance, except
         those whose weights are missing or damaged: this attempt publishes them again (from `step`
-        on), and they are re-queued then (`_record`)."""
+        on), and they are re-queued then (`_record`).
+
+        Async: the versions after `step` an earlier attempt published are a future this run never
+        reached, so they go (`_forget_after`) before a batch job can read one as the newest."""
+        if not self.admission.fixed_versions:
+            self._forget_after(step)
         for job in RolloutJob.objects.filter(run=self.run, status__in=GIVEN_UP):
             if (
                 job.version is not None
@@ -218,6 +223,20 @@ class DatabaseSource:
             ):
                 continue
             self._remake(job, "re-queued by a new trainer attempt")
+
+    def _forget_after(self, step: int) -> None:
+        """Async resume from `step`: drop the policy versions after `step` and their evaluations,
+        and make again the batches of later steps that may have been made with them (done with
+        such a version, or being made: an async job's version is known only once it is done).
+        Rows first, so a job claimed from now on reads `step`'s version or older."""
+        with transaction.atomic():
+            PolicyVersion.objects.filter(run=self.run, version__gt=step).delete()
+            RolloutJob.objects.filter(run=self.run, kind=RolloutJob.EVAL, version__gt=step).delete()
+        later = RolloutJob.objects.filter(run=self.run, kind=RolloutJob.BATCH, step__gt=step)
+        for job in later.filter(Q(status=RolloutJob.RUNNING) | Q(status=RolloutJob.DONE, version__gt=step)):
+            self._remake(
+                job, "made with a policy version of an earlier attempt that the resume went back past"
+            )
 
     # ----- what the worker reports once the run is over ------------------------------------
 

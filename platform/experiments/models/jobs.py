@@ -25,7 +25,8 @@ class RolloutJob(Leased):
     The same lease idiom as `Run`: a conditional UPDATE claims an attempt, the worker beats a
     heartbeat while it generates, the reaper re-queues a job whose worker vanished, and a late
     message or a late finish of an older attempt changes nothing. In async execution `version`
-    is chosen when the job is claimed: the newest published one.
+    is chosen by each attempt once claimed, when it loads the newest published weights, and
+    written when it finishes: the version that generated the batch.
     """
 
     QUEUED, RUNNING, DONE, FAILED, CANCELLED, LOST = (
