@@ -230,6 +230,8 @@ BAPO_METRICS = ("bapo/c_low", "bapo/c_high", "bapo/s")
 M2PO_METRICS = ("m2po/m2_before", "m2po/m2_after")
 # Logged at step 0 and every `eval_every` steps, and after the last step.
 EVAL_METRICS = ("eval/accuracy", "eval/reward", "eval/kl_init")
+# Every metric a run may log, in the order the comparison lists them.
+ALL_METRICS = (*STEP_METRICS, *MISMATCH_METRICS, *ASYNC_METRICS, *BAPO_METRICS, *M2PO_METRICS, *EVAL_METRICS)
 # The metrics whose latest value a run's summary carries (the trainer's, and the platform's for
 # runs that ended without one).
 SUMMARY_LATEST = ("eval/accuracy", "reward/mean", "kl/init")

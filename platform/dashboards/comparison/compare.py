@@ -18,16 +18,9 @@ from dashboards.comparison.grouping import Layout
 from dashboards.comparison.query import ComparisonQuery
 from dashboards.comparison.reads import Finals
 from experiments.models import Run
-from rlcore.sinks import (
-    ASYNC_METRICS,
-    BAPO_METRICS,
-    EVAL_METRICS,
-    M2PO_METRICS,
-    MISMATCH_METRICS,
-    STEP_METRICS,
-)
+from rlcore.sinks import ALL_METRICS
 
-METRICS = (*STEP_METRICS, *MISMATCH_METRICS, *ASYNC_METRICS, *BAPO_METRICS, *M2PO_METRICS, *EVAL_METRICS)
+METRICS = ALL_METRICS
 
 
 THROUGHPUT_COLUMNS = tuple(
