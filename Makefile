@@ -19,7 +19,7 @@ endif
 TORCH_INDEX ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
-.PHONY: install up test test-fast lint bench chromium slurm
+.PHONY: install up test test-fast lint bench chromium slurm mlflow
 
 install: $(VENV)/.installed-$(EXTRAS)
 
@@ -63,7 +63,16 @@ slurm:
 	        echo "error: the Slurm test needs Debian's slurm-wlm and munge: sudo apt-get install slurm-wlm munge" >&2; exit 1; \
 	    fi; }
 
-test: install lint chromium slurm
+# The mirror test (tests/platform/imports) starts a real MLflow tracking server on 127.0.0.1; the
+# server's package pins gunicorn<27, which the web app cannot take, so it has a venv of its own.
+mlflow: .venv-mlflow/.installed
+
+.venv-mlflow/.installed:
+	test -x .venv-mlflow/bin/python || $(PYTHON) -m venv .venv-mlflow
+	.venv-mlflow/bin/python -m pip install -q "mlflow>=3"
+	touch $@
+
+test: install lint chromium slurm mlflow
 	$(BIN)/python -m pytest
 
 # The tests marked by what they start (tests/conftest.py) left out: Chromium, Celery workers, any

@@ -85,6 +85,8 @@ INSTALLED_APPS = [
     "execution",
     "experiments",
     "dashboards",
+    "imports",
+    "alerts",
     "lab",  # no models: the launcher's commands, `manage.py up` and `serve`
 ]
 
