@@ -20,12 +20,14 @@
   and every §7 metric are one process's, to float error.
 - Generation never runs on the sharded policy: a whole copy of the current weights (`mirror`,
   gathered from the shards at each publish and evaluation, by every rank: `gather_into`) generates and
-  evaluates, so ranks whose responses end at different lengths wait for nobody. Rank 0 holds the
-  batch source (the simulated schedule here; in distributed and async execution the worker's
-  `DatabaseSource`, which publishes the mirror for the rollout workers) and hands each batch to
-  the others (its tensors pickled as numpy arrays); the simulated schedule's held-out evaluation
-  is split across the ranks and its sums added up (a `DatabaseSource` hands its evaluations to
-  eval jobs).
+  evaluates, so ranks whose responses end at different lengths wait for nobody. Under the
+  simulated schedule every rank runs the schedule itself, each generating its share of each
+  batch's prompt groups (`SharedProducer`: every group has its own random stream, so the shares
+  put together are one process's batch, to float error) and the shares exchanged, and the held-out
+  evaluation is split across the ranks and its sums added up. In distributed and async execution
+  rank 0 holds the worker's `DatabaseSource` (which publishes the mirror for the rollout workers
+  and hands its evaluations to eval jobs) and hands each batch to the others (its tensors pickled
+  as numpy arrays).
 - Rank 0 alone reports to the sink (nothing is logged twice) and decides when to stop.
 - Checkpoints are `torch.distributed.checkpoint` folders (`step-000025.dcp`): model and optimiser
   state sharded, plus rank 0's `trainer.pt` (the step, the config, the schedule's state, the
@@ -44,7 +46,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -55,6 +57,7 @@ from rlcore import checkpoints, models, provenance, sources, tasks
 from rlcore.batch import Batch
 from rlcore.config import RunConfig
 from rlcore.evaluate import EvalSums, Evaluator
+from rlcore.produce import Producer
 from rlcore.ranks import Ranks, cuts
 from rlcore.sinks import (
     EVALUATING,
@@ -237,16 +240,49 @@ def held_bytes(learner: Learner) -> int:
 # ----- the batch source, across ranks ---------------------------------------------------------
 
 
+@dataclass
+class SharedProducer(Producer):
+    """A `Producer` on each rank, every one generating its share of each batch's prompt groups
+    (`Ranks.share`), the shares then exchanged: every rank gets the whole batch, one process's to
+    float error (each group samples from its own random stream, `group_rngs`). A collective:
+    the simulated schedule is deterministic, so every rank asks for the same batches in the same
+    order. The batch's `generate_s` is the slowest rank's (they generate side by side)."""
+
+    ranks: Ranks | None = None
+
+    def batch(
+        self,
+        step: int,
+        version: int,
+        groups: range | None = None,
+        spare_time: Callable[[], bool] | None = None,
+    ) -> Batch:
+        if groups is not None:
+            raise ValueError("a shared producer makes whole batches: its ranks choose the groups")
+        prompts, size = self.config.rollout.prompts_per_step, self.config.rollout.group_size
+        rows = self.ranks.share(prompts * size, size)
+        mine = super().batch(step, version, range(rows.start // size, rows.stop // size), spare_time)
+        state = mine.to_state()
+        state["tensors"] = {name: _as_array(t) for name, t in state["tensors"].items()}
+        parts = []
+        for part in self.ranks.gather(state):
+            part["tensors"] = {name: _as_tensor(a) for name, a in part["tensors"].items()}
+            parts.append(Batch.from_state(part))
+        batch = Batch.concat([p for p in parts if p.rewards.numel()])
+        return replace(batch, generate_s=max(p.generate_s for p in parts))
+
+
 class RankSource:
-    """Rank 0's batch source (`inner`; None on the other ranks) as every rank sees it: each
-    publish and evaluation first gathers the whole weights into `mirror` (all ranks), the source
-    works with that copy on rank 0, and each batch goes from rank 0 to the others. The
-    simulated schedule's held-out evaluation is split across the ranks."""
+    """The run's batch source as every rank sees it: each publish and evaluation first gathers
+    the whole weights into `mirror` (all ranks), the source works with that copy. Under the
+    simulated schedule (`simulated`) every rank holds one (`inner`, with a `SharedProducer`)
+    and the held-out evaluation is split across the ranks; otherwise rank 0 holds it (`inner`
+    is None on the other ranks) and hands each batch to the others."""
 
     def __init__(
-        self, ranks: Ranks, inner: sources.BatchSource | None, mirror: torch.nn.Module, split_eval: bool
+        self, ranks: Ranks, inner: sources.BatchSource | None, mirror: torch.nn.Module, simulated: bool
     ):
-        self.ranks, self.inner, self.mirror, self.split_eval = ranks, inner, mirror, split_eval
+        self.ranks, self.inner, self.mirror, self.simulated = ranks, inner, mirror, simulated
 
     def publish(self, version: int, policy: torch.nn.Module) -> None:
         # The step's forward comes next, on these same weights: they stay gathered for it.
@@ -255,6 +291,8 @@ class RankSource:
             self.inner.publish(version, self.mirror)
 
     def take(self, step: int) -> Batch:
+        if self.simulated:  # every rank's schedule hands out the same whole batch
+            return self.inner.take(step)
         state: Any = None
         if self.inner is not None:
             try:
@@ -272,7 +310,7 @@ class RankSource:
 
     def evaluate(self, step: int, policy: torch.nn.Module, evaluator: Evaluator) -> dict[str, float] | None:
         gather_into(self.mirror, policy)
-        if self.split_eval:
+        if self.simulated:
             return evaluate_split(self.ranks, evaluator, self.mirror, step)
         return self.inner.evaluate(step, self.mirror, evaluator) if self.inner is not None else {}
 
@@ -280,7 +318,7 @@ class RankSource:
         """θ0's held-out evaluation (step 0), made here as one process makes it: split across the
         ranks under the simulated schedule, else on rank 0."""
         gather_into(self.mirror, policy)
-        if self.split_eval:
+        if self.simulated:
             return evaluate_split(self.ranks, evaluator, self.mirror, 0)
         return evaluator.evaluate(self.mirror, step=0) if self.inner is not None else {}
 
@@ -402,11 +440,17 @@ def _train(
         )
         sink.provenance(record)
     whole = replace(learner, lm=replace(learner.lm, model=mirror))  # generation sees whole weights
-    inner = None
-    if ranks.rank == 0:
-        inner = make_source(learner, mirror) if make_source is not None else local_source(whole, cache_dir)
     # Rank 0's choice: the other ranks are not handed `make_source` (only rank 0 calls it).
-    source = RankSource(ranks, inner, mirror, split_eval=ranks.broadcast(make_source is None))
+    simulated = ranks.broadcast(make_source is None)
+    inner = None
+    if simulated:
+        inner = local_source(whole, cache_dir)
+        inner.producer = SharedProducer(
+            **{f.name: getattr(inner.producer, f.name) for f in fields(Producer)}, ranks=ranks
+        )
+    elif ranks.rank == 0:
+        inner = make_source(learner, mirror)
+    source = RankSource(ranks, inner, mirror, simulated=simulated)
     progress = Progress()
     if checkpoint_dir is not None and ledger is None:
         ledger = checkpoints.FileLedger(checkpoint_dir)
