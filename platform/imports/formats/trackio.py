@@ -8,7 +8,7 @@ Media (Trackio's `{"_type": …}` objects) and the system metrics table are not 
 from __future__ import annotations
 
 import sqlite3
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from . import common, trl
@@ -52,8 +52,11 @@ def _read(path: Path, connection: sqlite3.Connection, run: str | None) -> Parsed
         raise ImportFormatError(
             path, None, f"holds no run named {run!r} (it holds {', '.join(runs) or 'none'})"
         )
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(metrics)")}
+    run_id_column = "run_id" if "run_id" in columns else "NULL"  # Trackio before run ids
     rows = connection.execute(
-        "SELECT id, run_id, step, timestamp, metrics FROM metrics WHERE run_name = ? ORDER BY id", (run,)
+        f"SELECT id, {run_id_column}, step, timestamp, metrics FROM metrics WHERE run_name = ? ORDER BY id",
+        (run,),
     ).fetchall()
     points, run_id = [], None
     for row_id, row_run_id, step, stamp, values in rows:
@@ -74,9 +77,11 @@ def _read(path: Path, connection: sqlite3.Connection, run: str | None) -> Parsed
 
 def _time(path: Path, where: str, stamp: str) -> float:
     try:
-        return datetime.fromisoformat(stamp).timestamp()
+        moment = datetime.fromisoformat(stamp)
     except (TypeError, ValueError):
         raise ImportFormatError(path, where, f"timestamp must be ISO 8601 (got {stamp!r})") from None
+    # Trackio writes UTC with its offset; a time without one is taken as UTC too.
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _numbers(values: dict, prefix: str = ""):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from imports.formats import DEFAULT_MAPPINGS, ImportFormatError, map_points, read
+from imports.formats import DEFAULT_MAPPINGS, ImportFormatError, Point, map_points, read
 
 LOG = """
 import json, sys, trackio
@@ -104,6 +104,19 @@ def test_a_bad_row_is_refused_naming_it(tmp_path):
     with pytest.raises(ImportFormatError) as error:
         read("trackio", path)
     assert error.value.where == "metrics row 2" and "timestamp must be ISO 8601" in error.value.rule
+
+
+def test_a_project_of_trackio_before_run_ids_reads_with_times_without_offset_as_utc(tmp_path):
+    path = tmp_path / "proj.db"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE metrics (id INTEGER PRIMARY KEY, timestamp TEXT, run_name TEXT, step INTEGER, metrics TEXT)"
+        )
+        db.execute(
+            "INSERT INTO metrics VALUES (1, '2026-12-04T09:39:33.500000', 'a', 2, '{\"loss\": \"-Infinity\"}')"
+        )
+    run = read("trackio", path)
+    assert run.points == [Point(2, "loss", -math.inf, 1796377173.5)] and run.original_run_id == "a"
 
 
 def test_a_run_name_is_refused_for_a_tool_of_one_run_per_file(tmp_path):
