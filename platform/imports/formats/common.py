@@ -63,6 +63,8 @@ def json_value(path: Path, where: str | None, source: str):
         return json.loads(source)
     except json.JSONDecodeError as error:
         raise ImportFormatError(path, where, f"not JSON ({error.msg} at column {error.colno})") from None
+    except RecursionError:
+        raise ImportFormatError(path, where, "JSON nested too deeply") from None
 
 
 def json_object(path: Path, where: str | None, source: str) -> dict:
@@ -81,12 +83,15 @@ def step(path: Path, where: str | None, value, field: str = "step") -> int:
     return value
 
 
-def timestamp(path: Path, where: str | None, value, field: str = "time") -> float | None:
-    """A wall-clock time in Unix seconds, or None where absent."""
+def timestamp(
+    path: Path, where: str | None, value, field: str = "time", unit: str = "seconds"
+) -> float | None:
+    """A wall-clock time since the Unix epoch (in `unit`, as the file keeps it), or None where
+    absent."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ImportFormatError(path, where, f"{field} must be a time in Unix seconds (got {value!r})")
+        raise ImportFormatError(path, where, f"{field} must be a Unix time in {unit} (got {value!r})")
     return float(value)
 
 

@@ -35,7 +35,7 @@ def read(path: Path, max_bytes: int = common.MAX_BYTES) -> ParsedRun:
             if not isinstance(entry, dict) or not common.is_number(entry.get("value")):
                 raise ImportFormatError(path, where, "expected {value: number, timestamp: ms, step: integer}")
             step = common.step(path, where, entry.get("step"))
-            millis = common.timestamp(path, where, entry.get("timestamp"), "timestamp")
+            millis = common.timestamp(path, where, entry.get("timestamp"), "timestamp", "milliseconds")
             time = None if millis is None else millis / 1000
             points.append(Point(step, name, float(entry["value"]), time))
     info = run.get("info") if isinstance(run.get("info"), dict) else {}

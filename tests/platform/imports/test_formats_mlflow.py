@@ -80,6 +80,11 @@ def test_the_layout_before_format_version_2_reads_too(tmp_path):
             "metric 'loss' entry 0",
             "step must be a non-negative integer",
         ),
+        (
+            b'{"mlflow": {"metrics": {"loss": [{"value": 0.5, "timestamp": "today", "step": 0}]}}}',
+            "metric 'loss' entry 0",
+            "timestamp must be a Unix time in milliseconds",
+        ),
         (b"\x1f\x8b\x08\x00\x00\x00", "line 1", "binary data"),
     ],
 )
