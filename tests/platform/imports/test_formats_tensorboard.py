@@ -136,3 +136,43 @@ def test_a_folder_without_event_files_and_one_over_the_cap_are_refused(tmp_path)
     file = event_file(tmp_path)
     with pytest.raises(ImportFormatError, match="an import reads at most 100 bytes"):
         read("tensorboard", file.parent, max_bytes=100)
+
+
+def test_tensor_scalars_as_tensorflow_writes_them_are_read(tmp_path):
+    """tf.summary.scalar's records, built with TensorBoard's own protos and file writer: the value
+    in tensor_content, the "scalars" plugin named on a tag's first value only; a text tensor and a
+    tensor of two numbers are not scalars."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    def value(tag, tensor, plugin=None):
+        metadata = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=plugin)
+        )
+        return summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=metadata if plugin else None)
+
+    def event(step, *values):
+        return event_pb2.Event(
+            wall_time=1764800000.0 + step, step=step, summary=summary_pb2.Summary(value=values)
+        )
+
+    double = tensor_pb2.TensorProto(dtype=types_pb2.DT_DOUBLE, tensor_content=struct.pack("<d", 0.1))
+    float_later = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_content=struct.pack("<f", 0.5))
+    int64 = tensor_pb2.TensorProto(dtype=types_pb2.DT_INT64, int64_val=[-3])
+    text = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[b"hello"])
+    pair = tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_FLOAT,
+        float_val=[1.0, 2.0],
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=2)]),
+    )
+    writer = EventFileWriter(str(tmp_path))
+    writer.add_event(
+        event(0, value("kl", double, "scalars"), value("n", int64, "scalars"), value("t", text, "text"))
+    )
+    writer.add_event(event(1, value("kl", float_later), value("pair", pair, "scalars")))
+    writer.close()
+    assert read("tensorboard", tmp_path).points == [
+        Point(0, "kl", 0.1, 1764800000.0),
+        Point(0, "n", -3.0, 1764800000.0),
+        Point(1, "kl", 0.5, 1764800001.0),
+    ]
