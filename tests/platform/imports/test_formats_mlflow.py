@@ -47,8 +47,8 @@ def mlflow_export_import_available() -> bool:
 
 
 @pytest.mark.subprocess
-@pytest.mark.skipif(not mlflow_export_import_available(), reason="needs mlflow-export-import in .venv-mlflow")
 def test_a_run_exported_now_by_mlflow_export_import_is_read_point_by_point(tmp_path):
+    assert mlflow_export_import_available(), f"{MLFLOW_PYTHON} lacks mlflow-export-import: run `make mlflow`"
     subprocess.run(
         [str(MLFLOW_PYTHON), str(DATA / "make_mlflow_export.py"), str(tmp_path / "export")],
         check=True,
