@@ -225,16 +225,21 @@ def fsdp_modules(model: torch.nn.Module) -> list[Any]:
     return [module for module in model.modules() if isinstance(module, FSDPModule)]
 
 
-def gather_into(mirror: torch.nn.Module, policy: torch.nn.Module, keep: bool = False) -> torch.nn.Module:
-    """Copy the sharded policy's whole weights into `mirror` (a collective: every rank calls it):
-    one all-gather per FSDP unit, all of them started before any is waited on. With `keep`, the
-    policy's parameters stay gathered for the forward that comes next (its backward shards them
-    again); otherwise they are sharded again here."""
-    units = fsdp_modules(policy)
-    handles = [unit.unshard(async_op=True) for unit in units]
+def gather(policy: torch.nn.Module) -> None:
+    """Gather the sharded policy's whole weights into its own parameters (a collective: every rank
+    calls it): one all-gather per FSDP unit, all of them started before any is waited on. They stay
+    whole, as plain tensors, until `reshard` (or the backward of the forward that comes next)."""
+    handles = [unit.unshard(async_op=True) for unit in fsdp_modules(policy)]
     for handle in handles:
         if handle is not None:
             handle.wait()
+
+
+def gather_into(mirror: torch.nn.Module, policy: torch.nn.Module, keep: bool = False) -> torch.nn.Module:
+    """Copy the sharded policy's whole weights into `mirror` (a collective: every rank calls it).
+    With `keep`, the policy's parameters stay gathered for the forward that comes next (its
+    backward shards them again); otherwise they are sharded again here."""
+    gather(policy)
     whole = dict(mirror.named_parameters())
     with torch.no_grad():
         for name, param in policy.named_parameters():
@@ -312,6 +317,11 @@ class RankSource:
 
     def publish(self, version: int, policy: torch.nn.Module) -> None:
         # The step's forward comes next, on these same weights: they stay gathered for it.
+        if self.simulated:
+            # The schedule's engine copies what it needs straight from the gathered parameters.
+            gather(policy)
+            self.inner.publish(version, policy)
+            return
         gather_into(self.mirror, policy, keep=True)
         if self.inner is not None:
             self.inner.publish(version, self.mirror)
