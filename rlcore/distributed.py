@@ -8,8 +8,7 @@
   gradients are summed across ranks, not averaged (every rank's loss is already divided by the
   whole batch's counts). The AdamW state lives with the shards. Frozen θ0 stays whole on every
   rank (kl/init reads it at every response position). The weights are gathered once per
-  optimiser step (one all-gather per FSDP unit; the step's first at the publish, which fills the
-  mirror too) and stay whole through its forwards and backward passes, going back to their
+  optimiser step (one all-gather per FSDP unit, at the publish) and stay whole through its forwards and backward passes, going back to their
   shards once those are done (`Ranks.after_backward`); the gradients are reduced once per unit.
   On gloo both collectives are point-to-point sends between each pair of ranks (FSDP2's custom
   comms): gloo's own all-gather and reduce-scatter (an all-reduce of the whole buffer), or one
@@ -19,9 +18,11 @@
   passes as the busiest; log-probs and sums are put together across ranks before anything reads
   them, so advantages, M2PO's whole-batch mask, mini-batch permutations, the proximal log-probs
   and every §7 metric are one process's, to float error.
-- Generation never runs on the sharded policy: a whole copy of the current weights (`mirror`,
-  gathered from the shards at each publish and evaluation, by every rank: `gather_into`) generates and
-  evaluates, so ranks whose responses end at different lengths wait for nobody. Under the
+- Generation never runs on the sharded policy: the rollout engine's own copy (synced from the
+  gathered parameters at a publish under the simulated schedule) generates, and a whole copy of
+  the current weights (`mirror`, filled by every rank at each evaluation, and at each publish
+  outside the simulated schedule: `gather_into`) evaluates and is what gets published, so ranks
+  whose responses end at different lengths wait for nobody. Under the
   simulated schedule every rank runs the schedule itself, each generating its share of each
   batch's prompt groups (`SharedProducer`: every group has its own random stream, so the shares
   put together are one process's batch, to float error) and the shares exchanged, and the held-out
@@ -305,8 +306,9 @@ class SharedProducer(Producer):
 
 class RankSource:
     """The run's batch source as every rank sees it: each publish and evaluation first gathers
-    the whole weights into `mirror` (all ranks), the source works with that copy. Under the
-    simulated schedule (`simulated`) every rank holds one (`inner`, with a `SharedProducer`)
+    the whole weights (all ranks): under the simulated schedule the engine syncs from the
+    gathered parameters; otherwise, and for evaluations, into `mirror`, which the source works
+    with. Under the simulated schedule (`simulated`) every rank holds one (`inner`, with a `SharedProducer`)
     and the held-out evaluation is split across the ranks; otherwise rank 0 holds it (`inner`
     is None on the other ranks) and hands each batch to the others."""
 
