@@ -47,9 +47,15 @@ def generic_body(event: Event) -> dict:
     }
 
 
+def text_with_link(event: Event) -> str:
+    """The event's line, and its page's address when that is absolute (`LAB_BASE_URL`)."""
+    url = event.payload.get("url", "")
+    return f"{event.text} {url}" if url.startswith(("http://", "https://")) else event.text
+
+
 def request(event: Event, target: Target) -> tuple[bytes, dict[str, str]]:
     """The raw body and headers a webhook target is sent."""
-    body = generic_body(event) if target.kind == Target.WEBHOOK else {"text": event.text}
+    body = generic_body(event) if target.kind == Target.WEBHOOK else {"text": text_with_link(event)}
     raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
     headers = {
         "Content-Type": "application/json",
@@ -63,7 +69,7 @@ def request(event: Event, target: Target) -> tuple[bytes, dict[str, str]]:
 
 
 def email_text(event: Event) -> str:
-    lines = [event.text, ""]
+    lines = [text_with_link(event), ""]
     lines += [
         f"{name}: {value}" for name, value in event.payload.items() if not isinstance(value, dict | list)
     ]
@@ -99,8 +105,8 @@ def _lease(delivery_id: int, now) -> bool:
     )
 
 
-def attempt(delivery: Delivery) -> DeliveryAttempt:
-    """Try `delivery` once (leased by the caller) and record how it went."""
+def attempt(delivery: Delivery) -> DeliveryAttempt | None:
+    """Try `delivery` once (leased by the caller) and record how it went (None: its target is gone)."""
     started = time.monotonic()
     status_code, error, refused = None, "", False
     try:
@@ -120,7 +126,8 @@ def attempt(delivery: Delivery) -> DeliveryAttempt:
         outcome, changes = Delivery.GIVEN_UP, {"status": Delivery.GIVEN_UP, "finished": now}
     else:
         outcome, changes = "retrying", {"next_attempt": now + Delivery.backoff(number)}
-    Delivery.objects.filter(pk=delivery.pk).update(attempts=number, leased_until=None, **changes)
+    if not Delivery.objects.filter(pk=delivery.pk).update(attempts=number, leased_until=None, **changes):
+        return None  # its target was removed meanwhile, and its deliveries and their log with it
     logged = DeliveryAttempt.objects.create(
         delivery=delivery,
         number=number,

@@ -63,6 +63,15 @@ def test_a_slack_webhook_gets_text_and_no_signature(team, receiver, loopback_all
     assert "X-Lab-Signature" not in got.headers and got.headers["X-Lab-Event-Id"]
 
 
+def test_a_slack_message_links_the_page_when_the_links_are_absolute(team, receiver, loopback_allowed):
+    target(team, kind=Target.SLACK, url=receiver.url)
+    emit.emit(team.pk, RUN_FAILED, "a", "run 7 failed", {"url": "/runs/7/"})
+    emit.emit(team.pk, RUN_FAILED, "b", "run 8 failed", {"url": "https://lab.example.org/runs/8/"})
+    deliver_until_settled()
+    texts = sorted(json.loads(r.body)["text"] for r in receiver.requests)
+    assert texts == ["run 7 failed", "run 8 failed https://lab.example.org/runs/8/"]
+
+
 def test_a_500_is_retried_after_the_backoff_and_delivered_once(team, receiver, loopback_allowed):
     receiver.statuses = [500, 200]
     target(team, url=receiver.url)

@@ -63,6 +63,18 @@ def test_a_run_that_succeeds_alerts_once_its_transition_commits(
     assert [d.target for d in succeeded.deliveries.all()] == [everything]
 
 
+def test_links_are_absolute_with_the_base_url(run, everything, settings, django_capture_on_commit_callbacks):
+    settings.LAB_BASE_URL = "https://lab.example.org/"
+    run.claim("w:1", attempt=1)
+    with django_capture_on_commit_callbacks(execute=True):
+        run.fail("w:1", "RuntimeError: boom")
+    assert events(RUN_FAILED)[0].payload["url"] == f"https://lab.example.org/runs/{run.pk}/"
+    assert (
+        events(SWEEP_FINISHED)[0].payload["url"]
+        == f"https://lab.example.org/experiments/{run.experiment_id}/"
+    )
+
+
 def test_a_transition_rolled_back_alerts_nothing(run, everything, django_capture_on_commit_callbacks):
     run.claim("w:1", attempt=1)
     with django_capture_on_commit_callbacks(execute=True), pytest.raises(RuntimeError), transaction.atomic():
