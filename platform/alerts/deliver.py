@@ -150,9 +150,27 @@ def attempt(delivery: Delivery) -> DeliveryAttempt | None:
     return logged
 
 
+PRUNE_EVERY_S = 3600
+_pruned_at: float | None = None  # time.monotonic() of this process's last prune
+
+
+def prune() -> int:
+    """Delete the events older than `LAB_ALERTS_KEEP_DAYS` that nothing is still delivering, with
+    their deliveries and log; how many events went."""
+    cutoff = timezone.now() - timedelta(days=settings.LAB_ALERTS_KEEP_DAYS)
+    old = Event.objects.filter(created__lt=cutoff).exclude(deliveries__status=Delivery.PENDING)
+    return (
+        Event.objects.filter(pk__in=list(old.values_list("pk", flat=True)[:1000]))
+        .delete()[1]
+        .get(Event._meta.label, 0)
+    )
+
+
 def deliver_due(limit: int = 50) -> int:
     """Try each pending delivery that is due and not leased by another worker, at most `limit`;
-    then check the claims a run's end asked about (`alerts.emit.check_claims`). How many were tried."""
+    then check the claims a run's end asked about (`alerts.emit.check_claims`), and once an hour
+    prune the old events (`prune`). How many were tried."""
+    global _pruned_at
     from alerts.emit import check_claims
 
     now = timezone.now()
@@ -170,4 +188,7 @@ def deliver_due(limit: int = 50) -> int:
         attempt(delivery)
         tried += 1
     check_claims()
+    if _pruned_at is None or time.monotonic() - _pruned_at > PRUNE_EVERY_S:
+        prune()
+        _pruned_at = time.monotonic()
     return tried

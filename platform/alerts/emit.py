@@ -83,6 +83,9 @@ def _run_ended(run_id: int, ended: dict) -> None:
         return
     experiment = run.experiment
     team_id = experiment.team_id
+    wanted = {kind for target in Target.objects.filter(team_id=team_id) for kind in target.events}
+    if not wanted:
+        return  # most teams: one query, nothing else
     status, attempt, summary = ended["status"], ended["attempt"], ended["summary"]
     base = {
         "run": run.pk,
@@ -121,16 +124,10 @@ def _run_ended(run_id: int, ended: dict) -> None:
                 f"{described}: its policy collapsed" + (f" at step {step:g}" if step is not None else ""),
                 {**base, "collapsed_step": step},
             )
-    _sweep_ended(experiment)
-    if (
-        _wanted(team_id, alert_models.CLAIM_VERDICT)
-        and ClaimVerdict.objects.filter(claim__team_id=team_id).exists()
-    ):
+    if alert_models.SWEEP_FINISHED in wanted:
+        _sweep_ended(experiment)
+    if alert_models.CLAIM_VERDICT in wanted and ClaimVerdict.objects.filter(claim__team_id=team_id).exists():
         ClaimCheck.objects.create(team_id=team_id, run_id=run.pk, experiment_id=experiment.pk)
-
-
-def _wanted(team_id: int, kind: str) -> bool:
-    return any(t.wants(kind) for t in Target.objects.filter(team_id=team_id))
 
 
 def _sweep_ended(experiment) -> None:

@@ -276,6 +276,8 @@ LAB_ALERTS_BACKOFF_S = _number("LAB_ALERTS_BACKOFF_S", float, 30, minimum=0)
 LAB_ALERTS_BACKOFF_MAX_S = _number("LAB_ALERTS_BACKOFF_MAX_S", float, 3600, minimum=0)
 LAB_ALERTS_TIMEOUT_S = _number("LAB_ALERTS_TIMEOUT_S", float, 10, minimum=0.1)
 LAB_ALERTS_ALLOW_PRIVATE = os.environ.get("LAB_ALERTS_ALLOW_PRIVATE", "") in ("1", "true", "yes")
+# Events (with their deliveries and log) older than this go, once nothing is delivering them.
+LAB_ALERTS_KEEP_DAYS = _number("LAB_ALERTS_KEEP_DAYS", float, 30, minimum=1)
 LAB_BASE_URL = os.environ.get("LAB_BASE_URL", "")
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
 EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")

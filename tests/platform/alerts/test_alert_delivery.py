@@ -9,13 +9,15 @@ import hashlib
 import hmac
 import json
 import time
+from datetime import timedelta
 
 import pytest
 from django.core import mail
+from django.utils import timezone
 
 from alerts import emit
-from alerts.deliver import deliver_due
-from alerts.models import RUN_FAILED, RUN_SUCCEEDED, SWEEP_FINISHED, Delivery, DeliveryAttempt, Target
+from alerts.deliver import deliver_due, prune
+from alerts.models import RUN_FAILED, RUN_SUCCEEDED, SWEEP_FINISHED, Delivery, DeliveryAttempt, Event, Target
 
 
 def target(team, kind=Target.WEBHOOK, url="", email="", events=(RUN_FAILED,)) -> Target:
@@ -173,3 +175,18 @@ def test_a_redirect_is_not_followed(team, receiver, loopback_allowed):
     deliver_due()
     assert len(receiver.requests) == 1
     assert "HTTP 302" in DeliveryAttempt.objects.get().error
+
+
+def test_old_events_go_with_their_log_once_nothing_delivers_them(team, receiver, loopback_allowed):
+    receiver.statuses = [200, 500]
+    target(team, url=receiver.url)
+    done = emit.emit(team.pk, RUN_FAILED, "done", "run 1 failed", {})
+    deliver_due()
+    pending = emit.emit(team.pk, RUN_FAILED, "pending", "run 2 failed", {})
+    deliver_due()
+    recent = emit.emit(team.pk, RUN_FAILED, "recent", "run 3 failed", {})
+    long_ago = timezone.now() - timedelta(days=loopback_allowed.LAB_ALERTS_KEEP_DAYS + 1)
+    Event.objects.filter(pk__in=[done.pk, pending.pk]).update(created=long_ago)
+    assert prune() == 1
+    assert set(Event.objects.values_list("pk", flat=True)) == {pending.pk, recent.pk}, "one still retrying"
+    assert not DeliveryAttempt.objects.filter(delivery__event=done.pk).exists()
