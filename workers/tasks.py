@@ -352,6 +352,9 @@ def _start_reaper(sender, **kwargs) -> None:
     threading.Thread(
         target=dispatch_forever, args=(settings.LAB_DISPATCH_INTERVAL_S,), name="dispatcher", daemon=True
     ).start()
+    if not settings.LAB_ALERTS_DELIVER:
+        log.info("this worker delivers no team alerts (LAB_ALERTS_DELIVER=0)")
+        return
     threading.Thread(
         target=deliver_alerts_forever, args=(settings.LAB_ALERTS_INTERVAL_S,), name="alerts", daemon=True
     ).start()

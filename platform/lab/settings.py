@@ -270,6 +270,8 @@ LAB_DISPATCH_GRACE_S = _number("LAB_DISPATCH_GRACE_S", float, 10, minimum=0)
 # Webhooks go only to public addresses unless LAB_ALERTS_ALLOW_PRIVATE=1 (a lab whose receivers
 # are on its own network). LAB_BASE_URL (https://lab.example.org) makes the links in alerts
 # absolute; emails go through Django's email backend (EMAIL_HOST, EMAIL_PORT, … from the environment).
+# LAB_ALERTS_DELIVER=0: this worker delivers none (a compute node that cannot reach the receivers).
+LAB_ALERTS_DELIVER = os.environ.get("LAB_ALERTS_DELIVER", "1") not in ("0", "false", "no")
 LAB_ALERTS_INTERVAL_S = _number("LAB_ALERTS_INTERVAL_S", float, 2, minimum=0.05)
 LAB_ALERTS_MAX_ATTEMPTS = _number("LAB_ALERTS_MAX_ATTEMPTS", int, 8, minimum=1)
 LAB_ALERTS_BACKOFF_S = _number("LAB_ALERTS_BACKOFF_S", float, 30, minimum=0)

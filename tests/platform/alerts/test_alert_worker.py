@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import time
 
 import pytest
 from support import queue_sweep, wait_for
 
+from alerts import emit
 from alerts.models import RUN_SUCCEEDED, SWEEP_FINISHED, Delivery, Target
 from experiments.models import Run
 
@@ -49,3 +51,16 @@ def test_a_worker_delivers_its_runs_alerts_retrying_after_a_500(start_worker, te
     ]
     body = json.loads(next(r.body for r in receiver.requests if json.loads(r.body)["kind"] == RUN_SUCCEEDED))
     assert body["data"]["run"] == run.pk and body["data"]["status"] == "succeeded"
+
+
+def test_a_worker_told_not_to_deliver_alerts_leaves_them_to_the_others(start_worker, team, receiver):
+    Target.objects.create(team=team, kind=Target.SLACK, url=receiver.url, events=[RUN_SUCCEEDED])
+    worker = start_worker({**ALERTS_ENV, "LAB_ALERTS_DELIVER": "0"})
+    emit.emit(team.pk, RUN_SUCCEEDED, "k", "run 1 succeeded", {})
+    wait_for(
+        lambda: "delivers no team alerts (LAB_ALERTS_DELIVER=0)" in worker.log(), 10, "the worker to say so"
+    )
+    time.sleep(1)  # five of a delivering worker's passes
+    assert receiver.requests == [] and Delivery.objects.get().status == Delivery.PENDING
+    start_worker(ALERTS_ENV)
+    wait_for(lambda: receiver.requests, 30, "another worker to deliver it")
