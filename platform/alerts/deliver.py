@@ -20,6 +20,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.mail import send_mail
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -126,17 +127,18 @@ def attempt(delivery: Delivery) -> DeliveryAttempt | None:
         outcome, changes = Delivery.GIVEN_UP, {"status": Delivery.GIVEN_UP, "finished": now}
     else:
         outcome, changes = "retrying", {"next_attempt": now + Delivery.backoff(number)}
-    if not Delivery.objects.filter(pk=delivery.pk).update(attempts=number, leased_until=None, **changes):
-        return None  # its target was removed meanwhile, and its deliveries and their log with it
-    logged = DeliveryAttempt.objects.create(
-        delivery=delivery,
-        number=number,
-        ok=ok,
-        status_code=status_code,
-        error=error[:2000],
-        duration_ms=round(1000 * (time.monotonic() - started)),
-        outcome=outcome,
-    )
+    with transaction.atomic():  # the UPDATE's row lock holds off a removal of its target until logged
+        if not Delivery.objects.filter(pk=delivery.pk).update(attempts=number, leased_until=None, **changes):
+            return None  # its target was removed meanwhile, and its deliveries and their log with it
+        logged = DeliveryAttempt.objects.create(
+            delivery=delivery,
+            number=number,
+            ok=ok,
+            status_code=status_code,
+            error=error[:2000],
+            duration_ms=round(1000 * (time.monotonic() - started)),
+            outcome=outcome,
+        )
     level = logging.INFO if ok else logging.WARNING
     log.log(
         level,
