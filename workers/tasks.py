@@ -1,8 +1,8 @@
 """The Celery tasks by name: execute a run (the training job: claim the next queued run of the
 queue, train it with a `DatabaseSink` and, in distributed and async execution, a `DatabaseSource`,
 under its memory ceiling, or in `execution.train_processes` torchrun ranks (`workers.ranks`),
-and end it), make rollout jobs (`workers.rollout`), and the reaper and
-dispatcher threads every worker runs (docs/architecture.md, "A run's lifecycle")."""
+and end it), make rollout jobs (`workers.rollout`), and the reaper, dispatcher and alerts
+threads every worker runs (docs/architecture.md, "A run's lifecycle"; docs/alerts.md)."""
 
 from __future__ import annotations
 
@@ -297,6 +297,25 @@ def dispatch_forever(interval_s: float) -> None:
             close_old_connections()
 
 
+def deliver_alerts_forever(interval_s: float) -> None:
+    """Every `interval_s`, deliver the team alerts that are due (`alerts.deliver.deliver_due`)."""
+    from alerts.deliver import deliver_due
+
+    while True:
+        time.sleep(interval_s)
+        try:
+            deliver_due()
+        except Exception as exc:
+            log.warning(
+                "delivering alerts failed (%s: %s); trying again in %.0f s",
+                type(exc).__name__,
+                exc,
+                interval_s,
+            )
+        finally:
+            close_old_connections()
+
+
 def limit_torch_threads(threads: int) -> None:
     """Make this process train with `threads` CPU threads: torch's intra-op pool, its inter-op
     pool while torch still allows setting it, and OpenMP/MKL if torch has not loaded them yet."""
@@ -332,4 +351,10 @@ def _start_reaper(sender, **kwargs) -> None:
     ).start()
     threading.Thread(
         target=dispatch_forever, args=(settings.LAB_DISPATCH_INTERVAL_S,), name="dispatcher", daemon=True
+    ).start()
+    if not settings.LAB_ALERTS_DELIVER:
+        log.info("this worker delivers no team alerts (LAB_ALERTS_DELIVER=0)")
+        return
+    threading.Thread(
+        target=deliver_alerts_forever, args=(settings.LAB_ALERTS_INTERVAL_S,), name="alerts", daemon=True
     ).start()
