@@ -358,6 +358,8 @@ def test_the_api_refuses_a_mirror_that_is_not_http_naming_the_field(client, toke
 
 
 def test_a_team_admin_sets_mirroring_on_the_team_page_and_a_bad_address_is_shown(alice_client, team):
+    page = alice_client.get(f"/teams/{team.pk}/").content.decode()
+    assert 'id="mirror"' in page and 'name="mirror_mlflow_uri"' in page
     url = f"/teams/{team.pk}/mirror/"
     response = alice_client.post(url, {"mirror_mlflow_uri": "localhost:5000", "mirror_tensorboard": "on"})
     assert response.status_code == 400
@@ -370,3 +372,39 @@ def test_a_team_admin_sets_mirroring_on_the_team_page_and_a_bad_address_is_shown
     assert response.status_code == 302
     team.refresh_from_db()
     assert (team.mirror_mlflow_uri, team.mirror_tensorboard) == ("http://127.0.0.1:5000", True)
+
+
+def test_the_new_sweep_form_sets_a_sweeps_mirror_and_shows_a_bad_address_under_its_field(alice_client, team):
+    from django.urls import reverse
+    from support import sweep_form
+
+    from experiments.models import Experiment
+
+    small = {"steps": "3", "rollout.prompts_per_step": "2", "rollout.group_size": "2", "eval_size": "4"}
+    bad = sweep_form(team, "bad", fields={**small, "mirror_mlflow_uri": "file:///tmp/mlruns"})
+    response = alice_client.post(reverse("submit-sweep"), bad)
+    assert response.status_code == 422
+    assert response.context["form"].errors["mirror_mlflow_uri"] == [
+        "'file:///tmp/mlruns' is not an http(s) address of an MLflow tracking server (e.g. http://mlflow.example.org:5000)"
+    ]
+    assert not Experiment.objects.exists()
+
+    good = sweep_form(
+        team,
+        "good",
+        fields={**small, "mirror_mlflow_uri": "http://127.0.0.1:5000", "mirror_tensorboard": "off"},
+    )
+    response = alice_client.post(reverse("submit-sweep"), good)
+    assert response.status_code == 302, response.context["form"].errors
+    experiment = Experiment.objects.get(name="good")
+    assert experiment.spec["mirror"] == {"mlflow_uri": "http://127.0.0.1:5000", "tensorboard": False}
+    team.mirror_tensorboard = True
+    assert settings_for(team, experiment.spec) == MirrorSettings("http://127.0.0.1:5000", False)
+
+    # A copy of the sweep starts with its mirror on the form.
+    page = alice_client.get(reverse("submit-sweep") + f"?clone={experiment.pk}")
+    form = page.context["form"]
+    assert (form.initial["mirror_mlflow_uri"], form.initial["mirror_tensorboard"]) == (
+        "http://127.0.0.1:5000",
+        "off",
+    )
