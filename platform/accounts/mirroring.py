@@ -38,6 +38,15 @@ def uri_error(uri: str) -> str:
             f"{uri!r} is not an http(s) address of an MLflow tracking server "
             "(e.g. http://mlflow.example.org:5000)"
         )
+    try:
+        parts.port  # noqa: B018  (read to check it: a port out of range or not a number raises)
+    except ValueError:
+        return f"{uri!r} has a port that is not a number from 1 to 65535"
+    if parts.username is not None or parts.password is not None:
+        return (
+            "the MLflow tracking URI has a user name or password in it; they would be shown on the "
+            "team's page and on runs' notes: give the server's address only"
+        )
     if parts.query or parts.fragment:
         return f"{uri!r} has a query or a fragment; give the server's address only"
     return ""

@@ -108,7 +108,9 @@ class MlflowTarget:
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode(errors="replace")
             with contextlib.suppress(ValueError):
-                detail = json.loads(detail).get("message", detail)
+                answer = json.loads(detail)
+                if isinstance(answer, dict):
+                    detail = str(answer.get("message", detail))
             error = f"HTTP {exc.code} from {path}: {detail}"
             if 400 <= exc.code < 500 and exc.code not in (408, 429):
                 if exc.code == 404 and path == "experiments/get-by-name":

@@ -326,7 +326,13 @@ def test_settings_validate_and_a_sweep_overrides_its_team(team):
         uri_error("ftp://host")
         == "'ftp://host' is not an http(s) address of an MLflow tracking server (e.g. http://mlflow.example.org:5000)"
     )
+    assert uri_error("https://mlflow.example.org:8443/tracking") == ""
     assert uri_error("http://") != "" and uri_error("http://a b") != "" and uri_error("http://h/?x=1") != ""
+    assert uri_error("http://me:secret@mlflow.example.org").startswith(
+        "the MLflow tracking URI has a user name or password"
+    )
+    assert uri_error("http://h:99999") == "'http://h:99999' has a port that is not a number from 1 to 65535"
+    assert uri_error("http://" + "h" * 500).startswith("the MLflow tracking URI is 507 characters long")
     assert spec_errors({"mlflow_uri": "file:///tmp", "tensorboard": "yes", "wandb": 1}) == [
         ("mirror.wandb", "mirror has no field 'wandb'; its fields are mlflow_uri, tensorboard"),
         (
