@@ -111,6 +111,32 @@ class MlflowServer:
             os.killpg(self.proc.pid, 9)
             self.proc.wait(30)
 
+    def points_logged(self, run_key: str) -> int:
+        """How many metrics the MLflow run tagged `lab.run_key` has logged (0 while there is none),
+        asked over MLflow's REST API (quicker than starting its client for each look)."""
+        experiments = self._post("experiments/search", {"max_results": 1000})["experiments"]
+        runs = self._post(
+            "runs/search",
+            {
+                "experiment_ids": [e["experiment_id"] for e in experiments],
+                "filter": f"tags.`lab.run_key` = '{run_key}'",
+                "max_results": 1,
+            },
+        ).get("runs", [])
+        return len(runs[0]["data"].get("metrics", [])) if runs else 0
+
+    def _post(self, path: str, body: dict) -> dict:
+        import urllib.request
+
+        request = urllib.request.Request(
+            f"{self.uri}/api/2.0/mlflow/{path}",
+            json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
     def read(self, run_key: str) -> dict:
         """The MLflow run tagged `lab.run_key` as MLflow's own client reads it: status, params,
         tags and every metric's history [[step, value, timestamp], …] in the order logged."""
@@ -228,20 +254,53 @@ def test_a_run_is_mirrored_to_mlflow_and_tensorboard_point_by_point(mlflow_serve
     assert not run.checkpoint_dir.exists(), "the run succeeded: its checkpoints went, its event files stayed"
 
 
+def test_a_later_attempt_logs_into_the_same_mlflow_run(mlflow_server):
+    from django.utils import timezone
+
+    params = flatten({"optimizer": {"lr": 1e-6}, "steps": 3})
+
+    def attempt(steps: range) -> str:
+        target = mirror.MlflowTarget(
+            mlflow_server.uri, "team-b/resumed", "run 7", "key-7", {"lab.run": 7}, params
+        )
+        outlet = Outlet(target)
+        for step in steps:
+            outlet.put([("reward/mean", step, step / 10, mirror.packing.micros(timezone.now()))])
+        outlet.close(succeeded=True)
+        assert outlet.report().startswith(f"Mirrored to MLflow at {mlflow_server.uri}"), outlet.report()
+        return target.run_id
+
+    first = attempt(range(0, 2))
+    assert attempt(range(2, 4)) == first
+    mirrored = mlflow_server.read("key-7")
+    assert mirrored["id"] == first and mirrored["status"] == "FINISHED"
+    assert mirrored["params"] == {"optimizer.lr": "1e-06", "steps": "3"}
+    assert [(step, value) for step, value, _ in mirrored["metrics"]["reward/mean"]] == [
+        (0, 0.0),
+        (1, 0.1),
+        (2, 0.2),
+        (3, 0.3),
+    ]
+
+
 def test_the_mlflow_server_stopped_mid_run_leaves_the_run_succeeded_and_its_notes_say_what_was_not_mirrored(
     mlflow_server, worker, team, alice
 ):
     # Mirrored by its sweep's setting; the team's is off.
-    config = {**TINY_CONFIG, "steps": 40, "eval_every": 20, "checkpoint_every": 20}
+    steps = 80
+    config = {**TINY_CONFIG, "steps": steps, "eval_every": 40, "checkpoint_every": 40}
     experiment = queue_sweep(team, alice, "cut off", config=config, mirror={"mlflow_uri": mlflow_server.uri})
     assert experiment.spec["mirror"] == {"mlflow_uri": mlflow_server.uri}
     run = experiment.runs.get()
-    wait_for(lambda: Run.objects.get(pk=run.pk).progress >= 8, RUN_TIMEOUT_S, "step 8")
+    # Stopped once MLflow holds some of the run's points, while it still trains.
+    wait_for(
+        lambda: mlflow_server.points_logged(str(run.key)) > 0, RUN_TIMEOUT_S, "MLflow to get points", 0.5
+    )
     mlflow_server.stop()
     stopped_at = Run.objects.get(pk=run.pk).progress
     run = ended(run)
     assert run.status == Run.SUCCEEDED, run.error
-    assert stopped_at < run.progress == 40, "it trained on after the server stopped"
+    assert stopped_at < run.progress == steps, "it trained on after the server stopped"
 
     total = sum(map(len, stored_points(run).values()))
     [note] = [note["text"] for note in run.notes if "MLflow" in note["text"]]
