@@ -473,3 +473,28 @@ def test_the_new_sweep_form_sets_a_sweeps_mirror_and_shows_a_bad_address_under_i
         "http://127.0.0.1:5000",
         "off",
     )
+
+
+def test_a_run_of_two_trainer_ranks_is_mirrored_by_rank_zero(start_worker, team, alice):
+    """`execution.train_processes: 2`: rank 0 reports (`workers.ranks`), and mirrors as one process does."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    team.mirror_tensorboard = True
+    team.save()
+    start_worker()
+    run = queue_sweep(
+        team, alice, "ranks", config={**TINY_CONFIG, "execution": {"train_processes": 2}}
+    ).runs.get()
+    run = ended(run)
+    assert run.status == Run.SUCCEEDED, run.error
+    stored = stored_points(run)
+    total = sum(map(len, stored.values()))
+    [file] = run.tensorboard_dir.iterdir()
+    assert [note["text"] for note in run.notes] == [
+        f"Mirrored to TensorBoard event file runs/{run.key}/tensorboard/{file.name}: all {total} points."
+    ]
+    events = EventAccumulator(str(run.tensorboard_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    assert {name: [e.step for e in events.Scalars(name)] for name in events.Tags()["scalars"]} == {
+        name: [step for step, _, _ in points] for name, points in stored.items()
+    }
