@@ -21,12 +21,13 @@ from django.db import close_old_connections, connection
 from execution.models import Worker
 from experiments import dispatch, packing, reaping
 from experiments.models import RolloutJob, Run
+from imports import mirror as mirrors
 from lab.celery import app
 from workers.buffer import clear_buffer
 from workers.db_outage import UNREACHABLE, note_unreachable, reachable_for, retry_db
 from workers.memory import MemoryCeiling, OverMemoryCeiling, import_model_libraries
 from workers.ranks import RankKilled
-from workers.sink import CheckpointLedger, DatabaseSink, measurement
+from workers.sink import CheckpointLedger, DatabaseSink, measurement, note_mirror
 from workers.source import BufferDamaged, DatabaseSource
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ def _train(run: Run, worker: str) -> str:
         return _train_in_ranks(run, worker, processes)
     run_id, attempt = run.pk, run.attempt
     sink = DatabaseSink(run, worker)
+    reporting, mirror = mirrors.reporting(run, sink)  # `sink` alone unless the run is mirrored
     source = None
     try:
         config = run.run_config()
@@ -99,7 +101,7 @@ def _train(run: Run, worker: str) -> str:
         summary = ceiling.call(
             train,
             config,
-            sink,
+            reporting,
             checkpoint_dir=run.checkpoint_dir,
             cache_dir=settings.LAB_CACHE_DIR,
             source=source,
@@ -118,6 +120,7 @@ def _train(run: Run, worker: str) -> str:
             sink.close()  # what it logged before it failed, for the summary below
         except Exception:
             log.exception("run %s: the points still buffered could not be stored", run_id)
+        note_mirror(run, worker, mirror, succeeded=False)
         # Over its memory ceiling: failed with the reason, never re-queued (only a manual retry).
         # The summary is what it logged before it failed (`Run.summary_from_points`).
         execution = None
@@ -129,6 +132,7 @@ def _train(run: Run, worker: str) -> str:
         reason = str(exc) if over_memory else f"{type(exc).__name__}: {exc}"
         return _failed(run, worker, exc, reason, execution)
     summary.update(measurement(run, sink, worker))
+    note_mirror(run, worker, mirror, succeeded=True)
     return _finished(run, worker, summary)
 
 

@@ -110,6 +110,7 @@ URLS = {
     "api-token-revoke": "account/tokens/<int:token_id>/revoke/",
     "team-list": "teams/",
     "team-detail": "teams/<int:team_id>/",
+    "team-mirror": "teams/<int:team_id>/mirror/",
     "invitation-accept": "teams/invitations/<int:invitation_id>/accept/",
     "invitation-decline": "teams/invitations/<int:invitation_id>/decline/",
     "invitation-revoke": "teams/<int:team_id>/invitations/<int:invitation_id>/revoke/",
