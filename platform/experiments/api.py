@@ -392,7 +392,11 @@ def cancel_run(request: HttpRequest, run_id: int):
     """Cancel a queued run now, or a running one at its next step."""
     run = _visible_run(request, run_id)
     if not run.cancel():  # a run deleted meanwhile: Run.DoesNotExist, a 404 (lab.middleware)
-        raise HttpError(409, f"run {run.pk} is {run.status}; only queued or running runs can be cancelled")
+        raise HttpError(
+            409,
+            run.read_only_refusal("cancelled")
+            or f"run {run.pk} is {run.status}; only queued or running runs can be cancelled",
+        )
     return _run_detail_out(run)
 
 

@@ -450,9 +450,10 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
             else f"Run {run.pk} will stop after its current step.",
         )
     else:
-        messages.error(
-            request, f"Run {run.pk} is {run.status}; only queued or running runs can be cancelled."
+        refusal = run.read_only_refusal("cancelled") or (
+            f"run {run.pk} is {run.status}; only queued or running runs can be cancelled"
         )
+        messages.error(request, refusal[:1].upper() + refusal[1:] + ".")
     return redirect("run-detail", run.pk)
 
 
