@@ -46,13 +46,16 @@ def _refused(status: int, field: str, message: str) -> Status:
 def list_tools(request: HttpRequest):
     """The tools whose files can be imported, each with its default mapping of metric names."""
     return {
-        "tools": [{"tool": tool, "mapping": formats.DEFAULT_MAPPINGS.get(tool, {})} for tool in formats.TOOLS],
+        "tools": [
+            {"tool": tool, "mapping": formats.DEFAULT_MAPPINGS.get(tool, {})} for tool in formats.TOOLS
+        ],
         "max_bytes": settings.LAB_IMPORT_MAX_BYTES,
     }
 
 
 @router.post(
-    "/experiments/{experiment_id}/imports", response=responses({200: ImportOut, 201: ImportOut}, 404, 413, 422)
+    "/experiments/{experiment_id}/imports",
+    response=responses({200: ImportOut, 201: ImportOut}, 404, 413, 422),
 )
 def import_run(
     request: HttpRequest, experiment_id: int, body: Form[ImportIn], file: File[UploadedFile] | None = None

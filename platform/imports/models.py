@@ -17,16 +17,21 @@ class Import(models.Model):
     run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="imported")
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="imports")
     tool = models.CharField(max_length=20, help_text="the source's key (imports.formats.TOOLS)")
-    tool_version = models.CharField(max_length=100, blank=True, help_text="as the file says; blank if unknown")
+    tool_version = models.CharField(
+        max_length=100, blank=True, help_text="as the file says; blank if unknown"
+    )
     original_run_id = models.CharField(
         max_length=200, blank=True, help_text="the run's id in its own tool; blank if unknown"
     )
     file_name = models.CharField(max_length=255)
     file_size = models.BigIntegerField(help_text="bytes")
-    sha256 = models.CharField(max_length=64, help_text="of the file's bytes (a folder: of its files, by path)")
+    sha256 = models.CharField(
+        max_length=64, help_text="of the file's bytes (a folder: of its files, by path)"
+    )
     original_config = models.JSONField(default=dict, blank=True, help_text="the file's own config, as is")
     mapping = models.JSONField(
-        default=dict, help_text="{source metric name: lab metric name} as applied; others went under imported/"
+        default=dict,
+        help_text="{source metric name: lab metric name} as applied; others went under imported/",
     )
     points = models.IntegerField(help_text="points imported")
     first_time = models.DateTimeField(null=True, blank=True, help_text="the earliest time the file logged")
@@ -39,7 +44,9 @@ class Import(models.Model):
     class Meta:
         ordering = ["-imported_at", "-id"]
         constraints = [
-            models.UniqueConstraint(fields=["experiment", "sha256"], name="one_import_per_file_and_experiment")
+            models.UniqueConstraint(
+                fields=["experiment", "sha256"], name="one_import_per_file_and_experiment"
+            )
         ]
 
     def __str__(self) -> str:

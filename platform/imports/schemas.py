@@ -30,7 +30,9 @@ class ImportOut(Schema):
     id: int
     run: int
     experiment: int
-    created: bool = Field(description="false: the experiment held this file already (same sha256), nothing changed")
+    created: bool = Field(
+        description="false: the experiment held this file already (same sha256), nothing changed"
+    )
     tool: str
     tool_version: str = Field(description="as the file says; empty if unknown")
     original_run_id: str = Field(description="the run's id in its own tool; empty if unknown")

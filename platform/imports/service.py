@@ -100,7 +100,8 @@ def parse_mapping(pairs: list[str]) -> dict[str, str]:
         source, sep, target = pair.partition("=")
         if not sep or not source.strip() or not target.strip():
             raise ImportRefused(
-                "mapping", f"entry {number} ({pair[:80]!r}) must be source_name=lab_name, e.g. train/reward=reward/mean"
+                "mapping",
+                f"entry {number} ({pair[:80]!r}) must be source_name=lab_name, e.g. train/reward=reward/mean",
             )
         mapping[source.strip()] = target.strip()
     return mapping
@@ -111,7 +112,8 @@ def mapping_for(tool: str, changes: dict[str, str]) -> dict[str, str]:
     for source, target in changes.items():
         if not target or len(target) > METRIC_NAME_MAX or "\x00" in target:
             raise ImportRefused(
-                "mapping", f"{source} → {target[:80]!r}: a lab metric name is 1 to {METRIC_NAME_MAX} characters, no NUL"
+                "mapping",
+                f"{source} → {target[:80]!r}: a lab metric name is 1 to {METRIC_NAME_MAX} characters, no NUL",
             )
     return {**formats.DEFAULT_MAPPINGS.get(tool, {}), **changes}
 
@@ -253,16 +255,20 @@ def import_file(
     check_size(name, size)
     sha256 = sha256_of(path)
     if (existing := Import.objects.filter(experiment=experiment, sha256=sha256).first()) is not None:
-        return Outcome(existing, False, [f"{name} was imported already, as run {existing.run_id}: nothing changed"])
+        return Outcome(
+            existing, False, [f"{name} was imported already, as run {existing.run_id}: nothing changed"]
+        )
     applied_mapping = mapping_for(tool, mapping or {})
     try:
-        parsed = formats.read(tool, path)
+        parsed = formats.read(tool, path, max_bytes=settings.LAB_IMPORT_MAX_BYTES)
     except ImportFormatError as exc:
-        raise ImportRefused("file", f"{name}, {exc.where}: {exc.rule}" if exc.where else f"{name}: {exc.rule}") from exc
+        raise ImportRefused(
+            "file", f"{name}, {exc.where}: {exc.rule}" if exc.where else f"{name}: {exc.rule}"
+        ) from exc
     if not parsed.points:
         raise ImportRefused("file", f"{name}: no metric points in it")
     preset, staleness, seed = placement_of(parsed, placement)
-    renamed = _renamed(parsed.points, applied_mapping)
+    mapped, renamed = _mapped(parsed.points, applied_mapping)
     steps = [p.step for p in parsed.points]
     last_step = max(steps)
     if last_step > MAX_STEPS:
@@ -271,7 +277,7 @@ def import_file(
         )
     config = run_config(experiment, preset, staleness_cell(experiment, staleness), seed, max(1, last_step))
     now = timezone.now()
-    points = [(renamed[p.name], p.step, p.value, _wall(p.time, now, p)) for p in parsed.points]
+    points = [(p.name, p.step, p.value, _wall(p.time, now, p)) for p in mapped]
     logged = [p.time for p in parsed.points if p.time is not None]
     first_time = min(points, key=lambda p: p[3])[3] if logged else None
     last_time = max(points, key=lambda p: p[3])[3] if logged else None
@@ -310,25 +316,28 @@ def import_file(
         existing = Import.objects.filter(experiment=experiment, sha256=sha256).first()
         if existing is None:
             raise
-        return Outcome(existing, False, [f"{name} was imported already, as run {existing.run_id}: nothing changed"])
+        return Outcome(
+            existing, False, [f"{name} was imported already, as run {existing.run_id}: nothing changed"]
+        )
     return Outcome(record, True)
 
 
-def _renamed(points: list[Point], mapping: dict[str, str]) -> dict[str, str]:
-    """{source name: lab name} of each name the file logs (`formats.map_points`); an
-    `ImportRefused` (field `mapping`) when two names land on one, or a name is too long to store."""
+def _mapped(points: list[Point], mapping: dict[str, str]) -> tuple[list[Point], dict[str, str]]:
+    """The points under the lab's names (`formats.map_points`) and {source name: lab name} of each
+    name the file logs; an `ImportRefused` (field `mapping`) when two names land on one at a step,
+    or a name is too long to store."""
+    try:
+        mapped = formats.map_points(points, mapping)
+    except ValueError as exc:
+        raise ImportRefused("mapping", str(exc)) from exc
     renamed = {}
-    for source in dict.fromkeys(p.name for p in points):
-        (mapped,) = formats.map_points([Point(0, source, 0.0, None)], mapping)
-        renamed[source] = mapped.name
-    seen: dict[str, str] = {}
+    for source, point in zip(points, mapped, strict=True):
+        renamed.setdefault(source.name, point.name)
     for source, target in renamed.items():
-        if target in seen:
-            raise ImportRefused("mapping", f"{seen[target]} and {source} would both be stored as {target}: map one elsewhere")
         if len(target) > METRIC_NAME_MAX:
             raise ImportRefused(
                 "mapping",
-                f"{source} would be stored as {target[:60]}…, longer than {METRIC_NAME_MAX} characters: map it to a shorter name",
+                f"{source} would be stored as {target[:60]}…, longer than {METRIC_NAME_MAX} characters: "
+                "map it to a shorter name",
             )
-        seen[target] = source
-    return renamed
+    return mapped, renamed

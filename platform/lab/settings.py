@@ -302,7 +302,10 @@ LAB_IMPORT_MAX_BYTES = _number("LAB_IMPORT_MAX_BYTES", int, 256 * 2**20, minimum
 LAB_IMPORTS_DIR = VAR_DIR / "imports"
 FILE_UPLOAD_TEMP_DIR = LAB_IMPORTS_DIR / "uploads"
 FILE_UPLOAD_TEMP_DIR.mkdir(parents=True, exist_ok=True)
-FILE_UPLOAD_HANDLERS = ["imports.uploads.SizeCap", "django.core.files.uploadhandler.TemporaryFileUploadHandler"]
+FILE_UPLOAD_HANDLERS = [
+    "imports.uploads.SizeCap",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
 
 LOGGING = {
     "version": 1,

@@ -6,38 +6,103 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('experiments', '0020_dataset_pins_provenance_history'),
+        ("experiments", "0020_dataset_pins_provenance_history"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Import',
+            name="Import",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('tool', models.CharField(help_text="the source's key (imports.formats.TOOLS)", max_length=20)),
-                ('tool_version', models.CharField(blank=True, help_text='as the file says; blank if unknown', max_length=100)),
-                ('original_run_id', models.CharField(blank=True, help_text="the run's id in its own tool; blank if unknown", max_length=200)),
-                ('file_name', models.CharField(max_length=255)),
-                ('file_size', models.BigIntegerField(help_text='bytes')),
-                ('sha256', models.CharField(help_text="of the file's bytes (a folder: of its files, by path)", max_length=64)),
-                ('original_config', models.JSONField(blank=True, default=dict, help_text="the file's own config, as is")),
-                ('mapping', models.JSONField(default=dict, help_text='{source metric name: lab metric name} as applied; others went under imported/')),
-                ('points', models.IntegerField(help_text='points imported')),
-                ('first_time', models.DateTimeField(blank=True, help_text='the earliest time the file logged', null=True)),
-                ('last_time', models.DateTimeField(blank=True, help_text='the latest time the file logged', null=True)),
-                ('imported_at', models.DateTimeField(auto_now_add=True)),
-                ('experiment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='imports', to='experiments.experiment')),
-                ('imported_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('run', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='imported', to='experiments.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "tool",
+                    models.CharField(help_text="the source's key (imports.formats.TOOLS)", max_length=20),
+                ),
+                (
+                    "tool_version",
+                    models.CharField(
+                        blank=True, help_text="as the file says; blank if unknown", max_length=100
+                    ),
+                ),
+                (
+                    "original_run_id",
+                    models.CharField(
+                        blank=True, help_text="the run's id in its own tool; blank if unknown", max_length=200
+                    ),
+                ),
+                ("file_name", models.CharField(max_length=255)),
+                ("file_size", models.BigIntegerField(help_text="bytes")),
+                (
+                    "sha256",
+                    models.CharField(
+                        help_text="of the file's bytes (a folder: of its files, by path)", max_length=64
+                    ),
+                ),
+                (
+                    "original_config",
+                    models.JSONField(blank=True, default=dict, help_text="the file's own config, as is"),
+                ),
+                (
+                    "mapping",
+                    models.JSONField(
+                        default=dict,
+                        help_text="{source metric name: lab metric name} as applied; others went under imported/",
+                    ),
+                ),
+                ("points", models.IntegerField(help_text="points imported")),
+                (
+                    "first_time",
+                    models.DateTimeField(
+                        blank=True, help_text="the earliest time the file logged", null=True
+                    ),
+                ),
+                (
+                    "last_time",
+                    models.DateTimeField(blank=True, help_text="the latest time the file logged", null=True),
+                ),
+                ("imported_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "experiment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="imports",
+                        to="experiments.experiment",
+                    ),
+                ),
+                (
+                    "imported_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "run",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="imported",
+                        to="experiments.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-imported_at', '-id'],
-                'constraints': [models.UniqueConstraint(fields=('experiment', 'sha256'), name='one_import_per_file_and_experiment')],
+                "ordering": ["-imported_at", "-id"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("experiment", "sha256"), name="one_import_per_file_and_experiment"
+                    )
+                ],
             },
         ),
     ]

@@ -22,10 +22,13 @@ class Command(BaseCommand):
         parser.add_argument("file", type=Path)
         parser.add_argument("--tool", required=True, help=f"one of {', '.join(formats.TOOLS)}")
         parser.add_argument("--experiment", required=True, type=int, help="the experiment's id")
-        parser.add_argument("--user", required=True, help="who imports it (a member of the experiment's team)")
+        parser.add_argument(
+            "--user", required=True, help="who imports it (a member of the experiment's team)"
+        )
         parser.add_argument("--preset", help="the run's preset (default: the file's config's)")
         parser.add_argument(
-            "--staleness", help=f"its staleness cell: {service.STALENESS_SYNTAX} (default: the file's config's)"
+            "--staleness",
+            help=f"its staleness cell: {service.STALENESS_SYNTAX} (default: the file's config's)",
         )
         parser.add_argument("--seed", type=int, help="its seed (default: the file's config's)")
         parser.add_argument(
