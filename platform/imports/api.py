@@ -21,6 +21,7 @@ from imports.schemas import ImportIn, ImportOut, ToolsOut
 from lab.schemas import responses
 
 router = Router()
+FILE = File(None)  # optional, so that a missing file is answered in the lab's words
 
 
 def import_out(record: Import, created: bool) -> dict[str, Any]:
@@ -38,8 +39,8 @@ def import_out(record: Import, created: bool) -> dict[str, Any]:
     }
 
 
-def _refused(status: int, field: str, message: str) -> Status:
-    return Status(status, {"detail": [{"loc": ["body", field], "field": field, "msg": message}]})
+def _refused(field: str, message: str) -> Status:
+    return Status(422, {"detail": [{"loc": ["body", field], "field": field, "msg": message}]})
 
 
 @router.get("/imports/tools", response=responses({200: ToolsOut}, 422))
@@ -58,7 +59,7 @@ def list_tools(request: HttpRequest):
     response=responses({200: ImportOut, 201: ImportOut}, 404, 413, 422),
 )
 def import_run(
-    request: HttpRequest, experiment_id: int, body: Form[ImportIn], file: File[UploadedFile] | None = None
+    request: HttpRequest, experiment_id: int, body: Form[ImportIn], file: UploadedFile | None = FILE
 ):
     """Import a run from another tool's file into the experiment, read-only, at the preset, staleness
     cell and seed given (or the file's config's), its metric names mapped by the tool's mapping with
@@ -66,9 +67,9 @@ def import_run(
     file already."""
     experiment = get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
     if refusal := uploads.refusal(request):
-        return _refused(413, "file", refusal)
+        return Status(413, {"detail": refusal})
     if file is None:
-        return _refused(422, "file", "attach the file to import (multipart/form-data field `file`)")
+        return _refused("file", "attach the file to import (multipart/form-data field `file`)")
     try:
         mapping = service.parse_mapping(body.map)
         with uploads.staged(file) as path:
@@ -82,5 +83,5 @@ def import_run(
                 name=path.name,
             )
     except service.ImportRefused as exc:
-        return _refused(422, exc.field, exc.message)
+        return _refused(exc.field, exc.message)
     return Status(201 if outcome.created else 200, import_out(outcome.record, outcome.created))

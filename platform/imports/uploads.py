@@ -1,6 +1,6 @@
 """Uploads are streamed to disk under `LAB_VAR_DIR` (`FILE_UPLOAD_TEMP_DIR`), never held in memory,
 and cut off once a file passes `LAB_IMPORT_MAX_BYTES`: `SizeCap` comes first among the upload
-handlers (settings), stops the upload there, and leaves the reason on the request
+handlers (settings), writes nothing past it, and leaves the reason on the request
 (`refusal(request)`), which the import page and the API answer with, naming the file."""
 
 from __future__ import annotations
@@ -14,24 +14,26 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
-from django.core.files.uploadhandler import FileUploadHandler, StopUpload
+from django.core.files.uploadhandler import FileUploadHandler
 from django.http import HttpRequest
 
 REFUSAL = "lab_upload_refusal"
 
 
 class SizeCap(FileUploadHandler):
-    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes:
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes | None:
         cap = settings.LAB_IMPORT_MAX_BYTES
-        if start + len(raw_data) > cap:
-            setattr(
-                self.request,
-                REFUSAL,
-                f"{self.file_name} is more than {cap:,} bytes, the most an import may be (LAB_IMPORT_MAX_BYTES)",
-            )
-            # The rest of the request is read and dropped; what was written so far is deleted.
-            raise StopUpload(connection_reset=False)
-        return raw_data
+        if start + len(raw_data) <= cap:
+            return raw_data
+        setattr(
+            self.request,
+            REFUSAL,
+            f"{self.file_name} is more than {cap:,} bytes, the most an import may be (LAB_IMPORT_MAX_BYTES)",
+        )
+        # Past the cap nothing more is written (None: the next handlers get none of it); the rest is
+        # read and dropped, so the form's other fields still arrive, and the part written goes with
+        # the request.
+        return None
 
     def file_complete(self, file_size: int) -> None:
         return None  # the next handler (to a temporary file) makes the file
