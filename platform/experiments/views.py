@@ -334,7 +334,9 @@ def experiment_runs_live(request: HttpRequest, experiment_id: int) -> HttpRespon
 
 
 def _run(request: HttpRequest, run_id: int) -> Run:
-    return get_object_or_404(Run.visible_to(request.user).select_related("experiment__team"), pk=run_id)
+    return get_object_or_404(
+        Run.visible_to(request.user).select_related("experiment__team", "imported__imported_by"), pk=run_id
+    )
 
 
 def _same_prompts(run: Run, completions: list[Completion]) -> list[dict]:
