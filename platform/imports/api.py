@@ -43,7 +43,7 @@ def _refused(field: str, message: str) -> Status:
     return Status(422, {"detail": [{"loc": ["body", field], "field": field, "msg": message}]})
 
 
-@router.get("/imports/tools", response=responses({200: ToolsOut}, 422))
+@router.get("/imports/tools", response=responses({200: ToolsOut}))
 def list_tools(request: HttpRequest):
     """The tools whose files can be imported, each with its default mapping of metric names."""
     return {
