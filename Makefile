@@ -63,13 +63,14 @@ slurm:
 	        echo "error: the Slurm test needs Debian's slurm-wlm and munge: sudo apt-get install slurm-wlm munge" >&2; exit 1; \
 	    fi; }
 
-# The mirror test (tests/platform/imports) starts a real MLflow tracking server on 127.0.0.1; the
-# server's package pins gunicorn<27, which the web app cannot take, so it has a venv of its own.
+# The mirror test (tests/platform/imports) starts a real MLflow tracking server on 127.0.0.1, and the
+# MLflow import test exports a run with mlflow-export-import; MLflow pins gunicorn<27, which the
+# web app cannot take, so they have a venv of their own.
 mlflow: .venv-mlflow/.installed
 
 .venv-mlflow/.installed:
 	test -x .venv-mlflow/bin/python || $(PYTHON) -m venv .venv-mlflow
-	.venv-mlflow/bin/python -m pip install -q "mlflow>=3"
+	.venv-mlflow/bin/python -m pip install -q "mlflow>=3" mlflow-export-import tabulate
 	touch $@
 
 test: install lint chromium slurm mlflow

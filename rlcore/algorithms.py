@@ -69,6 +69,25 @@ def group_advantages(
     return centred.flatten().to(rewards.dtype)
 
 
+def loglinear_weight(lag: Tensor) -> Tensor:
+    """A-3PO's interpolation weight (docs/algorithms.md §14) for a lag of d versions: α = (d − 1)/d,
+    clamped to [0, 1], for d > 0; 0 for d ≤ 0. So d = 0 and d = 1 give α = 0 (p = μ)."""
+    d = lag.to(torch.float64)
+    positive = d > 0
+    alpha = ((d - 1) / torch.where(positive, d, torch.ones_like(d))).clamp(0, 1)
+    return torch.where(positive, alpha, torch.zeros_like(alpha))
+
+
+def loglinear_anchor(logp: Tensor, logp_old: Tensor, lag: Tensor) -> Tensor:
+    """A-3PO's proximal log-probs without a proximal forward (AReaL `prox_logp_method: loglinear`):
+    p = μ + α·(sg(π) − μ), α = `loglinear_weight(lag)`; `lag` [N] per response (or [N, T] per
+    token), π = `logp` [N, T] as this forward has it, so p follows π and carries no gradient."""
+    alpha = loglinear_weight(lag).to(device=logp.device, dtype=logp.dtype)
+    if alpha.dim() == 1:
+        alpha = alpha[:, None]
+    return logp_old + alpha * (logp.detach() - logp_old)
+
+
 def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
@@ -102,11 +121,22 @@ class Algorithm:
         or M2PO's whole-batch selection."""
         return (self.spec.anchor == "proximal" and self.spec.reads_ratio) or self.spec.surrogate == "m2po"
 
-    def anchor_logp(self, logp_old: Tensor, logp_prox: Tensor | None) -> Tensor:
-        """The log-probs the ratio is taken against: μ (behaviour) or p (proximal); μ for a loss
-        that reads no ratio."""
+    def anchor_logp(
+        self,
+        logp_old: Tensor,
+        logp_prox: Tensor | None,
+        logp: Tensor | None = None,
+        lag: Tensor | None = None,
+    ) -> Tensor:
+        """The log-probs the ratio is taken against: μ (behaviour), p (proximal), or under
+        `loglinear` p interpolated between μ and this forward's π (`logp`) by the data's `lag`
+        (`loglinear_anchor`; `logp_prox` is not read); μ for a loss that reads no ratio."""
         if self.spec.anchor == "behaviour" or not self.spec.reads_ratio:
             return logp_old
+        if self.spec.anchor == "loglinear":
+            if lag is None or logp is None:
+                raise ValueError(f"{self.name} is anchored loglinear: pass each response's lag")
+            return loglinear_anchor(logp, logp_old, lag)
         if logp_prox is None:
             raise ValueError(f"{self.name} is anchored on the proximal log-probs: pass logp_prox")
         return logp_prox
@@ -175,6 +205,7 @@ class Algorithm:
         total_seqs: int | None = None,
         max_length: int | None = None,
         by_mechanism: bool = False,
+        lag: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
         """Scalar loss whose gradient w.r.t. `logp` [N, T] is the preset's, plus statistics.
 
@@ -188,9 +219,11 @@ class Algorithm:
         `total_seqs` so that the sum of micro-batch losses equals its loss. `max_length` is the
         constant that `seq-mean-token-sum-norm` divides by (default: T). `by_mechanism`: the
         statistics also count the valid tokens each mechanism acted on (`MASKED_METRICS`, §7).
+        `lag` [N]: each response's lag in versions (§6: the trainer's step-start version minus the
+        one that generated it), which `anchor: loglinear` reads (`loglinear_anchor`).
         """
         s = self.spec
-        head = self.ratios(logp, logp_old, mask, advantages, logp_prox, selected, bounds)
+        head = self.ratios(logp, logp_old, mask, advantages, logp_prox, selected, bounds, lag)
         # The surrogate, by name.
         token = _pick(SURROGATES, "surrogate", s.surrogate)(s, head)
         clipped = token.clipped if token.clipped is not None else torch.zeros_like(head.ratio)
@@ -230,10 +263,11 @@ class Algorithm:
         logp_prox: Tensor | None = None,
         selected: Tensor | None = None,
         bounds: tuple[float, float, float] | None = None,
+        lag: Tensor | None = None,
     ) -> Ratios:
         """What every surrogate reads, computed once (the arguments are `policy_loss`'s)."""
         m = mask.to(logp.dtype)
-        anchor = self.anchor_logp(logp_old, logp_prox)
+        anchor = self.anchor_logp(logp_old, logp_prox, logp, lag)
         log_ratio = logp.detach() - anchor
         if selected is None:
             selected = self.selection(logp, logp_old, mask, advantages, logp_prox)
@@ -261,13 +295,14 @@ class Algorithm:
         mask: Tensor,
         advantages: Tensor,
         logp_prox: Tensor | None = None,
+        lag: Tensor | None = None,
     ) -> tuple[float, float, float] | None:
         """BAPO's clip bounds (c_low, c_high) and the balance s they reach, searched over the rows
         given (a whole mini-batch, before any backward, so that accumulation over micro-batches is
         exact) from the current log-probs `logp` (detached); None for every other surrogate."""
         if self.spec.surrogate != "bapo":
             return None
-        return self.ratios(logp.detach(), logp_old, mask, advantages, logp_prox).bounds
+        return self.ratios(logp.detach(), logp_old, mask, advantages, logp_prox, lag=lag).bounds
 
     def bapo_grid(self) -> tuple[list[float], list[float]]:
         """The values BAPO's search tries in turn for c_low and for c_high: each from its start,
@@ -540,9 +575,9 @@ def binary_kl(a: Tensor, b: Tensor) -> Tensor:
 @surrogate("trm")
 def _trm(s: AlgorithmSpec, r: Ratios) -> TokenLoss:
     """Trust-region masking: PPO-clip, a response dropped when the largest k3(x) over its tokens
-    exceeds δ, x = p − μ under a proximal anchor (fixed for the step), sg(π) − μ under a behaviour
-    one. Clipping is counted on the responses kept."""
-    x = (r.anchor if s.anchor == "proximal" else r.logp.detach()) - r.behaviour
+    exceeds δ, x = p − μ under a proximal anchor (fixed for the step) or a loglinear one (its p),
+    sg(π) − μ under a behaviour one. Clipping is counted on the responses kept."""
+    x = (r.logp.detach() if s.anchor == "behaviour" else r.anchor) - r.behaviour
     worst = torch.where(r.m > 0, k3(x), torch.full_like(x, -math.inf)).amax(dim=1, keepdim=True)
     keep = (worst <= s.trm_delta).to(r.logp.dtype)
     ppo = _ppo_clip(s, r, r.live)

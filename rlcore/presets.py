@@ -27,7 +27,7 @@ Surrogate = Literal[
     "bapo",
 ]
 Correction = Literal["none", "decoupled", "tis", "mis", "icepop", "kpop"]
-Anchor = Literal["behaviour", "proximal"]
+Anchor = Literal["behaviour", "proximal", "loglinear"]
 Clip = Literal["none", "one-side", "two-side", "ring", "seq-one-side"]
 Weight = Literal["none", "is", "seq-is", "advantage", "truncated-is"]
 Reg = Literal["none", "k2", "forward-kl"]
@@ -137,8 +137,10 @@ class AlgorithmSpec:
         Field(
             title="Anchor",
             description=(
-                "the log-prob the ratio is taken against: behaviour (recorded at rollout) or proximal "
-                "(recomputed by the trainer under the weights at the start of the step)"
+                "the log-prob the ratio is taken against: behaviour (recorded at rollout), proximal "
+                "(recomputed by the trainer under the weights at the start of the step) or loglinear "
+                "(A-3PO: no proximal forward, p = μ + α·(π − μ) detached, α = (d − 1)/d for a lag of d ≥ 1 "
+                "versions, else 0)"
             ),
         ),
         Knob(),

@@ -77,6 +77,12 @@ class Ranks:
         dist.broadcast(flag, src=0)
         return bool(flag.item())
 
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value`, in rank order, on every rank (picklable objects)."""
+        box: list[Any] = [None] * self.world
+        dist.all_gather_object(box, value)
+        return box
+
     def broadcast(self, value: Any) -> Any:
         """Rank 0's `value` on every rank (picklable objects; tensors travel on the CPU)."""
         box = [value if self.rank == 0 else None]

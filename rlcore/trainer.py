@@ -287,8 +287,10 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
     """Advantages, loss, `optimizer.epochs` passes over `optimizer.minibatches` mini-batches of
     whole prompt groups, one optimiser step each (gradients accumulated over micro-batches),
     metrics. The proximal log-probs (the step-start weights' own, one no-grad forward) are taken
-    first when the loss needs them; entropy and kl/init are read from the first pass over the
-    batch, the loss and the ratio diagnostics too (docs/algorithms.md §7, §14).
+    first when the loss needs them (for `anchor: loglinear`, whose p follows π by each row's lag,
+    only where M2PO's selection or BAPO's search needs that forward); entropy and kl/init are read
+    from the first pass over the batch, the loss and the ratio diagnostics too (docs/algorithms.md
+    §7, §14).
 
     With `ranks` (trainer processes, `rlcore.distributed`) every rank holds the whole batch and
     runs this on it alike: each forward and backward takes the rank's share of whole prompt
@@ -317,10 +319,14 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
     policy.eval()  # no dropout: the trainer's log-probs must match the rollout's
     # The step-start log-probs p take a forward of their own for M2PO's whole-batch selection, for
     # BAPO's search before the first backward, and once a step holds several optimiser steps; with
-    # one, p is π itself wherever the gradient is taken (the same weights), detached.
+    # one, p is π itself wherever the gradient is taken (the same weights), detached. A loglinear
+    # anchor takes none: its p is interpolated between μ and π by each row's lag (§6).
     several = opt.minibatches * opt.epochs > 1
+    loglinear = algorithm.spec.anchor == "loglinear"
+    row_lag = (step - 1 - batch.versions()).to(device)
     started = time.perf_counter()
-    prox = pass_.proximal(micro) if algorithm.spec.surrogate in ("m2po", "bapo") or several else None
+    searched = algorithm.spec.surrogate in ("m2po", "bapo")
+    prox = pass_.proximal(micro) if searched or (several and not loglinear) else None
     proximal_s = time.perf_counter() - started if prox is not None else 0.0
     selected = None if prox is None else algorithm.selection(prox, rollout.logp, mask, advantages, prox)
     order = seeded_rng(config.seed, step, "minibatches")
@@ -340,6 +346,7 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
                 micro,
                 first=epoch == 0,
                 fresh=not updates,
+                lag=row_lag[rows],
             )
             if epoch == 0:
                 logp_first[rows] = logp
@@ -349,11 +356,14 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
                 raise Diverged(f"diverged at step {step}: grad_norm={grad_norm}")
             learner.optimizer.step()
             updates.append((clip, grad_norm))
-            if prox is not None:
+            if prox is not None or loglinear:
                 m = part.response_mask
-                kl_proximal = float(((prox[rows] - logp) * m).sum() / m.sum().clamp(min=1))
+                p = algorithms.loglinear_anchor(logp, part.logp, row_lag[rows]) if loglinear else prox[rows]
+                kl_proximal = float(((p - logp) * m).sum() / m.sum().clamp(min=1))
 
     step_start = prox if prox is not None else logp_first  # one optimiser step: π at the step's start
+    # The p the metrics compare μ with: under a loglinear anchor its own, at the first pass.
+    proximal_p = algorithms.loglinear_anchor(logp_first, rollout.logp, row_lag) if loglinear else step_start
     loss, stats = algorithm.policy_loss(
         logp_first,
         rollout.logp,
@@ -363,6 +373,7 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
         selected=selected,
         max_length=config.rollout.max_new_tokens,
         by_mechanism=True,
+        lag=row_lag,
     )
     if selected is not None:  # M2PO's second moment before and after its selection
         stats.update(algorithms.second_moments(prox, rollout.logp, mask, selected))
@@ -374,7 +385,7 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
     if ranks is not None:
         pass_.sums = ranks.sum_floats(pass_.sums)
     rewards = batch.rewards
-    lag = (step - 1 - batch.versions()).float()
+    lag = row_lag.float().cpu()
     total_tokens = float(mask.sum().clamp(min=1))
     return {
         "reward/mean": float(rewards.mean()),
@@ -383,8 +394,8 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
         **{name: value / total_tokens for name, value in pass_.sums.items()},
         **stats,
         "kl/proximal": kl_proximal,
-        # k1 of the step-start weights p against μ, beside kl/behavior's current π against μ.
-        "kl/behavior_proximal": float(((rollout.logp - step_start) * mask).sum() / total_tokens),
+        # k1 of the step-start weights p (a loglinear anchor's p) against μ, beside kl/behavior's π.
+        "kl/behavior_proximal": float(((rollout.logp - proximal_p) * mask).sum() / total_tokens),
         **mismatch(
             batch, rollout, prox if prox is not None else logp_first if len(updates) == 1 else None, step
         ),
@@ -538,11 +549,13 @@ class _Pass:
         micro: int,
         first: bool,
         fresh: bool = False,
+        lag: torch.Tensor | None = None,
     ) -> tuple[float, torch.Tensor]:
         """The gradient of one mini-batch `part`, accumulated over micro-batches (the caller
         steps the optimiser); returns (its clip fraction, its log-probs). On the batch's first
         pass the entropy and KL-to-θ0 sums are added up too. `fresh`: no optimiser step has been
-        taken yet this step (the weights are the step-start ones, whose log-probs `prox` holds)."""
+        taken yet this step (the weights are the step-start ones, whose log-probs `prox` holds).
+        `lag`: each row's lag in versions, which a loglinear anchor reads."""
         config, algorithm, policy = self.learner.config, self.learner.algorithm, self.learner.policy
         n = part.response_ids.shape[0]
         mask = part.response_mask
@@ -550,7 +563,7 @@ class _Pass:
         bounds = None
         if algorithm.spec.surrogate == "bapo":  # searched over the whole mini-batch before any backward
             now = prox if fresh else self.proximal(micro, part)
-            bounds = algorithm.search(now, part.logp, mask, advantages, prox)
+            bounds = algorithm.search(now, part.logp, mask, advantages, prox, lag)
             self.searches.append(bounds)
         own, pieces = self._own(n, micro)
         if self.ranks is not None:  # this rank's whole prompt groups of the mini-batch
@@ -558,6 +571,7 @@ class _Pass:
             prox = None if prox is None else prox[own]
             selected = None if selected is None else selected[own]
             init_given = None if init_given is None else init_given[own]
+            lag = None if lag is None else lag[own]
         clipped = 0.0
         logp_parts = []
         self.learner.optimizer.zero_grad(set_to_none=True)
@@ -581,6 +595,7 @@ class _Pass:
                 total_tokens=tokens,
                 total_seqs=n,
                 max_length=config.rollout.max_new_tokens,
+                lag=None if lag is None else lag[rows],
             )
             loss.backward()
             clipped += stats["clip_frac"] * float(piece.response_mask.sum())

@@ -56,11 +56,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 class RanksFailed(RuntimeError):
     """A trainer rank exited with an error: the attempt fails with it, and with the execution
-    report rank 0's batch source left (`execution`; None in simulated execution)."""
+    report rank 0's batch source left (`execution`; None in simulated execution). `rank` and
+    `error_type` (the exception's class name) are the failing rank's, where it wrote its error."""
 
-    def __init__(self, message: str, execution: dict[str, float] | None = None):
+    def __init__(
+        self,
+        message: str,
+        execution: dict[str, float] | None = None,
+        rank: int | None = None,
+        error_type: str | None = None,
+    ):
         super().__init__(message)
-        self.execution = execution
+        self.execution, self.rank, self.error_type = execution, rank, error_type
 
 
 class RankKilled(RanksFailed):
@@ -122,14 +129,19 @@ def train(run: Any, worker: str, processes: int) -> dict[str, float]:
         return retry_db(run.summary_from_points)()
     failed = failure(folder, code)
     failed.execution = _execution(folder)
-    if str(failed).startswith("trainer rank 0 failed: BufferDamaged:"):
-        # Rank 0's batch source cannot go on from here: re-queued, as for one process.
+    raise as_raised(failed)
+
+
+def as_raised(failed: RanksFailed) -> Exception:
+    """What the attempt fails with: rank 0's `BufferDamaged` as itself (its batch source cannot go
+    on from here: the run is re-queued, as for one process), else `failed`."""
+    if failed.rank == 0 and failed.error_type == "BufferDamaged":
         from workers.source import BufferDamaged
 
         damaged = BufferDamaged(str(failed))
         damaged.execution = failed.execution  # type: ignore[attr-defined]
-        raise damaged
-    raise failed
+        return damaged
+    return failed
 
 
 def _execution(folder: Path) -> dict[str, float] | None:
@@ -172,7 +184,7 @@ def _wait(proc: subprocess.Popen, run: Any, worker: str, retry_db) -> int:
 
 
 def _errors(folder: Path) -> list[tuple[int, dict[str, Any]]]:
-    """(rank, {"rank", "error", "time"}) of each rank that wrote its error."""
+    """(rank, {"rank", "type", "error", "time"}) of each rank that wrote its error."""
     found = []
     for path in folder.glob("error-rank*.json"):
         try:
@@ -220,7 +232,11 @@ def failure(folder: Path, code: int) -> RanksFailed:
             )
     if errors:
         first = min(errors.values(), key=lambda error: error["time"])
-        return RanksFailed(f"trainer rank {first['rank']} failed: {first['error']}")
+        return RanksFailed(
+            f"trainer rank {first['rank']} failed: {first['error']}",
+            rank=int(first["rank"]),
+            error_type=first.get("type"),
+        )
     cause = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", output, re.S)
     if cause:
         rank, exit_code = cause.group(1), int(cause.group(2))
@@ -271,7 +287,12 @@ def main(argv: list[str]) -> int:
         (folder / f".{RESULT}").replace(folder / RESULT)
         return 0
     except BaseException as exc:
-        error = {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "time": time.time()}
+        error = {
+            "rank": rank,
+            "type": type(exc).__name__,
+            "error": f"{type(exc).__name__}: {exc}",
+            "time": time.time(),
+        }
         (folder / f"error-rank{rank}.json").write_text(json.dumps(error))
         raise
 

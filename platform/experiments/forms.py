@@ -253,7 +253,7 @@ class SweepForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "placeholder": "optimizer.minibatches: 1, 4"}),
         help_text=(
             "one config field per line with the values to try, e.g. optimizer.minibatches: 1, 4 or "
-            "rollout.dtype: same, bfloat16 or algorithm.params.anchor: behaviour, proximal; every "
+            "rollout.dtype: same, bfloat16 or algorithm.params.anchor: behaviour, proximal, loglinear; every "
             "combination is a cell, crossed with the presets, staleness settings and seeds"
         ),
     )

@@ -33,7 +33,7 @@ class SweepIn(Schema):
         {},
         description="other config fields to vary, dotted, each with its values: every combination is a cell "
         '(e.g. {"optimizer.minibatches": [1, 4], "rollout.dtype": ["same", "bfloat16"], '
-        '"algorithm.params.anchor": ["behaviour", "proximal"]}); a run\'s values are its variant',
+        '"algorithm.params.anchor": ["behaviour", "proximal", "loglinear"]}); a run\'s values are its variant',
     )
     serial: bool = Field(
         False,

@@ -234,10 +234,21 @@ def bapo_bounds(spec, tokens):
     return low, high, balance(low, high)
 
 
-def reference(preset, params, pi, mu, prox, mask, adv_in):
-    """(loss, ∂loss/∂π) for one batch, token by token in plain floats (lists of rows)."""
+def loglinear_alpha(d):
+    """A-3PO's weight for a lag of d versions: (d − 1)/d within [0, 1], 0 for d ≤ 0."""
+    return min(max((d - 1) / d, 0.0), 1.0) if d > 0 else 0.0
+
+
+def reference(preset, params, pi, mu, prox, mask, adv_in, lag=None):
+    """(loss, ∂loss/∂π) for one batch, token by token in plain floats (lists of rows); `lag`, one
+    per row, is what a loglinear anchor reads (p = μ + α·(π − μ), held constant in the gradient)."""
     spec = algorithms.build(preset, **params).spec
     anchor = prox if spec.anchor == "proximal" else mu
+    if spec.anchor == "loglinear":
+        anchor = [
+            [m + loglinear_alpha(lag[i]) * (x - m) for x, m in zip(pi[i], mu[i], strict=True)]
+            for i in range(len(pi))
+        ]
     n = len(pi)
     valid = [[t for t in range(len(pi[i])) if mask[i][t]] for i in range(n)]
     n_tok = sum(len(v) for v in valid)
@@ -268,11 +279,12 @@ def reference(preset, params, pi, mu, prox, mask, adv_in):
             left.discard(k)
         keep_m2 = {k: k in left for k in tokens}
 
-    # TRM keeps a response whose largest k3(x) is within δ; x = p − μ (proximal), π − μ (behaviour).
+    # TRM keeps a response whose largest k3(x) is within δ; x = p − μ (proximal, loglinear), π − μ
+    # (behaviour).
     trm_keep = [
         max(
             [
-                k3(anchor[i][t] - mu[i][t] if spec.anchor == "proximal" else pi[i][t] - mu[i][t])
+                k3(pi[i][t] - mu[i][t] if spec.anchor == "behaviour" else anchor[i][t] - mu[i][t])
                 for t in valid[i]
             ]
         )
@@ -514,7 +526,7 @@ def test_diagnostics_of_the_ratio():
         ("dppo_delta", 1.0, "0 < dppo_delta < 1"),
         ("opsm_delta", 0, "0 < opsm_delta < 1"),
         ("is_low", 0, "0 < is_low <= 1"),
-        ("anchor", "trainer", "anchor must be one of behaviour, proximal"),
+        ("anchor", "trainer", "anchor must be one of behaviour, proximal, loglinear"),
         ("m2po_quadrants", "yes", "m2po_quadrants must be true or false"),
         ("kpop_phi", 0, "kpop_phi must be > 0"),
         ("trm_delta", -0.1, "trm_delta must be > 0"),
@@ -555,7 +567,7 @@ def test_knobs_out_of_range_name_the_rule(knob, value, rule):
             "seq-mean-token-sum-norm (got 'mean')",
         ),
         ("dual_clip", 1, "dual_clip must be > 1 or null to disable it (got 1)"),
-        ("anchor", None, "anchor must be one of behaviour, proximal (got None)"),
+        ("anchor", None, "anchor must be one of behaviour, proximal, loglinear (got None)"),
         ("is_cap", 0.5, "is_cap must be >= 1 (got 0.5): C caps the behaviour weight q, which is 1 on-policy"),
         ("is_low", 0, "is_low must satisfy 0 < is_low <= 1 (got 0)"),
         ("is_high", 0.9, "is_high must be >= 1 (got 0.9)"),

@@ -1,5 +1,5 @@
 """The other sources of off-policyness (docs/algorithms.md §14) through the real trainer: several
-optimiser steps per batch (mini-batches, epochs) with the proximal anchor, M2PO's whole-batch
+optimiser steps per batch (mini-batches, epochs) with the proximal (and loglinear) anchor, M2PO's whole-batch
 selection under micro-batching, and the training–inference mismatch of a lower rollout precision."""
 
 import pytest
@@ -44,10 +44,14 @@ def test_epochs_multiply_the_optimiser_steps(small_config, cache_dir):
     assert steps_of(sink, "optimizer_steps") == [6, 6]
 
 
-def test_resume_with_minibatches_logs_what_an_uninterrupted_run_logs(small_config, cache_dir, tmp_path):
+@pytest.mark.parametrize("anchor", ["proximal", "loglinear"])
+def test_resume_with_minibatches_logs_what_an_uninterrupted_run_logs(
+    small_config, cache_dir, tmp_path, anchor
+):
+    """Lag 2 from step 3 on: a loglinear anchor's p = μ + ½·(π − μ), a proximal one's forward."""
     config = small_config(
         staleness={"sync_offset": 2},
-        algorithm={"preset": "decoupled-ppo"},
+        algorithm={"preset": "decoupled-ppo", "params": {"anchor": anchor}},
         optimizer={"lr": 1e-3, "minibatches": 2, "epochs": 2},
     )
     whole = ListSink()

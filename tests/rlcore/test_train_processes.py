@@ -122,8 +122,14 @@ def test_two_ranks_log_one_process_s_curve_and_end_at_its_weights(cache_dir, tmp
     [
         {"optimizer": {"minibatches": 2}, "algorithm": {"params": {"anchor": "proximal"}}},
         {"algorithm": {"preset": "m2po", "params": {"m2po_tau": 1e-4}}, "staleness": {"sync_offset": 4}},
+        # Each rank's rows carry their own lags (0, 1, then 2: α = ½).
+        {
+            "optimizer": {"minibatches": 2},
+            "algorithm": {"params": {"anchor": "loglinear"}},
+            "staleness": {"sync_offset": 2},
+        },
     ],
-    ids=["minibatches-proximal", "m2po"],
+    ids=["minibatches-proximal", "m2po", "minibatches-loglinear"],
 )
 def test_two_ranks_match_one_process_with_several_optimiser_steps_and_whole_batch_masks(
     cache_dir, tmp_path, change
@@ -137,6 +143,8 @@ def test_two_ranks_match_one_process_with_several_optimiser_steps_and_whole_batc
     if "minibatches" in change.get("optimizer", {}):
         assert all(m["optimizer_steps"] == 2 for step, m in one if step)
         assert max(m["kl/proximal"] for step, m in one if step) > 0
+        if change["algorithm"]["params"]["anchor"] == "loglinear":
+            assert all(m["time/proximal_s"] == 0 for step, m in one if step)
     else:
         assert max(m["correction/masked_frac"] for step, m in one if step) > 0, "M2PO masked tokens"
     mine, theirs = final_weights(tmp_path / "one", tmp_path), final_weights(tmp_path / "r", tmp_path)

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from . import prime_rl
+from . import mlflow, prime_rl, tensorboard, trackio, trl, verl, wandb
 from .base import ImportFormatError, ParsedRun, Point
-from .common import MAX_BYTES, check_size
+from .common import MAX_BYTES
 
-_MODULES = (prime_rl,)
-READERS: dict[str, Callable[[Path], ParsedRun]] = {module.TOOL: module.read for module in _MODULES}
+_MODULES = (prime_rl, verl, trl, tensorboard, mlflow, wandb, trackio)
+READERS: dict[str, Callable[[Path, int], ParsedRun]] = {module.TOOL: module.read for module in _MODULES}
 TOOLS = tuple(READERS)
 DEFAULT_MAPPINGS: dict[str, dict[str, str]] = {module.TOOL: dict(module.MAPPING) for module in _MODULES}
 UNMAPPED_PREFIX = "imported/"
@@ -33,13 +33,17 @@ __all__ = [
 ]
 
 
-def read(tool: str, path: Path | str, max_bytes: int = MAX_BYTES) -> ParsedRun:
-    """The run in path as `tool` wrote it (a file, or a folder for the tools that export one)."""
+def read(tool: str, path: Path | str, max_bytes: int = MAX_BYTES, run: str | None = None) -> ParsedRun:
+    """The run in path as `tool` wrote it (a file, or a folder for the tools that export one).
+    `run` names the run to read in a file that holds several (a Trackio project)."""
     path = Path(path)
     if tool not in READERS:
         raise ImportFormatError(path, None, f"unknown tool {tool!r}; one of {', '.join(TOOLS)}")
-    check_size(path, max_bytes)
-    return READERS[tool](path)
+    if run is not None:
+        if tool != trackio.TOOL:
+            raise ImportFormatError(path, None, f"a {tool} file holds one run; no run name is taken")
+        return trackio.read(path, max_bytes, run=run)
+    return READERS[tool](path, max_bytes)
 
 
 def map_points(points: Iterable[Point], mapping: dict[str, str]) -> list[Point]:

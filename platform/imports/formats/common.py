@@ -16,36 +16,43 @@ from .base import ImportFormatError, Point
 MAX_BYTES = 256 * 1024 * 1024
 
 
-def check_size(path: Path, max_bytes: int = MAX_BYTES) -> None:
-    """Refuse a file (or a folder's files together) larger than max_bytes."""
-    if not path.exists():
-        raise ImportFormatError(path, None, "no such file or folder")
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    size = sum(p.stat().st_size for p in files)
+def check_size(path: Path, files: list[Path], max_bytes: int) -> None:
+    """Refuse files larger than max_bytes together (path names them in the error)."""
+    size = sum(file.stat().st_size for file in files)
     if size > max_bytes:
         raise ImportFormatError(path, None, f"is {size} bytes; an import reads at most {max_bytes} bytes")
 
 
-def text(path: Path) -> str:
-    """The file as UTF-8 text; a binary file (NUL bytes, or bytes that are not UTF-8) is refused
-    with the line it goes wrong on."""
+def data(path: Path, max_bytes: int) -> bytes:
+    """The file's bytes, within the cap."""
     if not path.is_file():
-        raise ImportFormatError(path, None, "not a file")
-    data = path.read_bytes()
-    bad = data.find(b"\0")
+        raise ImportFormatError(path, None, "not a file" if path.exists() else "no such file")
+    check_size(path, [path], max_bytes)
+    return path.read_bytes()
+
+
+def text(path: Path, max_bytes: int) -> str:
+    """The file as UTF-8 text, within the cap; a binary file (NUL bytes, or bytes that are not
+    UTF-8) is refused with the line it goes wrong on."""
+    return decode(path, data(path, max_bytes))
+
+
+def decode(path: Path, raw: bytes) -> str:
+    """raw as UTF-8 text, refused as binary as `text` says."""
+    bad = raw.find(b"\0")
     try:
-        decoded = data.decode("utf-8")
+        decoded = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         bad = error.start if bad < 0 else min(bad, error.start)
     if bad >= 0:
-        line = data.count(b"\n", 0, bad) + 1
+        line = raw.count(b"\n", 0, bad) + 1
         raise ImportFormatError(path, f"line {line}", "binary data; expected UTF-8 text")
     return decoded
 
 
-def lines(path: Path) -> Iterator[tuple[int, str]]:
+def lines(path: Path, max_bytes: int) -> Iterator[tuple[int, str]]:
     """(line number, line) for every line that is not blank."""
-    for number, line in enumerate(text(path).splitlines(), start=1):
+    for number, line in enumerate(text(path, max_bytes).splitlines(), start=1):
         if line.strip():
             yield number, line
 
@@ -56,6 +63,8 @@ def json_value(path: Path, where: str | None, source: str):
         return json.loads(source)
     except json.JSONDecodeError as error:
         raise ImportFormatError(path, where, f"not JSON ({error.msg} at column {error.colno})") from None
+    except RecursionError:
+        raise ImportFormatError(path, where, "JSON nested too deeply") from None
 
 
 def json_object(path: Path, where: str | None, source: str) -> dict:
@@ -74,12 +83,15 @@ def step(path: Path, where: str | None, value, field: str = "step") -> int:
     return value
 
 
-def timestamp(path: Path, where: str | None, value, field: str = "time") -> float | None:
-    """A wall-clock time in Unix seconds, or None where absent."""
+def timestamp(
+    path: Path, where: str | None, value, field: str = "time", unit: str = "seconds"
+) -> float | None:
+    """A wall-clock time since the Unix epoch (in `unit`, as the file keeps it), or None where
+    absent."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ImportFormatError(path, where, f"{field} must be a time in Unix seconds (got {value!r})")
+        raise ImportFormatError(path, where, f"{field} must be a Unix time in {unit} (got {value!r})")
     return float(value)
 
 

@@ -36,9 +36,9 @@ MAPPING = {
 }
 
 
-def read(path: Path) -> ParsedRun:
+def read(path: Path, max_bytes: int = common.MAX_BYTES) -> ParsedRun:
     points = []
-    for number, line in common.lines(path):
+    for number, line in common.lines(path, max_bytes):
         where = f"line {number}"
         row = common.json_object(path, where, line)
         step = common.step(path, where, row.get("step"))

@@ -90,9 +90,10 @@ def test_default_mappings_name_only_lab_metrics():
         (b'{"step": 1, "loss/mean": 0.5}\n[1, 2]\n', "line 2", "expected a JSON object, got list"),
         (b'{"time": 1.0, "loss/mean": 0.5}\n', "line 1", "step must be a non-negative integer"),
         (b'{"step": 1.5, "loss/mean": 0.5}\n', "line 1", "step must be a non-negative integer"),
-        (b'{"step": 1, "time": "noon", "loss/mean": 0.5}\n', "line 1", "time must be a time in Unix seconds"),
+        (b'{"step": 1, "time": "noon", "loss/mean": 0.5}\n', "line 1", "time must be a Unix time in seconds"),
         (b'{"step": 1, "loss/mean": 0.5}\n\x00\x01\x02\xff', "line 2", "binary data"),
         (b"", None, "holds no metric values"),
+        (b"[" * 100_000 + b"]" * 100_000, "line 1", "JSON nested too deeply"),
     ],
 )
 def test_a_bad_file_is_refused_whole_naming_the_line_and_the_rule(tmp_path, content, where, rule):

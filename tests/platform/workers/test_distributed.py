@@ -16,9 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load
 from support import TINY_CONFIG, last_step, logged, queue_sweep, wait_for
-from worker_helpers import assert_curves_equal, curves, wait_until_over
+from worker_helpers import UNCOMPARED, assert_curves_equal, assert_same_points, curves, wait_until_over
 
-from experiments.models import PolicyVersion, RolloutJob, Run
+from experiments.models import Checkpoint, PolicyVersion, RolloutJob, Run
+from rlcore import checkpoints
 from rlcore.staleness import behavior_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -120,6 +121,89 @@ def test_mini_batches_and_a_bfloat16_rollout_run_distributed_as_simulated(start_
             "bfloat16 differs"
         )
         assert all(v == 2 for (name, _), v in mine.items() if name == "optimizer_steps")
+
+
+# The presets of docs/algorithms.md §16, each with what must act in its run for equal curves to
+# say something (a mechanism that never fires compares zeros with zeros): the knobs that make it
+# fire in 6 tiny steps (KPop's default φ 2.0 masks one token there at most), the metric that
+# measures it and a value it must exceed at some step.
+FIELD_PRESETS = {
+    "icepop": ({}, "masked_tokens/mismatch", 0),
+    "kpop": ({"kpop_phi": 0.5}, "masked_tokens/mismatch", 0),
+    "trm": ({}, "masked_tokens/sequence", 0),
+    "dppo-kl": ({}, "masked_tokens/staleness", 0),
+    "ce-gppo": ({}, "masked_tokens/clip", 0),
+    "dro": ({}, "kl/behavior_k3", 1e-3),  # no mask: its penalty (β/2)·(π − μ)² acts where π ≠ μ
+    "bapo": ({}, "masked_tokens/clip", 0),
+}
+# Sums of 0..3 and a warm start that reaches the tiny model's calibrated accuracy: groups of right
+# and wrong answers, so advantages are not all 0; a learning rate that moves π well away from μ
+# and the step-start weights within the 2 versions of staleness and the 2 mini-batches.
+FIELD_CONFIG = {
+    **TINY_CONFIG,
+    "task": {"name": "arithmetic", "min_operand": 0, "max_operand": 3},
+    "model": {"tiny": {**TINY_CONFIG["model"]["tiny"], "warmstart_max_steps": 400}},
+    "optimizer": {"minibatches": 2, "lr": 1e-2},
+}
+
+
+def test_the_fields_presets_run_distributed_as_simulated(start_worker, team, alice, tmp_path):
+    """Each preset of docs/algorithms.md §16 with 2 mini-batches and a behaviour policy 2 versions
+    old, its corrections, masks and BAPO's search acting: distributed on real rollout workers,
+    every logged metric equals the simulated run's within 1e-5 at every step, and the policy of
+    the last checkpoint is the simulated run's within 1e-6."""
+    staleness = [{"sync_offset": 2}]
+    pairs = {}
+    for preset, (params, _, _) in FIELD_PRESETS.items():
+        config = {**FIELD_CONFIG, "algorithm": {"params": params}}
+        distributed = {**config, "execution": {"mode": "distributed", "rollout_workers": 2}}
+        pairs[preset] = tuple(
+            queue_sweep(
+                team, alice, f"{preset} {mode}", config=c, presets=[preset], staleness=staleness
+            ).runs.get()
+            for mode, c in (("simulated", config), ("distributed", distributed))
+        )
+    runs = [run for pair in pairs.values() for run in pair]
+    kept = WeightsKept(runs, tmp_path / "checkpoints", folder=lambda run: run.checkpoint_dir)
+    start_worker()
+    start_worker(queue="rollout")
+    start_worker(queue="rollout")
+    try:
+        wait_until_over(runs, 300)
+    finally:
+        kept.stop()
+
+    steps = FIELD_CONFIG["steps"]
+    for preset, (twin, run) in pairs.items():
+        run.refresh_from_db()
+        twin.refresh_from_db()
+        assert run.status == twin.status == Run.SUCCEEDED, (preset, run.error, twin.error)
+        assert run.run_config().execution.mode == "distributed"
+        mine, reference = curves(run), curves(twin)
+        assert_same_points(mine, reference, preset)
+        assert {step for _, step in mine} == set(range(steps + 1))
+        unseen = {name for name, _, _ in logged(run)} - {name for name, _ in mine}
+        assert all(name in UNCOMPARED or name.startswith("time/") for name in unseen), unseen
+
+        def series(name, mine=mine):
+            return [value for (n, step), value in sorted(mine.items()) if n == name]
+
+        assert series("optimizer_steps") == [2] * steps
+        assert any(s > 0 and g > 0 for s, g in zip(series("reward/std"), series("grad_norm"), strict=True))
+        _, fired, floor = FIELD_PRESETS[preset]
+        assert max(series(fired)) > floor, f"{preset}: {fired} is at most {floor} at every step"
+        if preset == "bapo":
+            assert any(
+                low > 0.6 or high > 1.2
+                for low, high in zip(series("bapo/c_low"), series("bapo/c_high"), strict=True)
+            ), "BAPO's search never moved its bounds"
+        assert set(
+            RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH).values_list("status", flat=True)
+        ) == {RolloutJob.DONE}
+
+        final, reference_final = kept.policy_at(run, steps), kept.policy_at(twin, steps)
+        assert set(final) == set(reference_final)
+        assert max(float((final[k] - reference_final[k]).abs().max()) for k in final) <= 1e-6, preset
 
 
 def kill_mid_job(workers, timeout_s: float = 120):
@@ -251,11 +335,12 @@ def test_an_async_run_splits_its_staleness_and_measures_its_bfloat16_mismatch(st
 
 
 class WeightsKept:
-    """Hard links to every weights file the trainers of `runs` publish, made as they appear (a
-    run's buffer goes once it ends): `into/<run id>/v000006.safetensors` and so on."""
+    """Hard links to every file the trainers of `runs` write under `folder(run)` (by default the
+    weights they publish, in their buffer), made as they appear (a run's buffer goes once it ends,
+    a succeeded run's checkpoints too): `into/<run id>/v000006.safetensors` and so on."""
 
-    def __init__(self, runs: list[Run], into: Path):
-        self.folders = {run.pk: run.buffer_dir / "weights" for run in runs}
+    def __init__(self, runs: list[Run], into: Path, folder=lambda run: run.buffer_dir / "weights"):
+        self.folders = {run.pk: folder(run) for run in runs}
         self.into, self.over = into, threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
@@ -281,6 +366,15 @@ class WeightsKept:
         data = (self.into / str(run.pk) / f"v{version.version:06d}.safetensors").read_bytes()
         assert hashlib.sha256(data).hexdigest() == version.sha256
         return load(data)
+
+    def policy_at(self, run: Run, step: int) -> dict[str, torch.Tensor]:
+        """The policy weights in `run`'s checkpoint of `step` (kept with `folder` its checkpoint
+        folder), checked against the sha256 its ledger recorded."""
+        path = checkpoints.path_of(self.into / str(run.pk), step)
+        assert path.exists(), f"run {run.pk}'s checkpoint of step {step} was not seen before it went"
+        recorded = Checkpoint.objects.get(run=run, step=step).sha256
+        assert checkpoints.file_sha256(path)[0] == recorded
+        return checkpoints.load(path, torch.device("cpu"))["policy"]
 
 
 def test_two_trainer_ranks_with_rollout_workers_train_the_one_process_run(

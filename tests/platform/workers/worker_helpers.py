@@ -8,28 +8,39 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
-from support import TEST_VAR, TINY_CONFIG, logged, wait_for
+from support import TEST_VAR, TINY_CONFIG, wait_for
 
 from experiments import packing, series
 from experiments.models import Run
-from rlcore.sinks import EVAL_METRICS, MISMATCH_METRICS, STEP_METRICS
+from rlcore.sinks import ALL_METRICS, ASYNC_METRICS, STEP_METRICS
 
-# Every metric a run and its twin log alike (wall-clock times and rates differ).
-COMPARED = [
-    name for name in (*STEP_METRICS, *MISMATCH_METRICS, *EVAL_METRICS) if not name.startswith("time/")
-]
-COMPARED.remove("tokens_per_s")
+# Every metric a run and its twin log alike: all that a run may log (§7, BAPO's and M2PO's
+# included) but wall-clock times and rates, and async execution's split of its staleness (when the
+# batches happened to arrive).
+UNCOMPARED = ("tokens_per_s", *ASYNC_METRICS)
+COMPARED = [name for name in ALL_METRICS if not name.startswith("time/") and name not in UNCOMPARED]
 
 
 def curves(run: Run) -> dict[tuple[str, int], float]:
-    return {(name, step): value for name, step, value in logged(run) if name in COMPARED}
+    """(name, step) → value of every compared metric `run` logged, ∞ and NaN as stored (BAPO's s
+    is ∞ at a step without a negative token)."""
+    return {
+        (name, step): value
+        for name, (steps, values, _) in series.points_of(run.pk)
+        if name in COMPARED
+        for step, value in zip(steps.tolist(), values.tolist(), strict=True)
+    }
+
+
+def assert_same_points(mine: dict, reference: dict, label: object = None) -> None:
+    """Two runs' `curves`: the same (name, step) points, each value within 1e-5."""
+    assert set(mine) == set(reference), label
+    for key, value in reference.items():
+        assert mine[key] == pytest.approx(value, abs=1e-5, rel=0, nan_ok=True), (label, key)
 
 
 def assert_curves_equal(run: Run, twin: Run) -> None:
-    mine, reference = curves(run), curves(twin)
-    assert set(mine) == set(reference)
-    for key, value in reference.items():
-        assert mine[key] == pytest.approx(value, abs=1e-5, rel=0), key
+    assert_same_points(curves(run), curves(twin))
 
 
 def wait_until_over(runs, timeout_s: float) -> None:
