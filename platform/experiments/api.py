@@ -91,6 +91,7 @@ def _imported_from(run: Run) -> dict[str, Any] | None:
         "file_name",
         "file_size",
         "sha256",
+        "run_name",
         "mapping",
         "points",
     )

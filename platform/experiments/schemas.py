@@ -272,7 +272,7 @@ class RunDetailOut(RunOut):
     )
     imported_from: dict[str, Any] | None = Field(
         description="an imported run's provenance: tool, tool_version, original_run_id, file_name, file_size, "
-        "sha256, mapping (source metric name → lab name), points, first_time and last_time (the file's own), "
+        "sha256, run_name (the run read, in a file that holds several), mapping (source metric name → lab name), points, first_time and last_time (the file's own), "
         "imported_by, imported_at; null for the lab's own runs"
     )
 

@@ -81,6 +81,7 @@ def import_run(
                 service.Placement(body.preset, body.staleness, body.seed),
                 mapping,
                 name=path.name,
+                run=body.run,
             )
     except service.ImportRefused as exc:
         return _refused(exc.field, exc.message)

@@ -22,6 +22,11 @@ class ImportForm(forms.Form):
         help_text=f"a cell of this experiment, or any of {service.STALENESS_SYNTAX}; blank: the file's config's",
     )
     seed = forms.IntegerField(required=False, help_text="blank: the file's config's")
+    run = forms.CharField(
+        required=False,
+        max_length=200,
+        help_text="the run to read, in a file that holds several (a Trackio project)",
+    )
     mapping = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "placeholder": "eval/acc=eval/accuracy"}),

@@ -28,6 +28,9 @@ class Import(models.Model):
     sha256 = models.CharField(
         max_length=64, help_text="of the file's bytes (a folder: of its files, by path)"
     )
+    run_name = models.CharField(
+        max_length=200, blank=True, help_text="the run read, in a file that holds several (a Trackio project)"
+    )
     original_config = models.JSONField(default=dict, blank=True, help_text="the file's own config, as is")
     mapping = models.JSONField(
         default=dict,
@@ -45,7 +48,7 @@ class Import(models.Model):
         ordering = ["-imported_at", "-id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["experiment", "sha256"], name="one_import_per_file_and_experiment"
+                fields=["experiment", "sha256", "run_name"], name="one_import_per_file_run_and_experiment"
             )
         ]
 

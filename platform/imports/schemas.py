@@ -19,6 +19,9 @@ class ImportIn(Schema):
         None, description=f"the run's staleness cell: {STALENESS_SYNTAX}; default: the file's config's"
     )
     seed: int | None = Field(None, description="the run's seed; default: the file's config's `seed`")
+    run: NoNul | None = Field(
+        None, description="the run to read, in a file that holds several (a Trackio project)"
+    )
     map: list[NoNul] = Field(
         [],
         description="changes to the tool's mapping of metric names, each source_name=lab_name; names the "
@@ -39,6 +42,7 @@ class ImportOut(Schema):
     file_name: str
     file_size: int
     sha256: str
+    run_name: str = Field(description="the run read, in a file that holds several; empty otherwise")
     mapping: dict[str, str] = Field(description="{source metric name: lab metric name} as stored")
     points: int
     first_time: datetime | None = Field(description="the earliest time the file logged")

@@ -242,11 +242,13 @@ def import_file(
     placement: Placement = Placement(),
     mapping: dict[str, str] | None = None,
     name: str | None = None,
+    run: str | None = None,
 ) -> Outcome:
     """Import the run in `path` (a file, or an exported folder), read as `tool` writes it, into
-    `experiment`; `name` is the file's name as the user knows it (an upload's), default the path's.
-    An `ImportRefused` says why not, and then nothing is stored."""
-    name = name or path.name
+    `experiment`; `name` is the file's name as the user knows it (an upload's), default the path's;
+    `run` names the run to read in a file that holds several (a Trackio project). An
+    `ImportRefused` says why not, and then nothing is stored."""
+    name, run_name = name or path.name, run or ""
     if tool not in formats.TOOLS:
         raise ImportRefused("tool", f"tool must be one of {', '.join(formats.TOOLS)} (got {tool!r})")
     if not path.exists():
@@ -254,17 +256,20 @@ def import_file(
     size = size_of(path)
     check_size(name, size)
     sha256 = sha256_of(path)
-    if (existing := Import.objects.filter(experiment=experiment, sha256=sha256).first()) is not None:
+    if (
+        existing := Import.objects.filter(experiment=experiment, sha256=sha256, run_name=run_name).first()
+    ) is not None:
         return Outcome(
             existing, False, [f"{name} was imported already, as run {existing.run_id}: nothing changed"]
         )
     applied_mapping = mapping_for(tool, mapping or {})
     try:
-        parsed = formats.read(tool, path, max_bytes=settings.LAB_IMPORT_MAX_BYTES)
+        parsed = formats.read(tool, path, max_bytes=settings.LAB_IMPORT_MAX_BYTES, run=run_name or None)
     except ImportFormatError as exc:
-        raise ImportRefused(
-            "file", f"{name}, {exc.where}: {exc.rule}" if exc.where else f"{name}: {exc.rule}"
-        ) from exc
+        where = f"{name}, {exc.where}" if exc.where else name
+        raise ImportRefused("file", f"{where}: {exc.rule}") from exc
+    except (ValueError, OverflowError, OSError) as exc:  # what a reader let through: still the file's fault
+        raise ImportRefused("file", f"{name}: cannot be read as {tool} writes it ({exc})") from exc
     if not parsed.points:
         raise ImportRefused("file", f"{name}: no metric points in it")
     preset, staleness, seed = placement_of(parsed, placement)
@@ -300,6 +305,7 @@ def import_file(
                 file_name=name[:255],
                 file_size=size,
                 sha256=sha256,
+                run_name=run_name,
                 original_config=parsed.config,
                 mapping=renamed,
                 points=len(points),
@@ -313,7 +319,7 @@ def import_file(
             run.save(update_fields=["summary"])
     except IntegrityError:
         # The same file, imported into this experiment by a request that committed meanwhile.
-        existing = Import.objects.filter(experiment=experiment, sha256=sha256).first()
+        existing = Import.objects.filter(experiment=experiment, sha256=sha256, run_name=run_name).first()
         if existing is None:
             raise
         return Outcome(

@@ -39,6 +39,7 @@ def import_run(request: HttpRequest, experiment_id: int) -> HttpResponse:
                         path,
                         service.Placement(data["preset"] or None, data["staleness"] or None, data["seed"]),
                         form.mapping_changes(),
+                        run=data["run"] or None,
                     )
             except service.ImportRefused as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message)

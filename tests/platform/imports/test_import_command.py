@@ -7,6 +7,7 @@ field, and nothing is stored."""
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from datetime import UTC, datetime
 
 import pytest
@@ -216,3 +217,34 @@ def test_another_teams_experiment_is_not_there(tmp_path, experiment):
             seed=0,
         )
     assert not Import.objects.exists()
+
+
+def trackio_project(path):
+    """A Trackio project database holding two runs, a and b (`metrics` as Trackio keeps it)."""
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE metrics (id INTEGER PRIMARY KEY, run_id TEXT, timestamp TEXT, run_name TEXT, "
+            "step INTEGER, metrics TEXT)"
+        )
+        for row, (name, step, loss) in enumerate([("a", 0, 0.5), ("a", 1, 0.25), ("b", 0, 0.75)], start=1):
+            db.execute(
+                "INSERT INTO metrics VALUES (?, ?, '2026-12-04T09:39:33+00:00', ?, ?, ?)",
+                (row, f"id-{name}", name, step, f'{{"train/loss": {loss}}}'),
+            )
+    return path
+
+
+def test_each_run_of_a_file_of_several_is_its_own_import(tmp_path, experiment):
+    path = trackio_project(tmp_path / "proj.db")
+    placed = {"tool": "trackio", "preset": "grpo", "staleness": "on-policy"}
+    with pytest.raises(CommandError, match=r"file: proj.db: holds 2 runs \(a, b\); name the one to import"):
+        import_command(path, experiment, seed=0, **placed)
+    import_command(path, experiment, seed=0, run="a", **placed)
+    import_command(path, experiment, seed=1, run="b", **placed)
+    again = import_command(path, experiment, seed=5, run="a", **placed)
+    assert "imported already" in again
+    records = {r.run_name: r for r in Import.objects.all()}
+    assert set(records) == {"a", "b"} and records["a"].sha256 == records["b"].sha256
+    assert (records["a"].original_run_id, records["b"].original_run_id) == ("id-a", "id-b")
+    assert logged(records["a"].run) == [("loss", 0, 0.5), ("loss", 1, 0.25)]
+    assert logged(records["b"].run) == [("loss", 0, 0.75)]

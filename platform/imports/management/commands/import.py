@@ -1,5 +1,5 @@
 """`python manage.py import FILE --tool TOOL --experiment ID --user USERNAME [--preset P]
-[--staleness S] [--seed N] [--map source=lab ...]`: import one run from another tool's file (or
+[--staleness S] [--seed N] [--map source=lab ...] [--run NAME]`: import one run from another tool's file (or
 exported folder) into an experiment of USERNAME's team (`imports.service`), read-only, with its
 provenance. Prints the run made, or that the file was imported already (nothing changes); on bad
 input, `field: rule` naming the file and its line or record, exit status 2, and nothing stored."""
@@ -31,6 +31,7 @@ class Command(BaseCommand):
             help=f"its staleness cell: {service.STALENESS_SYNTAX} (default: the file's config's)",
         )
         parser.add_argument("--seed", type=int, help="its seed (default: the file's config's)")
+        parser.add_argument("--run", help="the run to read, in a file that holds several (a Trackio project)")
         parser.add_argument(
             "--map",
             action="append",
@@ -55,6 +56,7 @@ class Command(BaseCommand):
                 file,
                 service.Placement(options["preset"], options["staleness"], options["seed"]),
                 service.parse_mapping(options["map"]),
+                run=options["run"],
             )
         except service.ImportRefused as exc:
             raise CommandError(f"{file}: not imported\n  {exc.field}: {exc.message}", returncode=2) from exc
