@@ -240,7 +240,13 @@ def experiment_seeds(request: HttpRequest, experiment_id: int) -> HttpResponse:
     except sweeps.SweepError as exc:
         error, seeds = error or exc.errors[0][1], []
     spec = experiment.spec
-    cells = experiment.runs.values("preset", "staleness", "variant_pairs").distinct().count()
+    # The sweep's cells: an imported run's cell is queued again only if the sweep has it.
+    cells = (
+        experiment.runs.filter(imported=None)
+        .values("preset", "staleness", "variant_pairs")
+        .distinct()
+        .count()
+    )
     context = {
         "experiment": experiment,
         "n": text,

@@ -205,7 +205,10 @@ def run_config(experiment: Experiment, preset: str, cell: dict[str, Any], seed: 
 
 
 def _from_config(config: dict[str, Any], key: str, kind: type) -> Any:
+    """`config[key]` as a `kind`; a whole number may be text (MLflow keeps every param as text)."""
     value = config.get(key)
+    if kind is int and isinstance(value, str) and value.strip().isdigit():
+        return int(value)
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 

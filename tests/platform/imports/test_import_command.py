@@ -18,6 +18,8 @@ from support import logged
 
 from experiments import series
 from experiments.models import MetricChunk, MetricSummary, Run
+from imports import service
+from imports.formats import ParsedRun
 from imports.models import Import
 
 pytestmark = pytest.mark.django_db
@@ -248,3 +250,20 @@ def test_each_run_of_a_file_of_several_is_its_own_import(tmp_path, experiment):
     assert (records["a"].original_run_id, records["b"].original_run_id) == ("id-a", "id-b")
     assert logged(records["a"].run) == [("loss", 0, 0.5), ("loss", 1, 0.25)]
     assert logged(records["b"].run) == [("loss", 0, 0.75)]
+
+
+def test_a_number_past_a_float_is_refused_naming_the_file(tmp_path, experiment):
+    path = prime_rl_file(tmp_path / "metrics.jsonl")
+    path.write_text(path.read_text() + '{"step": 21, "time": 1.0, "loss/mean": 1' + "0" * 400 + "}\n")
+    before = stored()
+    with pytest.raises(CommandError, match="file: metrics.jsonl: cannot be read as prime-rl writes it"):
+        import_command(path, experiment, preset="grpo", staleness="on-policy", seed=0)
+    assert stored() == before
+
+
+def test_the_files_config_places_the_run_where_nothing_is_given(experiment):
+    parsed = ParsedRun("mlflow", config={"preset": "reinforce", "staleness": "sync_offset=2", "seed": "7"})
+    assert service.placement_of(parsed, service.Placement()) == ("reinforce", "sync_offset=2", 7)
+    assert service.placement_of(parsed, service.Placement("grpo", None, 0)) == ("grpo", "sync_offset=2", 0)
+    with pytest.raises(service.ImportRefused, match="give the staleness"):
+        service.placement_of(ParsedRun("mlflow", config={"seed": True}), service.Placement("grpo"))
