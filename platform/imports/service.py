@@ -224,6 +224,20 @@ def placement_of(parsed: ParsedRun, given: Placement) -> tuple[str, str, int]:
     return preset, staleness, seed
 
 
+def storable(value: Any) -> Any:
+    """`value` as PostgreSQL's text and JSON keep it: NUL and lone surrogates replaced, NaN and ±inf
+    (which JSON has no word for) as the text "nan", "inf", "-inf"."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {storable(str(k)): storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value
+
+
 def _wall(time: float | None, fallback: datetime, point: Point) -> datetime:
     if time is None:
         return fallback
@@ -252,6 +266,8 @@ def import_file(
     `run` names the run to read in a file that holds several (a Trackio project). An
     `ImportRefused` says why not, and then nothing is stored."""
     name, run_name = name or path.name, run or ""
+    if len(run_name) > 200:
+        raise ImportRefused("run", f"a run's name is at most 200 characters (got {len(run_name)})")
     if tool not in formats.TOOLS:
         raise ImportRefused("tool", f"tool must be one of {', '.join(formats.TOOLS)} (got {tool!r})")
     if not path.exists():
@@ -286,12 +302,11 @@ def import_file(
     config = run_config(experiment, preset, staleness_cell(experiment, staleness), seed, max(1, last_step))
     now = timezone.now()
     points = [(p.name, p.step, p.value, _wall(p.time, now, p)) for p in mapped]
-    logged = [p.time for p in parsed.points if p.time is not None]
-    first_time = min(points, key=lambda p: p[3])[3] if logged else None
-    last_time = max(points, key=lambda p: p[3])[3] if logged else None
+    logged = [wall for point, (*_, wall) in zip(mapped, points, strict=True) if point.time is not None]
+    first_time, last_time = (min(logged), max(logged)) if logged else (None, None)
     try:
         with transaction.atomic():
-            run = Run.create_for(
+            made = Run.create_for(
                 experiment,
                 config,
                 status=Run.SUCCEEDED,
@@ -300,26 +315,26 @@ def import_file(
                 finished=last_time or now,
             )
             record = Import.objects.create(
-                run=run,
+                run=made,
                 experiment=experiment,
                 tool=tool,
-                tool_version=(parsed.tool_version or "")[:100],
-                original_run_id=(parsed.original_run_id or "")[:200],
-                file_name=name[:255],
+                tool_version=storable(parsed.tool_version or "")[:100],
+                original_run_id=storable(parsed.original_run_id or "")[:200],
+                file_name=storable(name)[:255],
                 file_size=size,
                 sha256=sha256,
                 run_name=run_name,
-                original_config=parsed.config,
+                original_config=storable(parsed.config),
                 mapping=renamed,
                 points=len(points),
                 first_time=first_time,
                 last_time=last_time,
                 imported_by=user,
             )
-            series.Writer(run.pk).write(points)
-            series.seal(run.pk)
-            run.summary = run.summary_from_points()
-            run.save(update_fields=["summary"])
+            series.Writer(made.pk).write(points)
+            series.seal(made.pk)
+            made.summary = made.summary_from_points()
+            made.save(update_fields=["summary"])
     except IntegrityError:
         # The same file, imported into this experiment by a request that committed meanwhile.
         existing = Import.objects.filter(experiment=experiment, sha256=sha256, run_name=run_name).first()
@@ -343,6 +358,8 @@ def _mapped(points: list[Point], mapping: dict[str, str]) -> tuple[list[Point], 
     for source, point in zip(points, mapped, strict=True):
         renamed.setdefault(source.name, point.name)
     for source, target in renamed.items():
+        if storable(target) != target:
+            raise ImportRefused("file", f"the metric name {source!r} holds characters the lab cannot store")
         if len(target) > METRIC_NAME_MAX:
             raise ImportRefused(
                 "mapping",

@@ -267,3 +267,16 @@ def test_the_files_config_places_the_run_where_nothing_is_given(experiment):
     assert service.placement_of(parsed, service.Placement("grpo", None, 0)) == ("grpo", "sync_offset=2", 0)
     with pytest.raises(service.ImportRefused, match="give the staleness"):
         service.placement_of(ParsedRun("mlflow", config={"seed": True}), service.Placement("grpo"))
+
+
+def test_what_postgresql_cannot_store_is_refused_or_kept_as_text(tmp_path, experiment):
+    path = prime_rl_file(tmp_path / "metrics.jsonl")
+    path.write_text(path.read_text() + '{"step": 21, "time": 1.0, "a\\u0000b": 1.0}\n')
+    with pytest.raises(
+        CommandError, match="file: the metric name 'a\\\\x00b' holds characters the lab cannot store"
+    ):
+        import_command(path, experiment, preset="grpo", staleness="on-policy", seed=0)
+    assert service.storable({"lr": float("nan"), "x\x00": ["\ud800", float("-inf"), 3]}) == {
+        "x\ufffd": ["?", "-inf", 3],
+        "lr": "nan",
+    }
