@@ -305,15 +305,17 @@ def _rank_zero(run: Any, worker: str, config: Any, folder: Path) -> dict[str, fl
     that report in `EXECUTION` for the worker to record with the failure."""
     from django.conf import settings
 
+    from imports import mirror as mirrors
     from rlcore import distributed
     from rlcore.tasks import dataset_sha256s
     from workers.db_outage import retry_db
     from workers.measure import Measurement, sibling_pids
-    from workers.sink import CheckpointLedger, DatabaseSink, measurement
+    from workers.sink import CheckpointLedger, DatabaseSink, measurement, note_mirror
     from workers.source import DatabaseSource
 
     # The attempt's CPU is every rank's: rank 0 reads its fellow ranks' from /proc.
     sink = DatabaseSink(run, worker, Measurement(others=sibling_pids))
+    reporting, mirror = mirrors.reporting(run, sink)  # `sink` alone unless the run is mirrored
     source = None
     try:
         retry_db(run.check_datasets)(dataset_sha256s(config.task))
@@ -321,7 +323,7 @@ def _rank_zero(run: Any, worker: str, config: Any, folder: Path) -> dict[str, fl
             source = DatabaseSource(run, config, sink.should_stop, worker)
         summary = distributed.train(
             config,
-            sink,
+            reporting,
             checkpoint_dir=run.checkpoint_dir,
             cache_dir=settings.LAB_CACHE_DIR,
             make_source=None if source is None else lambda learner, mirror: source,
@@ -338,6 +340,7 @@ def _rank_zero(run: Any, worker: str, config: Any, folder: Path) -> dict[str, fl
             sink.close()  # what it logged before it failed
         except Exception:
             log.exception("run %s: the points still buffered could not be stored", run.pk)
+        note_mirror(run, worker, mirror, succeeded=False)
         if source is not None:
             try:
                 (folder / EXECUTION).write_text(json.dumps(source.summary()))
@@ -345,6 +348,7 @@ def _rank_zero(run: Any, worker: str, config: Any, folder: Path) -> dict[str, fl
                 log.exception("run %s: no execution report for the failed attempt", run.pk)
         raise
     summary.update(measurement(run, sink, worker))
+    note_mirror(run, worker, mirror, succeeded=True)
     return summary
 
 

@@ -59,8 +59,9 @@ class DatabaseSink:
         self._thread = threading.Thread(target=self._flush_loop, name=f"flush-run-{run.pk}", daemon=True)
         self._thread.start()
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        now = timezone.now()
+    def log(self, step: int, metrics: dict[str, float], at: datetime | None = None) -> None:
+        """`at`: the points' wall time (now by default; a mirror passes the time it sends)."""
+        now = at or timezone.now()
         with self._lock:
             for name, value in metrics.items():
                 self._points[(name, step)] = (float(value), now)
@@ -221,3 +222,15 @@ def measurement(run: Run, sink: DatabaseSink, worker: str) -> dict[str, float]:
     except Exception:
         log.exception("run %s: its measurement could not be made; its summary goes without", run.pk)
         return {}
+
+
+def note_mirror(run: Run, worker: str, mirror, succeeded: bool) -> None:
+    """Send what the run's mirror (`imports.mirror`, None when it has none) still holds and note on
+    the run what each target got; a mirror never fails a run, nor does its note."""
+    from imports import mirror as mirrors
+
+    for text in mirrors.finish(run, mirror, succeeded):
+        try:
+            retry_db(run.add_note)(worker, text)
+        except Exception:
+            log.exception("run %s: the mirror's note could not be written: %s", run.pk, text)

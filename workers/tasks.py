@@ -1,8 +1,8 @@
 """The Celery tasks by name: execute a run (the training job: claim the next queued run of the
 queue, train it with a `DatabaseSink` and, in distributed and async execution, a `DatabaseSource`,
 under its memory ceiling, or in `execution.train_processes` torchrun ranks (`workers.ranks`),
-and end it), make rollout jobs (`workers.rollout`), and the reaper and
-dispatcher threads every worker runs (docs/architecture.md, "A run's lifecycle")."""
+and end it), make rollout jobs (`workers.rollout`), and the reaper, dispatcher and alerts
+threads every worker runs (docs/architecture.md, "A run's lifecycle"; docs/alerts.md)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ from django.db import close_old_connections, connection
 from execution.models import Worker
 from experiments import dispatch, packing, reaping
 from experiments.models import RolloutJob, Run
+from imports import mirror as mirrors
 from lab.celery import app
 from workers.buffer import clear_buffer
 from workers.db_outage import UNREACHABLE, note_unreachable, reachable_for, retry_db
 from workers.memory import MemoryCeiling, OverMemoryCeiling, import_model_libraries
 from workers.ranks import RankKilled
-from workers.sink import CheckpointLedger, DatabaseSink, measurement
+from workers.sink import CheckpointLedger, DatabaseSink, measurement, note_mirror
 from workers.source import BufferDamaged, DatabaseSource
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ def _train(run: Run, worker: str) -> str:
         return _train_in_ranks(run, worker, processes)
     run_id, attempt = run.pk, run.attempt
     sink = DatabaseSink(run, worker)
+    reporting, mirror = mirrors.reporting(run, sink)  # `sink` alone unless the run is mirrored
     source = None
     try:
         config = run.run_config()
@@ -99,7 +101,7 @@ def _train(run: Run, worker: str) -> str:
         summary = ceiling.call(
             train,
             config,
-            sink,
+            reporting,
             checkpoint_dir=run.checkpoint_dir,
             cache_dir=settings.LAB_CACHE_DIR,
             source=source,
@@ -118,6 +120,7 @@ def _train(run: Run, worker: str) -> str:
             sink.close()  # what it logged before it failed, for the summary below
         except Exception:
             log.exception("run %s: the points still buffered could not be stored", run_id)
+        note_mirror(run, worker, mirror, succeeded=False)
         # Over its memory ceiling: failed with the reason, never re-queued (only a manual retry).
         # The summary is what it logged before it failed (`Run.summary_from_points`).
         execution = None
@@ -129,6 +132,7 @@ def _train(run: Run, worker: str) -> str:
         reason = str(exc) if over_memory else f"{type(exc).__name__}: {exc}"
         return _failed(run, worker, exc, reason, execution)
     summary.update(measurement(run, sink, worker))
+    note_mirror(run, worker, mirror, succeeded=True)
     return _finished(run, worker, summary)
 
 
@@ -297,6 +301,25 @@ def dispatch_forever(interval_s: float) -> None:
             close_old_connections()
 
 
+def deliver_alerts_forever(interval_s: float) -> None:
+    """Every `interval_s`, deliver the team alerts that are due (`alerts.deliver.deliver_due`)."""
+    from alerts.deliver import deliver_due
+
+    while True:
+        time.sleep(interval_s)
+        try:
+            deliver_due()
+        except Exception as exc:
+            log.warning(
+                "delivering alerts failed (%s: %s); trying again in %.0f s",
+                type(exc).__name__,
+                exc,
+                interval_s,
+            )
+        finally:
+            close_old_connections()
+
+
 def limit_torch_threads(threads: int) -> None:
     """Make this process train with `threads` CPU threads: torch's intra-op pool, its inter-op
     pool while torch still allows setting it, and OpenMP/MKL if torch has not loaded them yet."""
@@ -332,4 +355,10 @@ def _start_reaper(sender, **kwargs) -> None:
     ).start()
     threading.Thread(
         target=dispatch_forever, args=(settings.LAB_DISPATCH_INTERVAL_S,), name="dispatcher", daemon=True
+    ).start()
+    if not settings.LAB_ALERTS_DELIVER:
+        log.info("this worker delivers no team alerts (LAB_ALERTS_DELIVER=0)")
+        return
+    threading.Thread(
+        target=deliver_alerts_forever, args=(settings.LAB_ALERTS_INTERVAL_S,), name="alerts", daemon=True
     ).start()

@@ -17,6 +17,14 @@ class TeamForm(forms.ModelForm):
         fields = ["name"]
 
 
+class TeamMirrorForm(forms.ModelForm):
+    """Where the team's runs are mirrored (`imports.mirror`); a sweep may say otherwise for its own."""
+
+    class Meta:
+        model = Team
+        fields = ["mirror_mlflow_uri", "mirror_tensorboard"]
+
+
 class TokenForm(forms.Form):
     name = forms.CharField(
         max_length=100, label="Name", help_text="what the token is for, e.g. laptop or CI", strip=True

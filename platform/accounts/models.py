@@ -9,8 +9,16 @@ import secrets
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.utils import timezone
+
+from accounts.mirroring import uri_error
+
+
+def mirror_uri_validator(value: str) -> None:
+    if problem := uri_error(value):
+        raise ValidationError(problem, code="mirror_uri")
 
 
 class Team(models.Model):
@@ -19,6 +27,20 @@ class Team(models.Model):
     created = models.DateTimeField(auto_now_add=True)
     last_claimed = models.DateTimeField(
         null=True, blank=True, help_text="when a worker last started one of its runs (teams take turns)"
+    )
+    # Mirroring (`imports.mirror`), off by default; a sweep may set either otherwise for its runs.
+    mirror_mlflow_uri = models.CharField(
+        "MLflow tracking URI",
+        max_length=500,
+        blank=True,
+        validators=[mirror_uri_validator],
+        help_text="every run's config and metrics also sent to this MLflow tracking server "
+        "(http(s)://host:port); empty: none",
+    )
+    mirror_tensorboard = models.BooleanField(
+        "TensorBoard files",
+        default=False,
+        help_text="every run's metrics also written as TensorBoard event files under its folder",
     )
 
     class Meta:

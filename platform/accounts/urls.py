@@ -14,6 +14,7 @@ urlpatterns = [
     path("account/tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api-token-revoke"),
     path("teams/", views.team_list, name="team-list"),
     path("teams/<int:team_id>/", views.team_detail, name="team-detail"),
+    path("teams/<int:team_id>/mirror/", views.team_mirror, name="team-mirror"),
     path(
         "teams/invitations/<int:invitation_id>/accept/",
         views.invitation_answer,

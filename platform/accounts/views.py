@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from accounts.forms import InviteForm, LoginForm, TeamForm, TokenForm
+from accounts.forms import InviteForm, LoginForm, TeamForm, TeamMirrorForm, TokenForm
 from accounts.models import ApiToken, Invitation, Membership, Team, TooManyTokens
 
 
@@ -70,6 +70,17 @@ def team_detail(request: HttpRequest, team_id: int) -> HttpResponse:
                 "it becomes a member when its owner accepts it under Teams.",
             )
             return redirect("team-detail", team.pk)
+    return _team_page(request, team, is_admin, form, TeamMirrorForm(instance=team))
+
+
+def _team_page(
+    request: HttpRequest,
+    team: Team,
+    is_admin: bool,
+    form: InviteForm,
+    mirror_form: TeamMirrorForm,
+    status=200,
+) -> HttpResponse:
     memberships = team.memberships.select_related("user").order_by("user__username")
     invitations = (
         team.invitations.select_related("user", "invited_by").order_by("created") if is_admin else []
@@ -83,9 +94,30 @@ def team_detail(request: HttpRequest, team_id: int) -> HttpResponse:
             "admins": sum(m.is_admin for m in memberships),
             "is_admin": is_admin,
             "form": form,
+            "mirror_form": mirror_form,
             "invitations": invitations,
         },
+        status=status,
     )
+
+
+@login_required
+@require_POST
+def team_mirror(request: HttpRequest, team_id: int) -> HttpResponse:
+    """A team admin sets where the team's runs are mirrored (MLflow, TensorBoard files); an
+    address that is not http(s) is shown on the form, with the rule."""
+    team = _team(request, team_id)
+    if not team.is_admin(request.user):
+        messages.error(
+            request, "Only team admins can change where the team's runs are mirrored; ask one of them."
+        )
+        return redirect("team-detail", team.pk)
+    form = TeamMirrorForm(request.POST, instance=team)
+    if not form.is_valid():
+        return _team_page(request, Team.objects.get(pk=team.pk), True, InviteForm(), form, status=400)
+    form.save()
+    messages.success(request, f"The runs of {team} started from now on are mirrored as set.")
+    return redirect("team-detail", team.pk)
 
 
 @login_required

@@ -7,3 +7,11 @@ class AlertsConfig(AppConfig):
     delivered by the workers at least once, with a delivery log."""
 
     name = "alerts"
+
+    def ready(self) -> None:
+        from alerts import emit
+        from dashboards.signals import claim_stated
+        from experiments.signals import run_ended
+
+        run_ended.connect(emit.run_ended, dispatch_uid="alerts.run_ended")
+        claim_stated.connect(emit.claim_stated, dispatch_uid="alerts.claim_stated")

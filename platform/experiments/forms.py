@@ -27,6 +27,8 @@ AXIS_ERROR_FIELDS = {
     "staleness.offline": "offline",
     "staleness.async": "async_bounds",
     "execution": "execution.mode",
+    "mirror.mlflow_uri": "mirror_mlflow_uri",
+    "mirror.tensorboard": "mirror_tensorboard",
 }
 
 
@@ -186,6 +188,10 @@ def initial_from_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     initial["async_bounds"] = ", ".join(map(str, bounds))
     initial["seeds"] = ", ".join(map(str, spec.get("seeds", [])))
     initial["serial"] = bool(spec.get("serial", False))
+    mirror = spec.get("mirror") or {}
+    initial["mirror_mlflow_uri"] = mirror.get("mlflow_uri", "")
+    if "tensorboard" in mirror:
+        initial["mirror_tensorboard"] = "on" if mirror["tensorboard"] else "off"
     initial["axes"] = axes_text(spec.get("axes", {}))
     known = {param.path for param, _ in run_parameter_fields()}
 
@@ -264,6 +270,22 @@ class SweepForm(forms.Form):
             "each run starts only when no other run is running, and no other run starts while it runs: "
             "slower, but its throughput and speed-ups are the runs', not the machine's load"
         ),
+    )
+
+    mirror_mlflow_uri = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Mirror to MLflow",
+        help_text=(
+            "every run's config and metrics also sent to this MLflow tracking server (http(s)://host:port); "
+            "empty: the team's setting"
+        ),
+    )
+    mirror_tensorboard = forms.ChoiceField(
+        required=False,
+        choices=[("", "the team's setting"), ("on", "on"), ("off", "off")],
+        label="TensorBoard files",
+        help_text="every run's metrics also written as TensorBoard event files under its folder",
     )
 
     def __init__(self, *args, user, **kwargs):
@@ -348,6 +370,16 @@ class SweepForm(forms.Form):
     def clean_axes(self) -> dict[str, list[Any]]:
         return parse_axes(self.cleaned_data["axes"])
 
+    def mirror_spec(self) -> dict[str, Any]:
+        """The sweep's mirroring over its team's (`imports.mirror`): only what the form sets."""
+        data = self.cleaned_data
+        mirror: dict[str, Any] = {}
+        if data.get("mirror_mlflow_uri"):
+            mirror["mlflow_uri"] = data["mirror_mlflow_uri"]
+        if data.get("mirror_tensorboard"):
+            mirror["tensorboard"] = data["mirror_tensorboard"] == "on"
+        return mirror
+
     def base_config(self) -> dict[str, Any]:
         """The submitted run parameters as a nested config; blanks fall back to RunConfig's defaults."""
         data = self.cleaned_data
@@ -393,6 +425,7 @@ class SweepForm(forms.Form):
                 data["seeds"],
                 bool(data.get("serial")),
                 data.get("axes") or {},
+                self.mirror_spec(),
             )
             # Not an error: runs wait in their queue until a worker starts.
             self.queue_warnings = Worker.missing_for(self.sweep.configs)

@@ -40,6 +40,12 @@ class SweepIn(Schema):
         description="measure the runs one at a time: each starts only when no other run is running, and no "
         "other run starts while it runs, so that its throughput is not the machine's load",
     )
+    mirror: dict[str, Any] = Field(
+        {},
+        description='where the runs are also mirrored, over the team\'s setting: {"mlflow_uri": an http(s) '
+        'MLflow tracking server or "" for none, "tensorboard": true to write TensorBoard event files under '
+        "each run's folder}; a field left out takes the team's setting",
+    )
 
 
 class SeedsIn(Schema):

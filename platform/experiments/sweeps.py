@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
+from accounts.mirroring import spec_errors as mirror_spec_errors
 from accounts.models import Membership, Team
 from execution.models import Worker
 from experiments import sweep_checks as checks
@@ -49,6 +50,9 @@ class Sweep:
     serial: bool = False
     axes: dict[str, list[Any]] = field(default_factory=dict)
     variants: list[dict[str, Any]] = field(default_factory=list)  # per config: its axes' values
+    # Where its runs are mirrored, over their team's setting (`imports.mirror`): {"mlflow_uri",
+    # "tensorboard"}, each optional.
+    mirror: dict[str, Any] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -67,6 +71,7 @@ class Sweep:
             "seeds": self.seeds,
             **({"axes": self.axes} if self.axes else {}),
             **({"serial": True} if self.serial else {}),
+            **({"mirror": self.mirror} if self.mirror else {}),
         }
 
 
@@ -101,10 +106,12 @@ def expand(
     seeds: list[int],
     serial: bool = False,
     axes: dict[str, list[Any]] | None = None,
+    mirror: dict[str, Any] | None = None,
 ) -> Sweep:
     """Validate the whole grid; return it with one resolved RunConfig per cell."""
     axes = {} if axes is None else axes
-    errors: list[tuple[str, str]] = []
+    mirror = {} if mirror is None else mirror
+    errors: list[tuple[str, str]] = mirror_spec_errors(mirror)
     for name, axis in (("presets", presets), ("staleness", staleness), ("seeds", seeds)):
         if not axis:
             errors.append((name, f"choose at least one value for {name}: the grid would be empty"))
@@ -180,7 +187,7 @@ def expand(
     errors += [e for e in checks.train_process_errors(configs, variants) if e not in errors]
     if errors:
         raise SweepError(errors)
-    return Sweep(base, presets, staleness, seeds, configs, serial, axes, variants)
+    return Sweep(base, presets, staleness, seeds, configs, serial, axes, variants, mirror)
 
 
 def create_experiment(team: Team, owner, name: str, description: str, sweep: Sweep) -> Experiment:
@@ -256,7 +263,13 @@ def add_seeds(experiment: Experiment, owner, n: int) -> list[Run]:
     spec = experiment.spec
     seeds = seeds_to_add(experiment, n)
     sweep = expand(
-        spec["config"], spec["presets"], spec["staleness"], seeds, spec.get("serial", False), spec.get("axes")
+        spec["config"],
+        spec["presets"],
+        spec["staleness"],
+        seeds,
+        spec.get("serial", False),
+        spec.get("axes"),
+        spec.get("mirror"),
     )
     with transaction.atomic():
         _admit(experiment.team, owner, sweep)
@@ -286,12 +299,14 @@ def recent_duplicate(team: Team, owner, name: str, sweep: Sweep) -> Experiment |
 
 def submit(owner, sweep: Any) -> Experiment:
     """The API's and the command line's submission: `sweep` has `SweepIn`'s fields (name, team by
-    name, description, config, presets, staleness, seeds, serial, axes). Raises `SweepError` with
+    name, description, config, presets, staleness, seeds, serial, axes, mirror). Raises `SweepError` with
     every problem (the team, the grid, the queued cap, a precision no worker runs); queues nothing then."""
     team = Team.objects.filter(name=sweep.team, members=owner).first()
     errors = [] if team else [("team", f"{owner.username} is not a member of a team called {sweep.team!r}")]
     try:
-        grid = expand(sweep.config, sweep.presets, sweep.staleness, sweep.seeds, sweep.serial, sweep.axes)
+        grid = expand(
+            sweep.config, sweep.presets, sweep.staleness, sweep.seeds, sweep.serial, sweep.axes, sweep.mirror
+        )
     except SweepError as exc:
         errors += exc.errors
     if errors:

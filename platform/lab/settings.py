@@ -264,6 +264,32 @@ LAB_BROKER_TIMEOUT_S = _number("LAB_BROKER_TIMEOUT_S", float, 2, minimum=0.1)
 LAB_DISPATCH_INTERVAL_S = _number("LAB_DISPATCH_INTERVAL_S", float, 5, minimum=0.1)
 LAB_DISPATCH_GRACE_S = _number("LAB_DISPATCH_GRACE_S", float, 10, minimum=0)
 
+# Alerts (docs/alerts.md): every worker delivers the due ones every LAB_ALERTS_INTERVAL_S; a
+# delivery is tried at most LAB_ALERTS_MAX_ATTEMPTS times, LAB_ALERTS_BACKOFF_S after the first
+# failure, doubling up to LAB_ALERTS_BACKOFF_MAX_S; a webhook answers within LAB_ALERTS_TIMEOUT_S.
+# Webhooks go only to public addresses unless LAB_ALERTS_ALLOW_PRIVATE=1 (a lab whose receivers
+# are on its own network). LAB_BASE_URL (https://lab.example.org) makes the links in alerts
+# absolute; emails go through Django's email backend (EMAIL_HOST, EMAIL_PORT, … from the environment).
+# LAB_ALERTS_DELIVER=0: this worker delivers none (a compute node that cannot reach the receivers).
+LAB_ALERTS_DELIVER = os.environ.get("LAB_ALERTS_DELIVER", "1") not in ("0", "false", "no")
+LAB_ALERTS_INTERVAL_S = _number("LAB_ALERTS_INTERVAL_S", float, 2, minimum=0.05)
+LAB_ALERTS_MAX_ATTEMPTS = _number("LAB_ALERTS_MAX_ATTEMPTS", int, 8, minimum=1)
+LAB_ALERTS_BACKOFF_S = _number("LAB_ALERTS_BACKOFF_S", float, 30, minimum=0)
+LAB_ALERTS_BACKOFF_MAX_S = _number("LAB_ALERTS_BACKOFF_MAX_S", float, 3600, minimum=0)
+LAB_ALERTS_TIMEOUT_S = _number("LAB_ALERTS_TIMEOUT_S", float, 10, minimum=0.1)
+LAB_ALERTS_ALLOW_PRIVATE = os.environ.get("LAB_ALERTS_ALLOW_PRIVATE", "") in ("1", "true", "yes")
+# Events (with their deliveries and log) older than this go, once nothing is delivering them.
+LAB_ALERTS_KEEP_DAYS = _number("LAB_ALERTS_KEEP_DAYS", float, 30, minimum=1)
+LAB_BASE_URL = os.environ.get("LAB_BASE_URL", "")
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = _number("EMAIL_PORT", int, 25, minimum=1)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = os.environ.get("EMAIL_USE_TLS", "") in ("1", "true", "yes")
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "lab@localhost")
+
 # The queues of the Celery workers `manage.py up` (`make up`) starts on this machine, one worker
 # each: a training worker and a rollout worker, so simulated, distributed and async runs all run.
 UP_WORKER_QUEUES = ("cpu", "rollout")

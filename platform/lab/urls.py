@@ -1,4 +1,4 @@
-"""The URL map: each room's pages (`accounts`, `experiments`, `dashboards`, `imports`), the API at /api/,
+"""The URL map: each room's pages (`accounts`, `experiments`, `dashboards`, `alerts`, `imports`), the API at /api/,
 the admin, and the readiness check at /health."""
 
 from django.contrib import admin
@@ -25,5 +25,6 @@ urlpatterns = [
     path("", include("accounts.urls")),
     path("", include("experiments.urls")),
     path("", include("dashboards.urls")),
+    path("", include("alerts.urls")),
     path("", include("imports.urls")),
 ]

@@ -268,12 +268,16 @@ def queue_sweep(
     staleness: Sequence[dict[str, Any]] = ({},),
     seeds: Sequence[int] = (0,),
     description: str = "",
+    mirror: dict[str, Any] | None = None,
 ):
     """Queue the experiment of a sweep as the form and the API do (`sweeps.create_experiment`):
-    `config` (default `TINY_CONFIG`) crossed with `presets` × `staleness` × `seeds`."""
+    `config` (default `TINY_CONFIG`) crossed with `presets` × `staleness` × `seeds`, mirrored
+    where `mirror` says (`imports.mirror`)."""
     from experiments.sweeps import create_experiment, expand
 
-    grid = expand(TINY_CONFIG if config is None else config, list(presets), list(staleness), list(seeds))
+    grid = expand(
+        TINY_CONFIG if config is None else config, list(presets), list(staleness), list(seeds), mirror=mirror
+    )
     return create_experiment(team, owner, name, description, grid)
 
 

@@ -18,6 +18,7 @@ from dashboards.claims import templates, verdicts
 from dashboards.claims.schemas import Against, ClaimIn
 from dashboards.comparison import curves, grouping, query, reads
 from dashboards.models import Claim
+from dashboards.signals import claim_stated
 from experiments.models import Experiment, Run
 from lab.errors import FieldError
 
@@ -177,7 +178,9 @@ def submit(user, body: ClaimIn) -> dict[str, Any]:
     if body.template:
         payload |= from_template(runs, body.template, body.variant, body.delta)
     claim = state(user, team, experiment, ids, validate(runs, payload), body.template)
-    return as_dict(claim, result(claim, runs))
+    outcome = result(claim, runs)
+    claim_stated.send_robust(Claim, claim=claim, verdict=outcome["verdict"])
+    return as_dict(claim, outcome)
 
 
 def result(claim: Claim, runs: list[Run] | None = None) -> dict[str, Any]:

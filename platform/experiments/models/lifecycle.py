@@ -1,7 +1,8 @@
 """A run's lifecycle as a mixin of `Run`: the transitions (`queued → running → succeeded | failed |
 cancelled`, plus `lost`; every one a conditional UPDATE, `execution.leases`), retries within the
 team's queued cap, the reap of runs whose worker went silent, and what the worker that owns a run
-writes to it while it runs (heartbeats, provenance, notes)."""
+writes to it while it runs (heartbeats, provenance, notes). A transition that ends an attempt
+sends `experiments.signals.run_ended` (alerts listen)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 
 from accounts.models import Team
 from experiments.models.jobs import RolloutJob
+from experiments.signals import run_ended
 from experiments.text import public_error
 from rlcore.config import error_list
 
@@ -122,9 +124,10 @@ class Lifecycle:
         summary = {**summary, **self.collapse_summary()}
         if self._update(
             owned & Q(cancel_requested=None), status=self.SUCCEEDED, finished=now, summary=summary
-        ):
+        ) or self._update(owned, status=self.CANCELLED, finished=now, summary=summary):
+            run_ended.send_robust(type(self), run=self, status=self.status, attempt=self.attempt)
             return True
-        return self._update(owned, status=self.CANCELLED, finished=now, summary=summary)
+        return False
 
     def fail(self, worker: str, error: str, execution: dict[str, float] | None = None) -> bool:
         """running → failed with `error`, and a summary of the points it logged
@@ -133,13 +136,16 @@ class Lifecycle:
         summary = self.summary_from_points()
         if summary and execution:
             summary.update(execution)
-        return self._update(
+        if self._update(
             Q(status=self.RUNNING, worker=worker),
             status=self.FAILED,
             finished=timezone.now(),
             error=public_error(error),
             summary=summary,
-        )
+        ):
+            run_ended.send_robust(type(self), run=self, status=self.FAILED, attempt=self.attempt)
+            return True
+        return False
 
     def set_archived(self, archived: bool) -> None:
         """Set the run aside (kept with all it logged, cited where it was cited, but left out of the
@@ -244,11 +250,14 @@ class Lifecycle:
         for run in cls.objects.filter(status=cls.RUNNING, heartbeat__lt=stale_before):
             if not run.mark_lost(stale_before):
                 continue
+            lost_attempt = run.attempt
             if run.cancel_requested is not None:
                 # Cancel is final: a run cancelled before its worker died is not trained again.
                 run._update(Q(status=cls.LOST), status=cls.CANCELLED)
                 RolloutJob.cancel_for(run)
             elif run.attempt < settings.LAB_MAX_ATTEMPTS:
                 run.retry(within_cap=False)  # already admitted: a lost worker is no new submission
+            ended = cls.CANCELLED if run.status == cls.CANCELLED else cls.LOST
+            run_ended.send_robust(cls, run=run, status=ended, attempt=lost_attempt)
             reaped.append(run)
         return reaped

@@ -349,6 +349,12 @@ class Run(TakingTurns, Lifecycle, Leased):
     def checkpoint_dir(self) -> Path:
         return settings.LAB_RUNS_DIR / str(self.key) / "checkpoints"
 
+    @property
+    def tensorboard_dir(self) -> Path:
+        """Where the run's points are mirrored as TensorBoard event files (`imports.mirror`);
+        kept when it succeeds (only its checkpoints go)."""
+        return settings.LAB_RUNS_DIR / str(self.key) / "tensorboard"
+
     def remove_checkpoints(self) -> None:
         """The run succeeded: it is never retried, so nothing will resume from its checkpoints,
         and they go (rejected ones too), with its folder once nothing else is left in it. Their

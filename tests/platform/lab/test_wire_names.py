@@ -113,10 +113,14 @@ URLS = {
     "api-token-revoke": "account/tokens/<int:token_id>/revoke/",
     "team-list": "teams/",
     "team-detail": "teams/<int:team_id>/",
+    "team-mirror": "teams/<int:team_id>/mirror/",
     "invitation-accept": "teams/invitations/<int:invitation_id>/accept/",
     "invitation-decline": "teams/invitations/<int:invitation_id>/decline/",
     "invitation-revoke": "teams/<int:team_id>/invitations/<int:invitation_id>/revoke/",
     "team-remove-member": "teams/<int:team_id>/members/<int:membership_id>/remove/",
+    "alert-target-add": "teams/<int:team_id>/alerts/targets/",
+    "alert-target-remove": "teams/<int:team_id>/alerts/targets/<int:target_id>/remove/",
+    "alert-target-test": "teams/<int:team_id>/alerts/targets/<int:target_id>/test/",
 }
 
 TASKS = {"workers.tasks.execute_run", "workers.tasks.generate_batch"}
