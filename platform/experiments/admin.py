@@ -38,6 +38,12 @@ class RunAdmin(admin.ModelAdmin):
     list_filter = ["status", "queue", "preset"]
     readonly_fields = ["key", "heartbeat", "started", "finished", "worker"]
 
+    def get_readonly_fields(self, request, obj=None):
+        """An imported run is read-only here too: every field."""
+        if obj is not None and obj.is_imported:
+            return [field.name for field in Run._meta.concrete_fields]
+        return super().get_readonly_fields(request, obj)
+
 
 @admin.register(RolloutJob)
 class RolloutJobAdmin(admin.ModelAdmin):

@@ -70,12 +70,37 @@ def _page(request: HttpRequest, items, page: PageParams) -> tuple[list, dict[str
 
 
 def _run_out(run: Run) -> dict[str, Any]:
-    computed = ("experiment", "steps", "tags")
+    computed = ("experiment", "steps", "tags", "imported")
     return {
         **{name: getattr(run, name) for name in RunOut.model_fields if name not in computed},
         "experiment": run.experiment_id,
         "steps": run.steps,
         "tags": [tag.name for tag in run.tags.all()],
+        "imported": run.is_imported,
+    }
+
+
+def _imported_from(run: Run) -> dict[str, Any] | None:
+    if not run.is_imported:
+        return None
+    record = run.imported
+    fields = (
+        "tool",
+        "tool_version",
+        "original_run_id",
+        "file_name",
+        "file_size",
+        "sha256",
+        "run_name",
+        "mapping",
+        "points",
+    )
+    return {
+        **{name: getattr(record, name) for name in fields},
+        "first_time": record.first_time,
+        "last_time": record.last_time,
+        "imported_by": record.imported_by.get_username() if record.imported_by else None,
+        "imported_at": record.imported_at,
     }
 
 
@@ -87,6 +112,7 @@ def _run_detail_out(run: Run) -> dict[str, Any]:
         "progress_report": progress.run_progress(run),
         "provenance": run.provenance,
         "provenance_history": run.provenance_history,
+        "imported_from": _imported_from(run),
     }
 
 
@@ -103,7 +129,9 @@ def _field_errors(errors: list[tuple[str, str]]) -> list[dict[str, Any]]:
 
 
 def _visible_run(request: HttpRequest, run_id: int) -> Run:
-    return get_object_or_404(Run.visible_to(request.user).select_related("experiment"), pk=run_id)
+    return get_object_or_404(
+        Run.visible_to(request.user).select_related("experiment", "imported__imported_by"), pk=run_id
+    )
 
 
 @router.post("/sweeps", response=responses({201: SweepOut}, 422))
@@ -223,7 +251,9 @@ def delete_experiment(request: HttpRequest, experiment_id: int):
 def list_runs(request: HttpRequest, experiment_id: int, page: Query[PageParams]):
     """The experiment's runs in the order they were queued, `limit` at a time from `offset`."""
     experiment = get_object_or_404(Experiment.visible_to(request.user), pk=experiment_id)
-    shown, fields = _page(request, experiment.runs.order_by("id").prefetch_related("tags"), page)
+    shown, fields = _page(
+        request, experiment.runs.order_by("id").select_related("imported").prefetch_related("tags"), page
+    )
     return {**fields, "items": [_run_out(run) for run in shown]}
 
 
@@ -244,7 +274,9 @@ def search_runs(request: HttpRequest, page: Query[PageParams], q: NoNul = ""):
         runs = tagging.matching(request.user, q)
     except tagging.TaggingError as exc:
         return _tagging_error(exc, "query")
-    shown, fields = _page(request, runs.order_by("-pk").prefetch_related("tags"), page)
+    shown, fields = _page(
+        request, runs.order_by("-pk").select_related("imported").prefetch_related("tags"), page
+    )
     return {**fields, "items": [_run_out(run) for run in shown]}
 
 
@@ -392,7 +424,11 @@ def cancel_run(request: HttpRequest, run_id: int):
     """Cancel a queued run now, or a running one at its next step."""
     run = _visible_run(request, run_id)
     if not run.cancel():  # a run deleted meanwhile: Run.DoesNotExist, a 404 (lab.middleware)
-        raise HttpError(409, f"run {run.pk} is {run.status}; only queued or running runs can be cancelled")
+        raise HttpError(
+            409,
+            run.read_only_refusal("cancelled")
+            or f"run {run.pk} is {run.status}; only queued or running runs can be cancelled",
+        )
     return _run_detail_out(run)
 
 

@@ -183,7 +183,7 @@ def sweep_progress(experiment: Experiment) -> dict[str, Any]:
     steps left of its active runs, plus those other runs of its queue go before or beside them, at
     the wall-clock per step its runs have taken (`wall_s_per_step`), shared among the live workers
     of its queue."""
-    runs = list(experiment.runs.all())
+    runs = list(experiment.runs.select_related("imported"))
     live = Worker.live_queues()
     queues = QueueState.read({run.queue for run in runs if run.status == Run.QUEUED})
     rows = [(run, run_progress(run, live, queues)) for run in runs]

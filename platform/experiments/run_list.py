@@ -72,7 +72,7 @@ def _mode_filter(mode: str) -> Q:
 def filtered(user, params: QueryDict) -> tuple[QuerySet[Run], dict[str, str], list[str], dict | None]:
     """The user's runs that the Runs page's filters `params` keep, the filters chosen, what was
     wrong with any (each left out), and the query's mistake (`text`, `position`, `message`)."""
-    runs = Run.visible_to(user).select_related("experiment__team")
+    runs = Run.visible_to(user).select_related("experiment__team", "imported")
     errors: list[str] = []
     if params.get("archived") != "1":
         runs = runs.filter(experiment__archived=None, archived=None)

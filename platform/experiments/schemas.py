@@ -159,6 +159,10 @@ class RunOut(Schema):
         description="its held-out accuracy fell to near zero and stayed there (experiments.collapse); "
         "null until it ended"
     )
+    imported: bool = Field(
+        description="read from another tool's file (POST /api/experiments/{id}/imports): read-only, its "
+        "provenance in the run's `imported_from`"
+    )
 
 
 class RunTagsIn(Schema):
@@ -271,6 +275,11 @@ class RunDetailOut(RunOut):
     provenance_history: list[ProvenanceAttemptOut] = Field(
         description="every attempt's provenance, oldest first (the last is `provenance`): an attempt "
         "refused for reading other dataset bytes or loading another θ0 than the experiment's records none"
+    )
+    imported_from: dict[str, Any] | None = Field(
+        description="an imported run's provenance: tool, tool_version, original_run_id, file_name, file_size, "
+        "sha256, run_name (the run read, in a file that holds several), mapping (source metric name → lab name), points, first_time and last_time (the file's own), "
+        "imported_by, imported_at; null for the lab's own runs"
     )
 
 

@@ -240,7 +240,13 @@ def experiment_seeds(request: HttpRequest, experiment_id: int) -> HttpResponse:
     except sweeps.SweepError as exc:
         error, seeds = error or exc.errors[0][1], []
     spec = experiment.spec
-    cells = experiment.runs.values("preset", "staleness", "variant_pairs").distinct().count()
+    # The sweep's cells: an imported run's cell is queued again only if the sweep has it.
+    cells = (
+        experiment.runs.filter(imported=None)
+        .values("preset", "staleness", "variant_pairs")
+        .distinct()
+        .count()
+    )
     context = {
         "experiment": experiment,
         "n": text,
@@ -334,7 +340,9 @@ def experiment_runs_live(request: HttpRequest, experiment_id: int) -> HttpRespon
 
 
 def _run(request: HttpRequest, run_id: int) -> Run:
-    return get_object_or_404(Run.visible_to(request.user).select_related("experiment__team"), pk=run_id)
+    return get_object_or_404(
+        Run.visible_to(request.user).select_related("experiment__team", "imported__imported_by"), pk=run_id
+    )
 
 
 def _same_prompts(run: Run, completions: list[Completion]) -> list[dict]:
@@ -450,9 +458,10 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
             else f"Run {run.pk} will stop after its current step.",
         )
     else:
-        messages.error(
-            request, f"Run {run.pk} is {run.status}; only queued or running runs can be cancelled."
+        refusal = run.read_only_refusal("cancelled") or (
+            f"run {run.pk} is {run.status}; only queued or running runs can be cancelled"
         )
+        messages.error(request, refusal[:1].upper() + refusal[1:] + ".")
     return redirect("run-detail", run.pk)
 
 

@@ -1,6 +1,7 @@
 """The JSON API at /api (OpenAPI docs at /api/docs): one NinjaAPI that mounts each room's router
 (`experiments.api`: sweeps, experiments, runs; `dashboards.comparison.api`: comparisons;
-`dashboards.claims.api`: claims; `dashboards.reports.api`: reports) and answers every error the
+`dashboards.claims.api`: claims; `dashboards.reports.api`: reports; `imports.api`: runs imported
+from other tools' files) and answers every error the
 same way. Every call needs `Authorization: Bearer <token>` (`accounts.auth`); objects of teams the
 caller is not a member of do not exist for them (404)."""
 
@@ -17,6 +18,7 @@ from dashboards.claims.api import router as claims_router
 from dashboards.comparison.api import router as comparison_router
 from dashboards.reports.api import router as reports_router
 from experiments.api import router as experiments_router
+from imports.api import router as imports_router
 from lab.middleware import DatabaseUnreachable, unavailable_response
 from lab.schemas import RULE
 
@@ -68,3 +70,4 @@ api.add_router("", experiments_router)
 api.add_router("", comparison_router)
 api.add_router("", claims_router)
 api.add_router("", reports_router)
+api.add_router("", imports_router)

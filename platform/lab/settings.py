@@ -322,6 +322,17 @@ else:
 if LAB_RUN_MEMORY_MB < 0:
     raise ImproperlyConfigured(f"LAB_RUN_MEMORY_MB must be 0 (off) or more, not {LAB_RUN_MEMORY_MB}")
 
+# Imports of runs from other tools' files (imports): an upload (or a file given to `manage.py
+# import`) is at most this many bytes; uploads stream to disk under LAB_VAR_DIR, never to memory.
+LAB_IMPORT_MAX_BYTES = _number("LAB_IMPORT_MAX_BYTES", int, 256 * 2**20, minimum=1)
+LAB_IMPORTS_DIR = VAR_DIR / "imports"
+FILE_UPLOAD_TEMP_DIR = LAB_IMPORTS_DIR / "uploads"
+FILE_UPLOAD_TEMP_DIR.mkdir(parents=True, exist_ok=True)
+FILE_UPLOAD_HANDLERS = [
+    "imports.uploads.SizeCap",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

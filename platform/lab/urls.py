@@ -1,4 +1,4 @@
-"""The URL map: each room's pages (`accounts`, `experiments`, `dashboards`, `alerts`), the API at /api/,
+"""The URL map: each room's pages (`accounts`, `experiments`, `dashboards`, `alerts`, `imports`), the API at /api/,
 the admin, and the readiness check at /health."""
 
 from django.contrib import admin
@@ -26,4 +26,5 @@ urlpatterns = [
     path("", include("experiments.urls")),
     path("", include("dashboards.urls")),
     path("", include("alerts.urls")),
+    path("", include("imports.urls")),
 ]

@@ -46,6 +46,11 @@ def _compare_page(request: HttpRequest, context: dict) -> HttpResponse:
     )
 
 
+def _imported(runs) -> list[Run]:
+    """The runs among `runs` imported from other tools' files (the page marks them), not archived."""
+    return list(runs.filter(imported__isnull=False, archived=None).select_related("imported").order_by("pk"))
+
+
 def _bad_query(exc: query.QueryError) -> JsonResponse:
     return JsonResponse({"detail": [{"param": exc.param, "msg": exc.message}]}, status=400)
 
@@ -92,6 +97,7 @@ def experiment_compare(request: HttpRequest, experiment_id: int) -> HttpResponse
         request,
         {
             "experiment": experiment,
+            "imported_runs": _imported(experiment.runs.all()),
             "data_url": reverse("experiment-compare-data", args=[experiment.pk]),
             "summary_url": reverse("experiment-compare-summary", args=[experiment.pk]),
         },
@@ -146,6 +152,7 @@ def runs_compare(request: HttpRequest) -> HttpResponse:
         {
             "selected": ids,
             "n_selected": len(shown),
+            "imported_runs": _imported(runs),
             "experiments": Experiment.objects.filter(runs__in=runs).distinct().order_by("pk"),
             "data_url": reverse("runs-compare-data"),
             "summary_url": reverse("runs-compare-summary"),

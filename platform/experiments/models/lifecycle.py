@@ -169,6 +169,8 @@ class Lifecycle:
 
     def retry_refusal(self) -> str:
         """Why `retry` would refuse this run now ("" if it would not)."""
+        if refusal := self.read_only_refusal("retried"):
+            return refusal
         if self.status not in self.RETRYABLE:
             return f"run {self.pk} is {self.status}; only failed, cancelled or lost runs can be retried"
         if self.attempt >= settings.LAB_MAX_ATTEMPTS:

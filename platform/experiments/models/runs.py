@@ -275,6 +275,21 @@ class Run(TakingTurns, Lifecycle, Leased):
         )
 
     @property
+    def is_imported(self) -> bool:
+        """Read from another tool's file (`imports.models.Import`, its provenance): read-only, so
+        never queued, cancelled or retried."""
+        return hasattr(self, "imported")
+
+    def read_only_refusal(self, action: str) -> str:
+        """Why `action` ("retried", "cancelled") is refused as this run is imported ("" if it is not)."""
+        if not self.is_imported:
+            return ""
+        return (
+            f"run {self.pk} was imported from {self.imported.source} ({self.imported.file_name}) and is "
+            f"read-only: it cannot be {action}"
+        )
+
+    @property
     def variant(self) -> dict:
         """Its values of the sweep's other axes (config field → value), in the sweep's order."""
         return dict(self.variant_pairs)

@@ -55,6 +55,8 @@ OPERATIONS = {
     ("post", "/api/runs/{run_id}/unarchive"): {200, 401, 404, 409, 422},
     ("post", "/api/runs/{run_id}/cancel"): {200, 401, 404, 409, 422},
     ("post", "/api/runs/{run_id}/retry"): {200, 401, 404, 409, 422},
+    ("get", "/api/imports/tools"): {200, 401},
+    ("post", "/api/experiments/{experiment_id}/imports"): {200, 201, 401, 404, 413, 422},
 }
 
 

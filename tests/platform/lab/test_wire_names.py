@@ -56,6 +56,8 @@ OPERATION_IDS = {
     ("post", "/api/runs/{run_id}/unarchive"): "experiments_api_unarchive_run",
     ("post", "/api/runs/{run_id}/cancel"): "experiments_api_cancel_run",
     ("post", "/api/runs/{run_id}/retry"): "experiments_api_retry_run",
+    ("get", "/api/imports/tools"): "imports_api_list_tools",
+    ("post", "/api/experiments/{experiment_id}/imports"): "imports_api_import_run",
 }
 
 URLS = {
@@ -106,6 +108,7 @@ URLS = {
     "run-cancel": "runs/<int:run_id>/cancel/",
     "run-retry": "runs/<int:run_id>/retry/",
     "run-archive": "runs/<int:run_id>/archive/",
+    "experiment-import": "experiments/<int:experiment_id>/import/",
     "api-tokens": "account/tokens/",
     "api-token-revoke": "account/tokens/<int:token_id>/revoke/",
     "team-list": "teams/",

@@ -1,0 +1,112 @@
+"""The import page of an experiment: the form with each tool's mapping shown, an upload that becomes
+a run (and the same file again, nothing new), a damaged file or a bad mapping line shown beside its
+field with nothing stored, an oversized upload cut off (413), another team's experiment a 404."""
+
+from __future__ import annotations
+
+import pytest
+from import_helpers import prime_rl_file
+from sample_experiments import make_finished_experiment
+from support import new_team_member
+
+from experiments.models import Run
+from imports.models import Import
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def experiment(team, alice):
+    return make_finished_experiment(
+        team, alice, name="grid", presets=("grpo",), staleness=({}, {"sync_offset": 2}), seeds=(0,)
+    )
+
+
+def post(client, experiment, path, **fields):
+    with path.open("rb") as stream:
+        return client.post(
+            f"/experiments/{experiment.pk}/import/", {"file": stream, "tool": "prime-rl", **fields}
+        )
+
+
+def test_the_form_shows_the_cells_and_the_mappings(alice_client, experiment):
+    page = alice_client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert f'href="/experiments/{experiment.pk}/import/"' in page
+    form = alice_client.get(f"/experiments/{experiment.pk}/import/")
+    html = form.content.decode()
+    assert form.status_code == 200 and 'enctype="multipart/form-data"' in html
+    assert '<option value="on-policy">' in html and '<option value="sync_offset=2">' in html
+    assert "<code>loss/mean</code></td><td><code>loss</code>" in html
+
+
+def test_an_upload_becomes_a_run_once(alice_client, experiment, tmp_path):
+    path = prime_rl_file(tmp_path / "metrics.jsonl", seed=2)
+    fields = {
+        "preset": "reinforce",
+        "staleness": "sync_offset=2",
+        "seed": "2",
+        "mapping": "eval/acc=eval/accuracy\n",
+    }
+    answer = post(alice_client, experiment, path, **fields)
+    record = Import.objects.get()
+    assert answer.status_code == 302 and answer["Location"] == f"/runs/{record.run_id}/"
+    assert (record.run.preset, record.run.staleness, record.run.seed) == ("reinforce", "sync_offset=2", 2)
+    assert record.mapping["eval/acc"] == "eval/accuracy"
+    again = post(alice_client, experiment, path, **{**fields, "seed": "5"})
+    assert again["Location"] == f"/runs/{record.run_id}/" and Import.objects.count() == 1
+    page = alice_client.get(again["Location"]).content.decode()
+    assert "metrics.jsonl was imported already, as run" in page and 'id="imported-from"' in page
+
+
+@pytest.mark.parametrize(
+    ("damage", "fields", "words"),
+    [
+        (b"{oops\n", {}, "metrics.jsonl, line 22: not JSON"),
+        (b"", {"mapping": "loss/mean\n"}, "entry 1 (&#x27;loss/mean&#x27;) must be source_name=lab_name"),
+        (b"", {"staleness": "sync_offset=many"}, "is not a staleness cell"),
+    ],
+)
+def test_a_refusal_is_shown_beside_its_field_and_nothing_is_stored(
+    alice_client, experiment, tmp_path, damage, fields, words
+):
+    path = prime_rl_file(tmp_path / "metrics.jsonl")
+    path.write_bytes(path.read_bytes() + damage)
+    runs = Run.objects.count()
+    answer = post(
+        alice_client, experiment, path, **{"preset": "grpo", "staleness": "on-policy", "seed": "0", **fields}
+    )
+    assert answer.status_code == 422
+    assert words in answer.content.decode()
+    assert Run.objects.count() == runs and not Import.objects.exists()
+
+
+def test_an_oversized_upload_is_cut_off(alice_client, experiment, tmp_path, settings):
+    settings.LAB_IMPORT_MAX_BYTES = 500
+    answer = post(
+        alice_client,
+        experiment,
+        prime_rl_file(tmp_path / "big.jsonl"),
+        preset="grpo",
+        staleness="on-policy",
+        seed="0",
+    )
+    assert answer.status_code == 413
+    assert (
+        "big.jsonl is more than 500 bytes, the most an import may be (LAB_IMPORT_MAX_BYTES)"
+        in answer.content.decode()
+    )
+    assert not Import.objects.exists() and list(settings.FILE_UPLOAD_TEMP_DIR.iterdir()) == []
+
+
+def test_another_teams_experiment_is_a_404(client, experiment, tmp_path):
+    client.force_login(new_team_member("bob", "team-b"))
+    assert client.get(f"/experiments/{experiment.pk}/import/").status_code == 404
+    answer = post(
+        client,
+        experiment,
+        prime_rl_file(tmp_path / "metrics.jsonl"),
+        preset="grpo",
+        staleness="on-policy",
+        seed="0",
+    )
+    assert answer.status_code == 404 and not Import.objects.exists()
