@@ -373,7 +373,7 @@ class Algorithm:
         quantiles and effective sample size, the share a clip acted on, the share a mask removed,
         the mean importance weight the loss applied to the tokens it kept, and with `counts`
         (`masked_counts`) the valid tokens each mechanism acted on (`MASKED_METRICS`). Every value
-        is read in one synchronisation."""
+        is read in one synchronisation (`scalars`)."""
         valid = m > 0
         log_ratio = logp - logp_old
         ratio = log_ratio.exp()
@@ -406,12 +406,16 @@ class Algorithm:
 
 
 def scalars(named: dict[str, Tensor]) -> dict[str, float]:
-    """0-d tensors as floats, read in one synchronisation per device (each value exactly as `float`
-    reads it: every dtype here widens to float64 without rounding)."""
+    """0-d tensors as floats, exactly as `float` reads each: on an accelerator all of a device's in
+    one synchronisation (stacked in float64, to which every dtype here widens without rounding); on
+    the CPU, where reading a value waits for nothing, each on its own (cheaper than stacking)."""
+    out: dict[str, float] = {}
     by_device: dict[torch.device, list[str]] = {}
     for name, value in named.items():
-        by_device.setdefault(value.device, []).append(name)
-    out: dict[str, float] = {}
+        if value.device.type == "cpu":
+            out[name] = float(value)
+        else:
+            by_device.setdefault(value.device, []).append(name)
     for names in by_device.values():
         values = torch.stack([named[name].detach().to(torch.float64) for name in names]).tolist()
         out.update(zip(names, values, strict=True))

@@ -439,13 +439,14 @@ def step_scalars(
     prox: torch.Tensor | None,
 ) -> dict[str, float]:
     """The step's scalar metrics that are not the loss's, read in one synchronisation per device
-    (`algorithms.scalars`): rewards, accuracy, kl/behavior_proximal, kl/proximal (on the step's
+    (`algorithms.scalars`), without gradient: rewards, accuracy, kl/behavior_proximal, kl/proximal (on the step's
     last mini-batch, `last_proximal`: its rows and π; absent when the step has no p), the lag over
     the batch's sequences (one value unless async parts came from several versions), drop_frac and
     response_length/mean."""
     mask = rollout.response_mask
     rewards = batch.rewards
     lag = row_lag.float().cpu()
+    quantiles = lag.quantile(torch.tensor([0.5, 0.95]))  # one sort for both
     named = {
         "reward/mean": rewards.mean(),
         "reward/std": rewards.std(correction=0),
@@ -453,8 +454,8 @@ def step_scalars(
         # k1 of the step-start weights p (a loglinear anchor's p) against μ, beside kl/behavior's π.
         "kl/behavior_proximal": ((rollout.logp - proximal_p) * mask).sum() / total_tokens,
         "staleness/mean": lag.mean(),
-        "staleness/p50": lag.quantile(0.5),
-        "staleness/p95": lag.quantile(0.95),
+        "staleness/p50": quantiles[0],
+        "staleness/p95": quantiles[1],
         "staleness/max": lag.max(),
         "drop_frac": 1 - keep.float().mean(),
         "response_length/mean": mask.sum(dim=1).mean(),
@@ -688,11 +689,11 @@ class _Pass:
                 (delta * m).sum(),
                 ((torch.exp(-delta) - 1 + delta) * m).sum(),
             ]
-            self.sums.append(torch.stack(sums).to(torch.float64))
+            self.sums.append(torch.stack(sums))
 
     def totals(self) -> dict[str, float]:
         """The first pass's `SUMS` over this rank's micro-batches, in one synchronisation: each
-        micro-batch's float32 sums added in order in float64."""
+        micro-batch's sums added in order as Python floats."""
         totals = dict.fromkeys(self.SUMS, 0.0)
         if self.sums:
             for row in torch.stack(self.sums).tolist():
