@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -321,9 +322,12 @@ def cpu_round(warmup: int, steps: int) -> dict[str, Any]:
     profiler.instrument(diagnostics=True)
     run = bench_config(warmup + steps)
     sink = ListSink()
-    started = snapshot()
+    try:
+        started = snapshot()
+    except ImportError:  # an older rlcore than workers.measure reads: the contention goes unmeasured
+        started = None
     trainer.train(run, sink)
-    others = others_cores(started, snapshot())
+    others = math.nan if started is None else others_cores(started, snapshot())
     per_step = [
         cpu_rows(
             {name: 1000 * seconds for name, seconds in profiler.steps[step].items()},
@@ -483,6 +487,16 @@ def cpu_report(args: argparse.Namespace, commits: dict[str, str], rounds: dict[s
             f"{100 * (after - before) / before:+.1f}%); the diagnostics: "
             f"{medians[sides[0]]['diagnostics, all']:.2f} → {medians[sides[1]]['diagnostics, all']:.2f} ms.",
         ]
+    shares = []
+    for side in sides:
+        rows = medians[side]
+        model = sum(rows[name] for name in ("generate (HFEngine.generate)", *TRAIN_STEP_PARTS))
+        step_ms = rows["step (trainer.run_step)"]
+        shares.append(
+            f"{side}: the diagnostics {100 * rows['diagnostics, all'] / step_ms:.1f}% of the step's CPU, "
+            f"generation, the forwards, backward, clip and optimiser step {100 * model / step_ms:.1f}%"
+        )
+    lines += ["", "Shares: " + "; ".join(shares) + "."]
     lines.append("")
     return "\n".join(lines)
 
