@@ -372,8 +372,8 @@ class Algorithm:
         """Per-step diagnostics (§7, §14) over the valid tokens: the behaviour ratio ρ = e^{π−μ}'s
         quantiles and effective sample size, the share a clip acted on, the share a mask removed,
         the mean importance weight the loss applied to the tokens it kept, and with `counts`
-        (`masked_counts`) the valid tokens each mechanism acted on (`MASKED_METRICS`). Every value
-        is read in one synchronisation (`scalars`)."""
+        (`masked_counts`) the valid tokens each mechanism acted on (`MASKED_METRICS`), all read
+        together (`scalars`)."""
         valid = m > 0
         log_ratio = logp - logp_old
         ratio = log_ratio.exp()
@@ -429,7 +429,7 @@ def masked_counts(
     counted on its own (a token two of them hit counts in both): the staleness mask (the
     surrogate's token mask: M2PO, DPPO), the mismatch mask (the behaviour correction's on q: MIS,
     IcePop, KPop, decoupled-PPO's cap), the sequence mask (whole responses: TRM, OPSM) and the
-    clip. `Algorithm.statistics` reads them in its one synchronisation."""
+    clip. `Algorithm.statistics` reads them with its other values."""
     valid = m > 0
     nothing = torch.zeros_like(valid)
     surrogate = nothing if token.removed is None else token.removed.expand_as(valid)
