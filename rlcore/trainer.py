@@ -291,8 +291,8 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
     only where M2PO's selection or BAPO's search needs that forward); entropy and kl/init are read
     from the first pass over the batch, the loss and the ratio diagnostics too (docs/algorithms.md
     §7, §14), once per step: over the whole batch after its updates, or, with one optimiser step
-    on the batch in one forward, by that forward's loss itself; each group of scalars is read in
-    one synchronisation.
+    on the batch in one forward, by that forward's loss itself; each group of scalars is read
+    together (`algorithms.scalars`).
 
     With `ranks` (trainer processes, `rlcore.distributed`) every rank holds the whole batch and
     runs this on it alike: each forward and backward takes the rank's share of whole prompt
@@ -438,8 +438,8 @@ def step_scalars(
     loglinear: bool,
     prox: torch.Tensor | None,
 ) -> dict[str, float]:
-    """The step's scalar metrics that are not the loss's, read in one synchronisation per device
-    (`algorithms.scalars`), without gradient: rewards, accuracy, kl/behavior_proximal, kl/proximal (on the step's
+    """The step's scalar metrics that are not the loss's, read together (`algorithms.scalars`: one
+    synchronisation per accelerator device), without gradient: rewards, accuracy, kl/behavior_proximal, kl/proximal (on the step's
     last mini-batch, `last_proximal`: its rows and π; absent when the step has no p), the lag over
     the batch's sequences (one value unless async parts came from several versions), drop_frac and
     response_length/mean."""
