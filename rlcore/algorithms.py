@@ -206,6 +206,7 @@ class Algorithm:
         max_length: int | None = None,
         by_mechanism: bool = False,
         lag: Tensor | None = None,
+        diagnostics: bool = True,
     ) -> tuple[Tensor, dict[str, float]]:
         """Scalar loss whose gradient w.r.t. `logp` [N, T] is the preset's, plus statistics.
 
@@ -221,6 +222,8 @@ class Algorithm:
         statistics also count the valid tokens each mechanism acted on (`MASKED_METRICS`, §7).
         `lag` [N]: each response's lag in versions (§6: the trainer's step-start version minus the
         one that generated it), which `anchor: loglinear` reads (`loglinear_anchor`).
+        `diagnostics`: False leaves out every statistic but `clip_frac` (and BAPO's bounds): for a
+        micro-batch's loss, whose step takes its diagnostics once, over the whole batch.
         """
         s = self.spec
         head = self.ratios(logp, logp_old, mask, advantages, logp_prox, selected, bounds, lag)
@@ -247,11 +250,16 @@ class Algorithm:
         n_seqs = total_seqs if total_seqs is not None else per_token.shape[0]
         aggregate = _pick(AGGREGATIONS, "loss_agg", s.loss_agg)
         loss = aggregate(per_token * head.m, head.m, n_seqs, total_tokens, max_length)
-        stats = self.statistics(logp.detach(), logp_old, head.m, clipped.detach(), removed, weight.detach())
+        with torch.no_grad():
+            if not diagnostics:
+                stats = {"clip_frac": float(_masked_mean(clipped, head.m))}
+            else:
+                counts = masked_counts(head.m, token, q_removed, dropped, clipped) if by_mechanism else None
+                stats = self.statistics(
+                    logp.detach(), logp_old, head.m, clipped.detach(), removed, weight.detach(), counts
+                )
         if head.bounds is not None:
             stats.update(zip(BAPO_METRICS, head.bounds, strict=True))
-        if by_mechanism:
-            stats.update(masked_tokens(head.m, token, q_removed, dropped, clipped))
         return loss, stats
 
     def ratios(
@@ -353,11 +361,19 @@ class Algorithm:
 
     @staticmethod
     def statistics(
-        logp: Tensor, logp_old: Tensor, m: Tensor, clipped: Tensor, removed: Tensor, weight: Tensor
+        logp: Tensor,
+        logp_old: Tensor,
+        m: Tensor,
+        clipped: Tensor,
+        removed: Tensor,
+        weight: Tensor,
+        counts: Tensor | None = None,
     ) -> dict[str, float]:
         """Per-step diagnostics (§7, §14) over the valid tokens: the behaviour ratio ρ = e^{π−μ}'s
         quantiles and effective sample size, the share a clip acted on, the share a mask removed,
-        and the mean importance weight the loss applied to the tokens it kept."""
+        the mean importance weight the loss applied to the tokens it kept, and with `counts`
+        (`masked_counts`) the valid tokens each mechanism acted on (`MASKED_METRICS`), all read
+        together (`scalars`)."""
         valid = m > 0
         log_ratio = logp - logp_old
         ratio = log_ratio.exp()
@@ -366,37 +382,61 @@ class Algorithm:
             values = torch.ones(1, dtype=torch.float64)
         quantiles = torch.quantile(values, torch.tensor([0.01, 0.5, 0.99], dtype=torch.float64))
         kept = valid & ~removed.expand_as(valid)
-        return {
-            "clip_frac": float(_masked_mean(clipped, m)),
-            "is_ratio/mean": float(values.mean()),
-            "is_ratio/min": float(values.min()),
-            "is_ratio/p01": float(quantiles[0]),
-            "is_ratio/p50": float(quantiles[1]),
-            "is_ratio/p99": float(quantiles[2]),
-            "is_ratio/max": float(values.max()),
-            "ess_frac": float(values.sum() ** 2 / (values.numel() * (values**2).sum())),
-            "correction/masked_frac": float(_masked_mean(removed.expand_as(m).to(m.dtype), m)),
-            "correction/weight_mean": float(weight[kept].mean()) if kept.any() else 1.0,
-            "kl/behavior": float(_masked_mean(-log_ratio, m)),
-            "kl/behavior_k3": float(_masked_mean(ratio - 1 - log_ratio, m)),
+        kept_weight = weight[kept]
+        named = {
+            "clip_frac": _masked_mean(clipped, m),
+            "is_ratio/mean": values.mean(),
+            "is_ratio/min": values.min(),
+            "is_ratio/p01": quantiles[0],
+            "is_ratio/p50": quantiles[1],
+            "is_ratio/p99": quantiles[2],
+            "is_ratio/max": values.max(),
+            "ess_frac": values.sum() ** 2 / (values.numel() * (values**2).sum()),
+            "correction/masked_frac": _masked_mean(removed.expand_as(m).to(m.dtype), m),
+            # 1 where the loss kept no token (the mean of nothing).
+            "correction/weight_mean": kept_weight.mean()
+            if kept_weight.numel()
+            else torch.ones((), device=m.device),
+            "kl/behavior": _masked_mean(-log_ratio, m),
+            "kl/behavior_k3": _masked_mean(ratio - 1 - log_ratio, m),
         }
+        if counts is not None:
+            named.update(zip(MASKED_METRICS, counts, strict=True))
+        return scalars(named)
 
 
-def masked_tokens(
+def scalars(named: dict[str, Tensor]) -> dict[str, float]:
+    """0-d tensors as floats, exactly as `float` reads each: on an accelerator all of a device's in
+    one synchronisation (stacked in float64, to which every dtype here widens without rounding); on
+    the CPU, where reading a value waits for nothing, each on its own (cheaper than stacking)."""
+    out: dict[str, float] = {}
+    by_device: dict[torch.device, list[str]] = {}
+    for name, value in named.items():
+        if value.device.type == "cpu":
+            out[name] = float(value)
+        else:
+            by_device.setdefault(value.device, []).append(name)
+    for names in by_device.values():
+        values = torch.stack([named[name].detach().to(torch.float64) for name in names]).tolist()
+        out.update(zip(names, values, strict=True))
+    return {name: out[name] for name in named}
+
+
+def masked_counts(
     m: Tensor, token: TokenLoss, q_removed: Tensor, dropped: Tensor | None, clipped: Tensor
-) -> dict[str, float]:
-    """`MASKED_METRICS` (§7): how many valid tokens each mechanism acted on, each counted on its
-    own (a token two of them hit counts in both): the staleness mask (the surrogate's token mask:
-    M2PO, DPPO), the mismatch mask (the behaviour correction's on q: MIS, IcePop, KPop,
-    decoupled-PPO's cap), the sequence mask (whole responses: TRM, OPSM) and the clip. One
-    synchronisation for all four."""
+) -> Tensor:
+    """`MASKED_METRICS` (§7) as a tensor [4]: how many valid tokens each mechanism acted on, each
+    counted on its own (a token two of them hit counts in both): the staleness mask (the
+    surrogate's token mask: M2PO, DPPO), the mismatch mask (the behaviour correction's on q: MIS,
+    IcePop, KPop, decoupled-PPO's cap), the sequence mask (whole responses: TRM, OPSM) and the
+    clip. `Algorithm.statistics` reads them with its other values."""
     valid = m > 0
     nothing = torch.zeros_like(valid)
     surrogate = nothing if token.removed is None else token.removed.expand_as(valid)
     sequence = surrogate if token.rows else nothing
     if dropped is not None:
         sequence = sequence | dropped.expand_as(valid)
-    counts = torch.stack(
+    return torch.stack(
         [
             (valid & (nothing if token.rows else surrogate)).sum(),
             (valid & q_removed.expand_as(valid)).sum(),
@@ -404,7 +444,6 @@ def masked_tokens(
             (valid & (clipped > 0).expand_as(valid)).sum(),
         ]
     )
-    return dict(zip(MASKED_METRICS, map(float, counts.tolist()), strict=True))
 
 
 def second_moments(logp_start: Tensor, logp_old: Tensor, mask: Tensor, selected: Tensor) -> dict[str, float]:

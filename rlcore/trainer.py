@@ -290,7 +290,9 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
     first when the loss needs them (for `anchor: loglinear`, whose p follows π by each row's lag,
     only where M2PO's selection or BAPO's search needs that forward); entropy and kl/init are read
     from the first pass over the batch, the loss and the ratio diagnostics too (docs/algorithms.md
-    §7, §14).
+    §7, §14), once per step: over the whole batch after its updates, or, with one optimiser step
+    on the batch in one forward, by that forward's loss itself; each group of scalars is read
+    together (`algorithms.scalars`).
 
     With `ranks` (trainer processes, `rlcore.distributed`) every rank holds the whole batch and
     runs this on it alike: each forward and backward takes the rank's share of whole prompt
@@ -332,8 +334,14 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
     order = seeded_rng(config.seed, step, "minibatches")
     updates = []  # (clip_frac, grad_norm) per optimiser step
     logp_first = torch.zeros_like(rollout.logp)
-    kl_proximal = 0.0
+    last_proximal = None  # (rows, π) of the step's last mini-batch, which kl/proximal reads
     lr = learner.optimizer.param_groups[0]["lr"]
+    # With one optimiser step on the whole batch in one forward, the update's loss is the one the
+    # metrics read (the same log-probs, anchor and selection): its diagnostics are taken there and
+    # the loss is not computed again. Not for BAPO, whose update searches from p, the metrics from π.
+    pass_.metrics_in_update = (
+        ranks is None and not several and micro >= n and algorithm.spec.surrogate != "bapo"
+    )
     for epoch in range(opt.epochs):
         for rows in minibatch_rows(n // group_size, group_size, opt.minibatches, order, device):
             part = rollout.rows(rows)
@@ -357,24 +365,26 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
             learner.optimizer.step()
             updates.append((clip, grad_norm))
             if prox is not None or loglinear:
-                m = part.response_mask
-                p = algorithms.loglinear_anchor(logp, part.logp, row_lag[rows]) if loglinear else prox[rows]
-                kl_proximal = float(((p - logp) * m).sum() / m.sum().clamp(min=1))
+                last_proximal = (rows, logp)
 
     step_start = prox if prox is not None else logp_first  # one optimiser step: π at the step's start
     # The p the metrics compare μ with: under a loglinear anchor its own, at the first pass.
     proximal_p = algorithms.loglinear_anchor(logp_first, rollout.logp, row_lag) if loglinear else step_start
-    loss, stats = algorithm.policy_loss(
-        logp_first,
-        rollout.logp,
-        mask,
-        advantages,
-        logp_prox=step_start,
-        selected=selected,
-        max_length=config.rollout.max_new_tokens,
-        by_mechanism=True,
-        lag=row_lag,
-    )
+    if pass_.metrics_in_update:
+        loss, stats = pass_.step_loss
+    else:
+        with torch.no_grad():
+            loss, stats = algorithm.policy_loss(
+                logp_first,
+                rollout.logp,
+                mask,
+                advantages,
+                logp_prox=step_start,
+                selected=selected,
+                max_length=config.rollout.max_new_tokens,
+                by_mechanism=True,
+                lag=row_lag,
+            )
     if selected is not None:  # M2PO's second moment before and after its selection
         stats.update(algorithms.second_moments(prox, rollout.logp, mask, selected))
     if not math.isfinite(float(loss)):
@@ -382,39 +392,80 @@ def train_step(learner: Learner, batch: Batch, step: int, ranks: Ranks | None = 
     stats["clip_frac"] = sum(c for c, _ in updates) / len(updates)
     if pass_.searches:  # BAPO's bounds and balance, over the step's optimiser steps
         stats.update(zip(BAPO_METRICS, map(statistics.fmean, zip(*pass_.searches, strict=True)), strict=True))
+    sums = pass_.totals()
     if ranks is not None:
-        pass_.sums = ranks.sum_floats(pass_.sums)
-    rewards = batch.rewards
-    lag = row_lag.float().cpu()
+        sums = ranks.sum_floats(sums)
     total_tokens = float(mask.sum().clamp(min=1))
+    with torch.no_grad():
+        read = step_scalars(
+            batch, rollout, keep, row_lag, proximal_p, total_tokens, last_proximal, loglinear, prox
+        )
     return {
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std(correction=0)),
-        "accuracy": float(batch.correct.float().mean()),
-        **{name: value / total_tokens for name, value in pass_.sums.items()},
+        "reward/mean": read["reward/mean"],
+        "reward/std": read["reward/std"],
+        "accuracy": read["accuracy"],
+        **{name: value / total_tokens for name, value in sums.items()},
         **stats,
-        "kl/proximal": kl_proximal,
-        # k1 of the step-start weights p (a loglinear anchor's p) against μ, beside kl/behavior's π.
-        "kl/behavior_proximal": float(((rollout.logp - proximal_p) * mask).sum() / total_tokens),
+        "kl/proximal": read.get("kl/proximal", 0.0),
+        "kl/behavior_proximal": read["kl/behavior_proximal"],
         **mismatch(
             batch, rollout, prox if prox is not None else logp_first if len(updates) == 1 else None, step
         ),
         "staleness": float(step - 1 - batch.version),
-        # Over the batch's sequences: one value unless async parts came from several versions.
-        "staleness/mean": float(lag.mean()),
-        "staleness/p50": float(lag.quantile(0.5)),
-        "staleness/p95": float(lag.quantile(0.95)),
-        "staleness/max": float(lag.max()),
+        **{
+            name: read[name] for name in ("staleness/mean", "staleness/p50", "staleness/p95", "staleness/max")
+        },
         **staleness_split(batch, step),
         "policy_version": float(batch.version),
-        "drop_frac": float(1 - keep.float().mean()),
-        "response_length/mean": float(mask.sum(dim=1).mean()),
+        "drop_frac": read["drop_frac"],
+        "response_length/mean": read["response_length/mean"],
         "grad_norm": sum(g for _, g in updates) / len(updates),
         "loss": float(loss),
         "lr": lr,
         "optimizer_steps": float(len(updates)),
         "time/proximal_s": proximal_s,
     }
+
+
+def step_scalars(
+    batch: Batch,
+    rollout,
+    keep: torch.Tensor,
+    row_lag: torch.Tensor,
+    proximal_p: torch.Tensor,
+    total_tokens: float,
+    last_proximal: tuple[torch.Tensor, torch.Tensor] | None,
+    loglinear: bool,
+    prox: torch.Tensor | None,
+) -> dict[str, float]:
+    """The step's scalar metrics that are not the loss's, read together (`algorithms.scalars`: one
+    synchronisation per accelerator device), without gradient: rewards, accuracy, kl/behavior_proximal, kl/proximal (on the step's
+    last mini-batch, `last_proximal`: its rows and π; absent when the step has no p), the lag over
+    the batch's sequences (one value unless async parts came from several versions), drop_frac and
+    response_length/mean."""
+    mask = rollout.response_mask
+    rewards = batch.rewards
+    lag = row_lag.float().cpu()
+    quantiles = lag.quantile(torch.tensor([0.5, 0.95]))  # one sort for both
+    named = {
+        "reward/mean": rewards.mean(),
+        "reward/std": rewards.std(correction=0),
+        "accuracy": batch.correct.float().mean(),
+        # k1 of the step-start weights p (a loglinear anchor's p) against μ, beside kl/behavior's π.
+        "kl/behavior_proximal": ((rollout.logp - proximal_p) * mask).sum() / total_tokens,
+        "staleness/mean": lag.mean(),
+        "staleness/p50": quantiles[0],
+        "staleness/p95": quantiles[1],
+        "staleness/max": lag.max(),
+        "drop_frac": 1 - keep.float().mean(),
+        "response_length/mean": mask.sum(dim=1).mean(),
+    }
+    if last_proximal is not None:
+        rows, logp = last_proximal
+        m, logp_old = mask[rows], rollout.logp[rows]
+        p = algorithms.loglinear_anchor(logp, logp_old, row_lag[rows]) if loglinear else prox[rows]
+        named["kl/proximal"] = ((p - logp) * m).sum() / m.sum().clamp(min=1)
+    return algorithms.scalars(named)
 
 
 def minibatch_rows(
@@ -500,10 +551,15 @@ class _Pass:
     init_given: torch.Tensor | None
     shared: int
     ranks: Ranks | None = None
-    sums: dict[str, float] = field(
-        default_factory=lambda: {"entropy": 0.0, "kl/init": 0.0, "kl/init_k1": 0.0, "kl/init_k3": 0.0}
-    )
+    # Per micro-batch of the first pass: its sums of SUMS over the valid tokens, read at the end.
+    sums: list[torch.Tensor] = field(default_factory=list)
     searches: list[tuple[float, float, float]] = field(default_factory=list)  # BAPO's, per mini-batch
+    # The update's loss is the one the step's metrics read (`train_step`): it takes every
+    # diagnostic, and leaves (its loss, detached; its statistics) in `step_loss`.
+    metrics_in_update: bool = False
+    step_loss: tuple[torch.Tensor, dict[str, float]] | None = None
+
+    SUMS = ("entropy", "kl/init", "kl/init_k1", "kl/init_k3")
 
     @property
     def temperature(self) -> float:
@@ -595,8 +651,12 @@ class _Pass:
                 total_tokens=tokens,
                 total_seqs=n,
                 max_length=config.rollout.max_new_tokens,
+                by_mechanism=self.metrics_in_update,
                 lag=None if lag is None else lag[rows],
+                diagnostics=self.metrics_in_update,
             )
+            if self.metrics_in_update:
+                self.step_loss = (loss.detach(), stats)
             loss.backward()
             clipped += stats["clip_frac"] * float(piece.response_mask.sum())
             logp_parts.append(logp.detach())
@@ -613,6 +673,8 @@ class _Pass:
     def _add_sums(
         self, piece, logp: torch.Tensor, logp_all: torch.Tensor, init_all: torch.Tensor | None
     ) -> None:
+        """Entropy and KL-to-θ0 sums of one micro-batch (θ0's forward when its log-probs did not
+        come with the batch), kept as a tensor: `totals` reads them all at once."""
         with torch.inference_mode():
             m = piece.response_mask
             probs = logp_all.exp()
@@ -621,10 +683,23 @@ class _Pass:
                 init_all = torch.log_softmax(logits / self.temperature, dim=-1)
             init_logp = init_all.gather(-1, piece.response_ids[..., None]).squeeze(-1)
             delta = logp - init_logp
-            self.sums["entropy"] += float((-(probs * logp_all).sum(-1) * m).sum())
-            self.sums["kl/init"] += float(((probs * (logp_all - init_all)).sum(-1) * m).sum())
-            self.sums["kl/init_k1"] += float((delta * m).sum())
-            self.sums["kl/init_k3"] += float(((torch.exp(-delta) - 1 + delta) * m).sum())
+            sums = [
+                (-(probs * logp_all).sum(-1) * m).sum(),
+                ((probs * (logp_all - init_all)).sum(-1) * m).sum(),
+                (delta * m).sum(),
+                ((torch.exp(-delta) - 1 + delta) * m).sum(),
+            ]
+            self.sums.append(torch.stack(sums))
+
+    def totals(self) -> dict[str, float]:
+        """The first pass's `SUMS` over this rank's micro-batches, in one synchronisation: each
+        micro-batch's sums added in order as Python floats."""
+        totals = dict.fromkeys(self.SUMS, 0.0)
+        if self.sums:
+            for row in torch.stack(self.sums).tolist():
+                for name, value in zip(self.SUMS, row, strict=True):
+                    totals[name] += value
+        return totals
 
 
 # ----- checkpoints -----------------------------------------------------------------------------

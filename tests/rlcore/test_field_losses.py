@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlcore import algorithms
-from rlcore.sinks import MASKED_METRICS
+from rlcore.sinks import BAPO_METRICS, MASKED_METRICS
 
 RATIOS = [[1.1, 1.5], [0.7, 3.5], [2.0, 0.3], [0.3, 0.6]]
 Q = [[1.0, 1.2], [0.9, 6.0], [1.5, 0.4], [1.0, 0.8]]  # behaviour weights p/μ: p = μ + ln q
@@ -751,6 +751,27 @@ def test_masked_token_counts_count_valid_tokens_only():
     adv = algo.advantages(torch.tensor(REWARDS, dtype=torch.float64), 4)
     _, stats = algo.policy_loss(logp, mu, mask, adv, logp_prox=prox, by_mechanism=True)
     assert tuple(stats[name] for name in MASKED_METRICS) == (0, mismatch, sequence, clip)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [*COUNTS, ("bapo", ()), ("rec-oneside-nois", ())],
+    ids=lambda k: k[0] + "".join(f"+{n}" for n, _ in k[1]),
+)
+def test_a_loss_without_diagnostics_is_the_same_loss_with_its_clip_fraction_alone(key):
+    """A micro-batch's loss takes no diagnostics (the step takes them once): the same loss, and of
+    its statistics the clip fraction (BAPO: and its bounds) as the full statistics have it."""
+    algo = algorithms.build(key[0], **dict(key[1]))
+    mu = torch.full((4, 2), MU, dtype=torch.float64)
+    logp = mu + torch.tensor(RATIOS, dtype=torch.float64).log()
+    prox = mu + torch.tensor(Q, dtype=torch.float64).log()
+    adv = algo.advantages(torch.tensor(REWARDS, dtype=torch.float64), 4)
+    mask = torch.ones(4, 2, dtype=torch.float64)
+    loss, stats = algo.policy_loss(logp, mu, mask, adv, logp_prox=prox, by_mechanism=True)
+    lean_loss, lean = algo.policy_loss(logp, mu, mask, adv, logp_prox=prox, diagnostics=False)
+    assert torch.equal(loss, lean_loss)
+    assert lean == {name: stats[name] for name in ("clip_frac", *BAPO_METRICS) if name in stats}
+    assert len(stats) > len(lean)
 
 
 def test_m2po_second_moment_before_and_after_its_selection():
