@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 from support import TINY_CONFIG, last_step, queue_sweep, wait_for
-from worker_helpers import assert_curves_equal, assert_resumed_once, wait_until_over
+from worker_helpers import TRAINING_CONFIG, assert_curves_equal, assert_resumed_once, wait_until_over
 
 from execution.models import Worker
 from experiments.models import Run
@@ -24,8 +24,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 RANKS_OF = {"execution": {"train_processes": 2}}
 RANKS = {**TINY_CONFIG, **RANKS_OF}
 LONG = {**RANKS, "steps": 400, "eval_every": 400, "checkpoint_every": 50}
-# Long enough that rank 1 is killed well before the end; every step a checkpoint step.
-KILLED = {**TINY_CONFIG, "steps": 12, "eval_every": 4, "checkpoint_every": 2}
+# Long enough that rank 1 is killed well before the end; every other step a checkpoint step; a
+# run that learns, so that its curves equal to the one-process run's say something.
+KILLED = {**TRAINING_CONFIG, "steps": 12, "eval_every": 4, "checkpoint_every": 2}
 HANG_TIMEOUT_S = 15  # LAB_RANK_TIMEOUT_S of the hang's worker: well over any wait of a healthy rank
 
 
