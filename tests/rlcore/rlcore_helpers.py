@@ -1,5 +1,5 @@
 """What rlcore's tests share beyond fixtures (tests/rlcore/conftest.py): the small run's config,
-nested merges, and the step metrics that are timings."""
+nested merges, the step metrics that are timings, and the check that compared curves learned."""
 
 from rlcore.sinks import STEP_METRICS
 
@@ -30,3 +30,12 @@ TIMING = {name for name in STEP_METRICS if name.startswith("time/")} | {"tokens_
 
 def without_timing(points):
     return [(step, {k: v for k, v in m.items() if k not in TIMING}) for step, m in points]
+
+
+def assert_trained(points) -> None:
+    """`points` ((step, metrics) as a ListSink keeps them) are of a run that learned: at some step
+    the rewards differed within a group (reward/std > 0, so some advantage was not 0) and the
+    gradient was not 0. Two executions' curves compared where this fails would say nothing of the
+    loss, the batches or the log-probs."""
+    trained = [step for step, m in points if m.get("reward/std", 0) > 0 and m.get("grad_norm", 0) > 0]
+    assert trained, [(step, m.get("reward/std"), m.get("grad_norm")) for step, m in points]

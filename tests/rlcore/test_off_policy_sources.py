@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from rlcore import trainer
 from rlcore.sinks import M2PO_METRICS, MISMATCH_METRICS, ListSink
-from tests.rlcore.rlcore_helpers import without_timing
+from tests.rlcore.rlcore_helpers import assert_trained, without_timing
 
 
 def steps_of(sink, name):
@@ -62,6 +62,7 @@ def test_resume_with_minibatches_logs_what_an_uninterrupted_run_logs(
     trainer.train(config, resumed, cache_dir=cache_dir, checkpoint_dir=tmp_path / "split")
     assert [step for step, _ in resumed.points] == [3, 4, 5, 6]
     assert without_timing(resumed.points) == without_timing(whole.points)[3:]
+    assert_trained(resumed.points)
 
 
 @pytest.mark.parametrize("anchor", ["behaviour", "proximal"])

@@ -9,7 +9,7 @@ import torch
 
 from rlcore import checkpoints, evaluate, models, tasks, trainer
 from rlcore.sinks import ALL_METRICS, EVAL_METRICS, STEP_METRICS, ListSink
-from tests.rlcore.rlcore_helpers import TIMING, without_timing
+from tests.rlcore.rlcore_helpers import TIMING, assert_trained, without_timing
 
 
 def test_every_metric_at_every_step_and_evals_on_schedule(small_config, cache_dir):
@@ -41,6 +41,7 @@ def test_same_config_and_seed_give_the_same_curve(small_config, cache_dir):
         runs.append(without_timing(sink.points))
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
+    assert_trained(runs[0])
 
 
 def test_same_prompts_for_every_preset_at_the_same_step(small_config, cache_dir):
@@ -68,6 +69,7 @@ def test_resume_from_a_checkpoint_logs_what_an_uninterrupted_run_logs(small_conf
     summary = trainer.train(config, resumed, cache_dir=cache_dir, checkpoint_dir=tmp_path / "split")
     assert [step for step, _ in resumed.points] == [3, 4, 5, 6]
     assert without_timing(resumed.points) == without_timing(whole.points)[3:]
+    assert_trained(resumed.points)
     assert summary["completed"] == 1.0
     assert summary["eval/accuracy_initial"] == whole.points[0][1]["eval/accuracy"]
 
@@ -132,7 +134,8 @@ def damage(path):
 
 
 def test_a_damaged_checkpoint_is_passed_over_for_the_one_before(small_config, cache_dir, tmp_path):
-    config = small_config(optimizer={"lr": 1e-3})
+    # The default learning rate: at 1e-3 every reward is 0 from step 3 on, the compared steps.
+    config = small_config()
     whole = ListSink()
     trainer.train(config, whole, cache_dir=cache_dir)
     trainer.train(config, ListSink(stop_after_step=5), cache_dir=cache_dir, checkpoint_dir=tmp_path)
@@ -143,6 +146,7 @@ def test_a_damaged_checkpoint_is_passed_over_for_the_one_before(small_config, ca
     trainer.train(config, resumed, cache_dir=cache_dir, checkpoint_dir=tmp_path)
     assert [step for step, _ in resumed.points] == [3, 4, 5, 6], "resumed after step 2, not 4"
     assert without_timing(resumed.points) == without_timing(whole.points)[3:]
+    assert_trained(resumed.points)
     assert resumed.notes == [
         "resumed from step-000002.pt, passing over step-000004.pt does not match the sha256 recorded when "
         "it was written (damaged or altered)"
@@ -164,6 +168,7 @@ def test_no_trustworthy_checkpoint_fails_saying_so_and_a_retry_starts_over(small
     again = ListSink()
     trainer.train(config, again, cache_dir=cache_dir, checkpoint_dir=tmp_path)
     assert without_timing(again.points) == without_timing(whole.points), "from step 0, the same curve"
+    assert_trained(whole.points)
 
 
 class Payload:
@@ -213,6 +218,7 @@ def test_micro_batches_give_the_same_update(small_config, cache_dir):
         sink = ListSink()
         trainer.train(small_config(steps=3, optimizer={"micro_batch_size": micro}), sink, cache_dir=cache_dir)
         curves.append(sink.points)
+    assert_trained(curves[0])
     for (_, a), (_, b) in zip(*curves, strict=True):
         for name in set(a) - TIMING:
             # The engine-vs-trainer gap at one precision is float error itself (~1e-6).
@@ -321,6 +327,7 @@ def test_theta0_logprobs_made_with_the_batch_give_the_same_curve(small_config, c
         curves.append(points)
     assert given == [False] * 8 + [True] * 4
     assert curves[0][-1]["kl/init"] > 1e-4, "the policy moved away from θ0"
+    assert_trained(list(enumerate(curves[0], start=1)))
     for other in curves[1:]:
         for a, b in zip(curves[0], other, strict=True):
             for name in set(a) - TIMING:

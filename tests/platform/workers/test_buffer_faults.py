@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.db.models import Max
 from support import TINY_CONFIG, queue_sweep, wait_for
-from worker_helpers import assert_curves_equal, damage, wait_until_over
+from worker_helpers import TRAINING_CONFIG, assert_curves_equal, damage, wait_until_over
 
 from experiments.models import PolicyVersion, RolloutJob, Run
 from rlcore.staleness import steps_by_version
@@ -22,7 +22,7 @@ from workers.buffer import weight_store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CONFIG = {**TINY_CONFIG, "steps": 40, "checkpoint_every": 4, "eval_every": 20}
+CONFIG = {**TRAINING_CONFIG, "steps": 40, "checkpoint_every": 4, "eval_every": 20}
 STALENESS = [{"sync_offset": 4}]  # batches made up to 4 steps ahead of the trainer
 
 

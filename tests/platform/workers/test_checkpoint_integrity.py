@@ -6,8 +6,8 @@ and the run logs exactly the curves of an uninterrupted twin."""
 from __future__ import annotations
 
 import pytest
-from support import TINY_CONFIG, queue_sweep, wait_for
-from worker_helpers import assert_curves_equal, damage, wait_until_over
+from support import queue_sweep, wait_for
+from worker_helpers import TRAINING_CONFIG, assert_curves_equal, damage, wait_until_over
 
 from experiments.models import Checkpoint, Run
 from rlcore import checkpoints
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_damaged_checkpoint_is_passed_over_for_the_one_before(start_worker, team, alice):
-    config = {**TINY_CONFIG, "steps": 60, "checkpoint_every": 4, "eval_every": 20}
+    config = {**TRAINING_CONFIG, "steps": 60, "checkpoint_every": 4, "eval_every": 20}
     run = queue_sweep(team, alice, "damaged", config=config).runs.get()
     twin = queue_sweep(team, alice, "twin", config=config).runs.get()
     first = start_worker()

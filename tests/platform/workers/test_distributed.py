@@ -16,7 +16,15 @@ import pytest
 import torch
 from safetensors.torch import load
 from support import TINY_CONFIG, last_step, logged, queue_sweep, wait_for
-from worker_helpers import UNCOMPARED, assert_curves_equal, assert_same_points, curves, wait_until_over
+from worker_helpers import (
+    RANKS_REL,
+    TRAINING_CONFIG,
+    UNCOMPARED,
+    assert_curves_equal,
+    assert_same_points,
+    curves,
+    wait_until_over,
+)
 
 from experiments.models import Checkpoint, PolicyVersion, RolloutJob, Run
 from rlcore import checkpoints
@@ -28,9 +36,11 @@ STALENESS = [{"sync_offset": 2}, {"sync_interval": 3}]
 
 
 def test_distributed_runs_log_the_simulated_curves_exactly(start_worker, team, alice):
-    distributed_config = {**TINY_CONFIG, "execution": {"mode": "distributed", "rollout_workers": 2}}
+    distributed_config = {**TRAINING_CONFIG, "execution": {"mode": "distributed", "rollout_workers": 2}}
     presets = ["grpo", "reinforce"]
-    simulated = queue_sweep(team, alice, "simulated", presets=presets, staleness=STALENESS)
+    simulated = queue_sweep(
+        team, alice, "simulated", config=TRAINING_CONFIG, presets=presets, staleness=STALENESS
+    )
     distributed = queue_sweep(
         team, alice, "distributed", config=distributed_config, presets=presets, staleness=STALENESS
     )
@@ -39,7 +49,7 @@ def test_distributed_runs_log_the_simulated_curves_exactly(start_worker, team, a
     runs = list(Run.objects.filter(experiment__in=[simulated, distributed]))
     wait_until_over(runs, 300)
 
-    steps = TINY_CONFIG["steps"]
+    steps = TRAINING_CONFIG["steps"]
     for run in distributed.runs.all():
         assert run.status == Run.SUCCEEDED, run.error
         twin = simulated.runs.get(
@@ -47,10 +57,8 @@ def test_distributed_runs_log_the_simulated_curves_exactly(start_worker, team, a
         )
         assert twin.status == Run.SUCCEEDED, twin.error
         mine, reference = curves(run), curves(twin)
-        assert set(mine) == set(reference)
+        assert_same_points(mine, reference, (run.preset, run.staleness))
         assert {step for _, step in mine} == set(range(steps + 1))
-        for key, value in reference.items():
-            assert mine[key] == pytest.approx(value, abs=1e-5, rel=0), (run.staleness, key)
 
         jobs = list(RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH))
         assert sorted((j.step, j.part) for j in jobs) == [(t, p) for t in range(1, steps + 1) for p in (0, 1)]
@@ -64,8 +72,8 @@ def test_distributed_runs_log_the_simulated_curves_exactly(start_worker, team, a
         assert sorted(
             evals.values_list("step", "part", "version", "status", "groups_start", "groups_stop")
         ) == [
-            (5, 0, 5, RolloutJob.DONE, 0, 20),
-            (6, 0, 6, RolloutJob.DONE, 0, 20),
+            (5, 0, 5, RolloutJob.DONE, 0, 8),
+            (6, 0, 6, RolloutJob.DONE, 0, 8),
         ]
         published = set(PolicyVersion.objects.filter(run=run).values_list("version", flat=True))
         assert published == {j.version for j in jobs} | {5, 6}, "only versions some step or evaluation needs"
@@ -90,9 +98,9 @@ def test_mini_batches_and_a_bfloat16_rollout_run_distributed_as_simulated(start_
     proximal forward, a permutation per step) and a bfloat16 rollout engine (μ from the rollout
     worker's bfloat16 copy, re-scored there in float32): every metric equals the simulated run's."""
     config = {
-        **TINY_CONFIG,
-        "optimizer": {"minibatches": 2, "lr": 1e-3},
-        "rollout": {**TINY_CONFIG["rollout"], "dtype": "bfloat16"},
+        **TRAINING_CONFIG,
+        "optimizer": {**TRAINING_CONFIG["optimizer"], "minibatches": 2},
+        "rollout": {**TRAINING_CONFIG["rollout"], "dtype": "bfloat16"},
     }
     presets = ["decoupled-ppo", "grpo-tis"]
     simulated = queue_sweep(
@@ -114,9 +122,7 @@ def test_mini_batches_and_a_bfloat16_rollout_run_distributed_as_simulated(start_
         twin = simulated.runs.get(preset=run.preset, seed=run.seed)
         assert run.status == twin.status == Run.SUCCEEDED, (run.error, twin.error)
         mine, reference = curves(run), curves(twin)
-        assert set(mine) == set(reference)
-        for key, value in reference.items():
-            assert mine[key] == pytest.approx(value, abs=1e-5, rel=0), (run.preset, key)
+        assert_same_points(mine, reference, run.preset)
         assert min(v for (name, _), v in mine.items() if name == "mismatch/abs_max") > 1e-3, (
             "bfloat16 differs"
         )
@@ -136,15 +142,10 @@ FIELD_PRESETS = {
     "dro": ({}, "kl/behavior_k3", 1e-3),  # no mask: its penalty (β/2)·(π − μ)² acts where π ≠ μ
     "bapo": ({}, "masked_tokens/clip", 0),
 }
-# Sums of 0..3 and a warm start that reaches the tiny model's calibrated accuracy: groups of right
-# and wrong answers, so advantages are not all 0; a learning rate that moves π well away from μ
-# and the step-start weights within the 2 versions of staleness and the 2 mini-batches.
-FIELD_CONFIG = {
-    **TINY_CONFIG,
-    "task": {"name": "arithmetic", "min_operand": 0, "max_operand": 3},
-    "model": {"tiny": {**TINY_CONFIG["model"]["tiny"], "warmstart_max_steps": 400}},
-    "optimizer": {"minibatches": 2, "lr": 1e-2},
-}
+# TRAINING_CONFIG's groups of right and wrong answers (advantages not all 0) and its learning rate,
+# which moves π well away from μ and the step-start weights within the 2 versions of staleness
+# and the 2 mini-batches.
+FIELD_CONFIG = {**TRAINING_CONFIG, "optimizer": {**TRAINING_CONFIG["optimizer"], "minibatches": 2}}
 
 
 def test_the_fields_presets_run_distributed_as_simulated(start_worker, team, alice, tmp_path):
@@ -230,7 +231,7 @@ def test_killed_rollout_and_training_workers_lose_nothing_and_change_no_value(st
     # Every worker is up before the runs are queued: a tiny run is over in seconds.
     rollout_workers = [start_worker(queue="rollout"), start_worker(queue="rollout")]
     first_trainer = start_worker()
-    config = {**TINY_CONFIG, "steps": 60, "checkpoint_every": 4, "eval_every": 20}
+    config = {**TRAINING_CONFIG, "steps": 60, "checkpoint_every": 4, "eval_every": 20}
     twin_experiment = queue_sweep(team, alice, "reference", config=config, staleness=[{"sync_offset": 2}])
     distributed = {**config, "execution": {"mode": "distributed"}}
     experiment = queue_sweep(team, alice, "crashes", config=distributed, staleness=[{"sync_offset": 2}])
@@ -255,10 +256,7 @@ def test_killed_rollout_and_training_workers_lose_nothing_and_change_no_value(st
     else:
         assert (killed_job.attempt, killed_job.worker) == (2, survivor.identity)
     assert not RolloutJob.objects.filter(run=run).exclude(status=RolloutJob.DONE).exists()
-    mine, reference = curves(run), curves(twin)
-    assert set(mine) == set(reference)
-    for key, value in reference.items():
-        assert mine[key] == pytest.approx(value, abs=1e-5, rel=0), key
+    assert_curves_equal(run, twin)
     assert_one_point_per_name_and_step(run)
 
 
@@ -381,11 +379,12 @@ def test_two_trainer_ranks_with_rollout_workers_train_the_one_process_run(
     start_worker, team, alice, tmp_path
 ):
     """`execution.train_processes: 2` outside simulated execution: rank 0 holds the run's batch
-    source. Distributed, with a real rollout worker: every metric of the one-process run within
-    1e-5 at every step, and the last published weights within 1e-6. Async in 2 ranks: its
+    source. Distributed, with a real rollout worker, on a run that learns: every metric of the
+    one-process run within 1e-5 or RANKS_REL of its value at every step, and the last published
+    weights within 1e-5 (the ranks' float32 sums in another order). Async in 2 ranks: its
     staleness bound and bookkeeping hold, and its execution report reaches the summary. A
     distributed run in 2 ranks cancelled while rank 0 waits on its batches ends cancelled."""
-    distributed = {**TINY_CONFIG, "execution": {"mode": "distributed"}}
+    distributed = {**TRAINING_CONFIG, "execution": {"mode": "distributed"}}
     ranks = {"mode": "distributed", "train_processes": 2}
     offset = [{"sync_offset": 2}]
     one = queue_sweep(team, alice, "one trainer", config=distributed, staleness=offset).runs.get()
@@ -410,10 +409,11 @@ def test_two_trainer_ranks_with_rollout_workers_train_the_one_process_run(
         jobs = RolloutJob.objects.filter(run=run, kind=RolloutJob.BATCH)
         assert set(jobs.values_list("worker", flat=True)) == {rollout_worker.identity}
         assert_one_point_per_name_and_step(run)
-    assert_curves_equal(two, one)
+    assert_curves_equal(two, one, rel=RANKS_REL)
     mine, reference = kept.last(two), kept.last(one)
     assert set(mine) == set(reference)
-    assert max(float((mine[k] - reference[k]).abs().max()) for k in reference) <= 1e-6
+    # Within the ranks' float32 drift (RANKS_REL): 1.4e-6 after 6 steps that learn at lr 1e-2.
+    assert max(float((mine[k] - reference[k]).abs().max()) for k in reference) <= 1e-5
     record = two.provenance
     assert (record["train_processes"], record["backend"], record["threads_per_rank"]) == (2, "gloo", 1)
     assert in_async.provenance["train_processes"] == 2
