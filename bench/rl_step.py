@@ -367,7 +367,7 @@ def main() -> int:
     )
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps at the start of each round")
-    parser.add_argument("--target", type=float, default=1.3, help="required rlcore / TRL tokens/s ratio")
+    parser.add_argument("--target", type=float, default=1.6, help="required rlcore / TRL tokens/s ratio")
     parser.add_argument("--cache-dir", type=Path, default=None, help="rlcore's tiny-model cache")
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
