@@ -336,7 +336,7 @@ def measure_size(
         f"{MAX_OTHERS}: contended, left out of every median): "
         + ", ".join(
             f"{x:.2f} ({a['others']:.2f}, {b['others']:.2f}{'' if ok else ' ✗'})"
-            for x, (a, b), ok in zip(ratios, pairs, strict=True)
+            for x, (a, b), ok in zip(ratios, pairs, clean, strict=True)
         )
         + (
             f" (median of {len(kept)} uncontended: {ratio:.2f}, min {min(kept):.2f}, max {max(kept):.2f})."
