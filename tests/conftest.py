@@ -171,6 +171,24 @@ def _namespace(obj: object) -> dict:
     return vars(sys.modules[obj.__module__])
 
 
+def _source(obj: object) -> str:
+    """`obj`'s source. A class is found through its methods' file: conftest modules share the name
+    `conftest`, so `inspect.getsource` may look for it in another conftest.py."""
+    if inspect.isclass(obj):
+        for member in vars(obj).values():
+            if inspect.isfunction(member):
+                text = Path(member.__code__.co_filename).read_text()
+                line = member.__code__.co_firstlineno
+                for node in ast.walk(ast.parse(text)):
+                    if (
+                        isinstance(node, ast.ClassDef)
+                        and node.name == obj.__name__
+                        and node.lineno <= line <= (node.end_lineno or line)
+                    ):
+                        return ast.get_source_segment(text, node, padded=True) or ""
+    return inspect.getsource(obj)
+
+
 @cache
 def code_cost(obj: object) -> frozenset[str]:
     """What calling `obj` (a function or class of the tests' own code) starts: read from its
@@ -184,7 +202,7 @@ def code_cost(obj: object) -> frozenset[str]:
             continue
         seen.add(current)
         reader = _Reader(_namespace(current))
-        for node in ast.parse(textwrap.dedent(inspect.getsource(current))).body:
+        for node in ast.parse(textwrap.dedent(_source(current))).body:
             for part in node.body if isinstance(node, ast.ClassDef) else [node]:
                 reader.visit(part)
         found |= reader.costs
