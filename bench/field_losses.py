@@ -94,10 +94,12 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
 
 def finals(experiment) -> dict[tuple[str, str], dict[int, float]]:
     """Each run's final held-out accuracy (its last eval/accuracy), by (preset, staleness) and seed."""
+    from experiments import series
+
     out: dict[tuple[str, str], dict[int, float]] = {}
     for run in experiment.runs.all():
-        points = dict(run.points.filter(name="eval/accuracy").values_list("step", "value"))
-        out.setdefault((run.preset, run.staleness), {})[run.seed] = points[max(points)]
+        steps, values, _ = series.series(run.pk, "eval/accuracy")
+        out.setdefault((run.preset, run.staleness), {})[run.seed] = float(values[steps.argmax()])
     return out
 
 
