@@ -172,20 +172,22 @@ def _namespace(obj: object) -> dict:
 
 
 def _source(obj: object) -> str:
-    """`obj`'s source. A class is found through its methods' file: conftest modules share the name
-    `conftest`, so `inspect.getsource` may look for it in another conftest.py."""
+    """`obj`'s source. A class is found through its own methods' file (not those a dataclass
+    generates): conftest modules share the name `conftest`, so `inspect.getsource` may look for it
+    in another conftest.py."""
     if inspect.isclass(obj):
         for member in vars(obj).values():
-            if inspect.isfunction(member):
-                text = Path(member.__code__.co_filename).read_text()
-                line = member.__code__.co_firstlineno
-                for node in ast.walk(ast.parse(text)):
-                    if (
-                        isinstance(node, ast.ClassDef)
-                        and node.name == obj.__name__
-                        and node.lineno <= line <= (node.end_lineno or line)
-                    ):
-                        return ast.get_source_segment(text, node, padded=True) or ""
+            path = Path(member.__code__.co_filename) if inspect.isfunction(member) else None
+            if path is None or not path.is_file():
+                continue
+            text, line = path.read_text(), member.__code__.co_firstlineno
+            for node in ast.walk(ast.parse(text)):
+                if (
+                    isinstance(node, ast.ClassDef)
+                    and node.name == obj.__name__
+                    and node.lineno <= line <= (node.end_lineno or line)
+                ):
+                    return ast.get_source_segment(text, node, padded=True) or ""
     return inspect.getsource(obj)
 
 
