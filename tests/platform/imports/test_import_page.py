@@ -56,6 +56,12 @@ def test_an_upload_becomes_a_run_once(alice_client, experiment, tmp_path):
     assert again["Location"] == f"/runs/{record.run_id}/" and Import.objects.count() == 1
     page = alice_client.get(again["Location"]).content.decode()
     assert "metrics.jsonl was imported already, as run" in page and 'id="imported-from"' in page
+    # the file names no version or run id of its own; no worker ran it, so no "execution simulated"
+    assert "written by prime-rl\n  (the file names no version of it and no run id);" in page
+    assert "imported from prime-rl" in page and "execution simulated" not in page
+    assert "No worker ran it: its provenance is the file it was read from" in page
+    listed = alice_client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert listed.count('<td class="mode"><span title="read from prime-rl') == 1
 
 
 @pytest.mark.parametrize(
