@@ -4,12 +4,15 @@ field with nothing stored, an oversized upload cut off (413), another team's exp
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
-from import_helpers import prime_rl_file
+from import_helpers import T0, prime_rl_file
 from sample_experiments import make_finished_experiment
 from support import new_team_member
 
 from experiments.models import Run
+from experiments.progress import sweep_progress
 from imports.models import Import
 
 pytestmark = pytest.mark.django_db
@@ -37,6 +40,25 @@ def test_the_form_shows_the_cells_and_the_mappings(alice_client, experiment):
     assert form.status_code == 200 and 'enctype="multipart/form-data"' in html
     assert '<option value="on-policy">' in html and '<option value="sync_offset=2">' in html
     assert "<code>loss/mean</code></td><td><code>loss</code>" in html
+
+
+CELL = {"preset": "grpo", "staleness": "on-policy", "seed": "3"}
+
+
+def test_the_sweeps_start_and_length_are_its_own_runs_not_the_files_times(alice_client, experiment, tmp_path):
+    start = datetime(2026, 11, 1, 12, tzinfo=UTC)
+    experiment.runs.update(started=start, finished=start + timedelta(seconds=90))
+    answer = post(alice_client, experiment, prime_rl_file(tmp_path / "metrics.jsonl"), **CELL)
+    assert answer.status_code == 302 and Import.objects.get().first_time.year == 2025
+    sweep = sweep_progress(experiment)
+    assert (sweep["started"], sweep["finished"], sweep["duration_s"]) == (
+        start,
+        start + timedelta(seconds=90),
+        90.0,
+    )
+    experiment.runs.filter(imported__isnull=True).delete()  # only the imported run: its times, as logged
+    sweep = sweep_progress(experiment)
+    assert (sweep["started"].timestamp(), sweep["duration_s"]) == (T0, 200.0)
 
 
 def test_an_upload_becomes_a_run_once(alice_client, experiment, tmp_path):
