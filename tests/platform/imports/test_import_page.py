@@ -84,6 +84,12 @@ def test_an_upload_becomes_a_run_once(alice_client, experiment, tmp_path):
     assert "No worker ran it: its provenance is the file it was read from" in page
     listed = alice_client.get(f"/experiments/{experiment.pk}/").content.decode()
     assert listed.count('<td class="mode"><span title="read from prime-rl') == 1
+    by_mode = {
+        mode: {run.pk for run in alice_client.get("/runs/", {"mode": mode}).context["page"]}
+        for mode in ("imported", "simulated")
+    }
+    assert by_mode["imported"] == {record.run_id} and record.run_id not in by_mode["simulated"]
+    assert len(by_mode["simulated"]) == experiment.runs.count() - 1
 
 
 @pytest.mark.parametrize(
