@@ -14,10 +14,13 @@ class TargetForm(forms.ModelForm):
         max_length=2000,
         required=False,
         assume_scheme="https",
+        label="URL",
         help_text="a Slack-compatible or generic webhook's URL (http or https, a public address)",
     )
     events = forms.MultipleChoiceField(
-        choices=list(EVENTS.items()), widget=forms.CheckboxSelectMultiple, help_text="what it is told"
+        choices=list(EVENTS.items()),
+        widget=forms.CheckboxSelectMultiple,
+        help_text="the events sent to this target",
     )
 
     class Meta:

@@ -182,21 +182,23 @@ def sweep_progress(experiment: Experiment) -> dict[str, Any]:
     """The sweep's progress: each run with its `run_progress`, runs and steps done, and an ETA: the
     steps left of its active runs, plus those other runs of its queue go before or beside them, at
     the wall-clock per step its runs have taken (`wall_s_per_step`), shared among the live workers
-    of its queue."""
+    of its queue. Its start, end and pace are its own runs' (an imported run's times are when its
+    tool logged it, maybe long before), or the imported runs' when it holds no others."""
     runs = list(experiment.runs.select_related("imported"))
     live = Worker.live_queues()
     queues = QueueState.read({run.queue for run in runs if run.status == Run.QUEUED})
     rows = [(run, run_progress(run, live, queues)) for run in runs]
     steps_left = sum(max(0, run.steps - run.progress) for run in runs if run.is_active)
     eta_s = None
-    pace = wall_s_per_step(runs, rows) if steps_left else None
+    timed = [run for run in runs if not run.is_imported] or runs
+    pace = wall_s_per_step(timed, [row for row in rows if row[0] in timed]) if steps_left else None
     if pace is not None:
         queue = next(run.queue for run in runs if run.is_active)
         workers = Worker.live_count(queue)
         if workers:
             eta_s = (steps_left + steps_ahead(experiment, queue)) * pace / workers
-    started = [run.started for run in runs if run.started is not None]
-    finished = [run.finished for run in runs if run.finished is not None]
+    started = [run.started for run in timed if run.started is not None]
+    finished = [run.finished for run in timed if run.finished is not None]
     over = not any(run.is_active for run in runs)
     end = max(finished) if over and finished else timezone.now()
     return {

@@ -25,6 +25,7 @@ from rlcore.config import ExecutionConfig
 from rlcore.presets import preset_sort_key
 
 EXECUTION_MODES = typing.get_args(ExecutionConfig.model_fields["mode"].annotation)
+MODES = (*EXECUTION_MODES, "imported")  # the Mode column: how a run ran, or that it was imported
 RUNS_PER_PAGE = 100
 FILTERS = {
     "team": "experiment__team_id",
@@ -62,11 +63,15 @@ def _took():
 
 
 def _mode_filter(mode: str) -> Q:
-    """Runs whose resolved config has execution mode `mode`; runs from before the execution
-    section existed are simulated."""
+    """Runs the Mode column shows as `mode`: "imported" for imported runs, else the lab's own runs
+    whose resolved config has execution mode `mode` (runs from before the execution section
+    existed are simulated)."""
+    if mode == "imported":
+        return Q(imported__isnull=False)
+    own = Q(imported__isnull=True)
     if mode == "simulated":
-        return Q(config__execution__mode="simulated") | Q(config__execution__isnull=True)
-    return Q(config__execution__mode=mode)
+        return own & (Q(config__execution__mode="simulated") | Q(config__execution__isnull=True))
+    return own & Q(config__execution__mode=mode)
 
 
 def filtered(user, params: QueryDict) -> tuple[QuerySet[Run], dict[str, str], list[str], dict | None]:
@@ -81,10 +86,8 @@ def filtered(user, params: QueryDict) -> tuple[QuerySet[Run], dict[str, str], li
         if not value:
             continue
         if name == "mode":
-            if value not in EXECUTION_MODES:
-                errors.append(
-                    f"mode must be one of {', '.join(EXECUTION_MODES)} (got {value[:50]!r}); not filtered"
-                )
+            if value not in MODES:
+                errors.append(f"mode must be one of {', '.join(MODES)} (got {value[:50]!r}); not filtered")
             else:
                 runs = runs.filter(_mode_filter(value))
         elif name in ("team", "experiment") and not (value.isdigit() and len(value) <= 18):
@@ -153,7 +156,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
             ),
             "staleness": sorted(visible.order_by().values_list("staleness", flat=True).distinct()),
             "statuses": [s for s, _ in Run.STATUSES],
-            "modes": EXECUTION_MODES,
+            "modes": MODES,
             "sort": sort,
             "orders": RUN_ORDERS,
             "views": SavedView.visible_to(request.user).select_related("team", "author"),

@@ -15,7 +15,7 @@ from rlcore.presets import PRESETS
 class ImportForm(forms.Form):
     file = forms.FileField(help_text="the run's file as its tool wrote it")
     tool = forms.ChoiceField(choices=[(tool, tool) for tool in formats.TOOLS])
-    preset = forms.ChoiceField(required=False, help_text="blank: the file's config's")
+    preset = forms.ChoiceField(required=False, help_text="—: the file's config's")
     staleness = forms.CharField(
         required=False,
         max_length=100,

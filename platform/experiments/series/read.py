@@ -156,6 +156,7 @@ def recent(
     run_id: int, n: int, damaged: list[Damage] | None = None
 ) -> tuple[list[int], dict[str, dict[int, float | None]]]:
     """The run's `n` latest steps (of any metric), ascending, and {metric: {step: value}} at them,
+    the values as logged (a NaN or ±inf included, for the page to tell it from a step with none),
     read from the newest chunks back only as far as those steps reach. A damaged chunk is left out
     and added to `damaged` (without it, `packing.Damaged` is raised)."""
     chunks = list(
@@ -177,9 +178,7 @@ def recent(
                 steps.add(step)
     latest = sorted(steps)[-n:] if n else []
     keep = set(latest)
-    table = {
-        name: {s: shown(v) for s, v in values.items() if s in keep} for name, values in sorted(found.items())
-    }
+    table = {name: {s: v for s, v in values.items() if s in keep} for name, values in sorted(found.items())}
     return latest, {name: values for name, values in table.items() if values}
 
 

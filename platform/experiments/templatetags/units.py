@@ -71,6 +71,16 @@ def number(value: float | None) -> str:
 
 
 @register.filter
+def logged(value: float | None) -> str:
+    """A metric's value as the run logged it: `number`'s, but a NaN or ±inf the run did log is shown
+    as "NaN", "inf" or "-inf", apart from "–", a step where it logged none (a gap)."""
+    if value is not None and not isinstance(value, bool) and not math.isfinite(float(value)):
+        value = float(value)
+        return "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return number(value)
+
+
+@register.filter
 def as_json(value) -> str:
     """A config as JSON people can paste into the API (null, false, "…"), keys sorted."""
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)

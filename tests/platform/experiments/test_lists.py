@@ -48,7 +48,10 @@ def test_the_runs_list_has_a_mode_column_and_filter(alice_client, runs):
         run.pk for run in alice_client.get(reverse("run-list"), {"mode": "simulated"}).context["page"]
     ] == [simulated.pk]
     bad = alice_client.get(reverse("run-list"), {"mode": "fast"}).content.decode()
-    assert "mode must be one of simulated, distributed, async (got &#x27;fast&#x27;); not filtered" in bad
+    assert (
+        "mode must be one of simulated, distributed, async, imported (got &#x27;fast&#x27;); not filtered"
+        in bad
+    )
 
 
 def test_wall_clock_is_on_the_run_experiment_and_list_pages(alice_client, runs):

@@ -99,6 +99,19 @@ def test_missing_values_come_back_as_null(alice_client, team, alice):
     assert metrics["entropy"] == {"x": [0, 1], "y": [None, None]}
 
 
+def test_the_recent_metrics_tell_a_logged_nan_or_inf_from_a_gap(alice_client, team, alice):
+    experiment = make_finished_experiment(
+        team, alice, presets=("grpo",), staleness=({},), seeds=(0,), steps=2
+    )
+    run = experiment.runs.get()
+    add_points(run, "grad_norm", [0.5, float("nan"), 0.75])
+    add_points(run, "entropy", [float("inf"), float("-inf")])  # nothing at step 2
+    page = alice_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    rows = dict(re.findall(r"<tr><td>(grad_norm|entropy)</td>(.*?)</tr>", page))
+    assert re.findall(r"<td>(.*?)</td>", rows["grad_norm"]) == ["0.5", "NaN", "0.75"]
+    assert re.findall(r"<td>(.*?)</td>", rows["entropy"]) == ["inf", "-inf", "–"]
+
+
 def test_the_curves_of_another_teams_run_are_404_and_anonymous_users_log_in(client, team, alice, bob):
     run = make_finished_experiment(team, alice, presets=("grpo",), staleness=({},), seeds=(0,)).runs.get()
     url = reverse("run-curves", args=[run.pk])

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from experiments.templatetags.units import as_json, number, percent, seconds
+from experiments.templatetags.units import as_json, logged, number, percent, seconds
 
 
 @pytest.mark.parametrize(
@@ -24,6 +24,16 @@ from experiments.templatetags.units import as_json, number, percent, seconds
 )
 def test_numbers_are_shown_at_a_precision_that_fits_their_size(value, shown):
     assert number(value) == shown
+
+
+def test_logged_values_tell_a_logged_nan_or_inf_from_a_gap():
+    assert [logged(v) for v in (float("nan"), float("inf"), float("-inf"), None, 0.17523)] == [
+        "NaN",
+        "inf",
+        "-inf",
+        "–",
+        "0.1752",
+    ]
 
 
 def test_configs_are_json_that_pastes_into_the_api():

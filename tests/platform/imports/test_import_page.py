@@ -4,12 +4,15 @@ field with nothing stored, an oversized upload cut off (413), another team's exp
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
-from import_helpers import prime_rl_file
+from import_helpers import T0, prime_rl_file
 from sample_experiments import make_finished_experiment
 from support import new_team_member
 
 from experiments.models import Run
+from experiments.progress import sweep_progress
 from imports.models import Import
 
 pytestmark = pytest.mark.django_db
@@ -39,6 +42,25 @@ def test_the_form_shows_the_cells_and_the_mappings(alice_client, experiment):
     assert "<code>loss/mean</code></td><td><code>loss</code>" in html
 
 
+CELL = {"preset": "grpo", "staleness": "on-policy", "seed": "3"}
+
+
+def test_the_sweeps_start_and_length_are_its_own_runs_not_the_files_times(alice_client, experiment, tmp_path):
+    start = datetime(2026, 11, 1, 12, tzinfo=UTC)
+    experiment.runs.update(started=start, finished=start + timedelta(seconds=90))
+    answer = post(alice_client, experiment, prime_rl_file(tmp_path / "metrics.jsonl"), **CELL)
+    assert answer.status_code == 302 and Import.objects.get().first_time.year == 2025
+    sweep = sweep_progress(experiment)
+    assert (sweep["started"], sweep["finished"], sweep["duration_s"]) == (
+        start,
+        start + timedelta(seconds=90),
+        90.0,
+    )
+    experiment.runs.filter(imported__isnull=True).delete()  # only the imported run: its times, as logged
+    sweep = sweep_progress(experiment)
+    assert (sweep["started"].timestamp(), sweep["duration_s"]) == (T0, 200.0)
+
+
 def test_an_upload_becomes_a_run_once(alice_client, experiment, tmp_path):
     path = prime_rl_file(tmp_path / "metrics.jsonl", seed=2)
     fields = {
@@ -56,6 +78,18 @@ def test_an_upload_becomes_a_run_once(alice_client, experiment, tmp_path):
     assert again["Location"] == f"/runs/{record.run_id}/" and Import.objects.count() == 1
     page = alice_client.get(again["Location"]).content.decode()
     assert "metrics.jsonl was imported already, as run" in page and 'id="imported-from"' in page
+    # the file names no version or run id of its own; no worker ran it, so no "execution simulated"
+    assert "written by prime-rl\n  (the file names no version of it and no run id);" in page
+    assert "imported from prime-rl" in page and "execution simulated" not in page
+    assert "No worker ran it: its provenance is the file it was read from" in page
+    listed = alice_client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert listed.count('<td class="mode"><span title="read from prime-rl') == 1
+    by_mode = {
+        mode: {run.pk for run in alice_client.get("/runs/", {"mode": mode}).context["page"]}
+        for mode in ("imported", "simulated")
+    }
+    assert by_mode["imported"] == {record.run_id} and record.run_id not in by_mode["simulated"]
+    assert len(by_mode["simulated"]) == experiment.runs.count() - 1
 
 
 @pytest.mark.parametrize(

@@ -729,7 +729,7 @@
     drawStalenessAnswer();
     drawContrasts();
     const runs = payload.runs.length;
-    status.textContent = `${runs} run${runs === 1 ? "" : "s"} in ${payload.groups.length} groups${payload.active ? " · some still running, refreshing" : ""}`;
+    status.textContent = `${runs} run${runs === 1 ? "" : "s"} in ${payload.groups.length} group${payload.groups.length === 1 ? "" : "s"}${payload.active ? " · some still running, refreshing" : ""}`;
     root.dataset.filled = new URLSearchParams(state()).toString();
     const ticket = ++drawTicket;
     requestAnimationFrame(() => setTimeout(() => ticket === drawTicket && drawCharts(), 0));
