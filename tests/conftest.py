@@ -172,21 +172,21 @@ def _namespace(obj: object) -> dict:
 
 
 def _source(obj: object) -> str:
-    """`obj`'s source. A class is found through its own methods' file (not those a dataclass
-    generates): conftest modules share the name `conftest`, so `inspect.getsource` may look for it
-    in another conftest.py."""
+    """`obj`'s source. A class is looked for in the files of its own methods (not those a dataclass
+    generates), else, for a class of a conftest module, in every conftest.py under tests/:
+    conftest modules share the name `conftest`, so `inspect.getsource` may look in another one."""
     if inspect.isclass(obj):
-        for member in vars(obj).values():
-            path = Path(member.__code__.co_filename) if inspect.isfunction(member) else None
-            if path is None or not path.is_file():
+        files = [
+            Path(member.__code__.co_filename) for member in vars(obj).values() if inspect.isfunction(member)
+        ]
+        if obj.__module__ == "conftest":
+            files += sorted(TESTS.rglob("conftest.py"))
+        for path in files:
+            if not path.is_file():
                 continue
-            text, line = path.read_text(), member.__code__.co_firstlineno
+            text = path.read_text()
             for node in ast.walk(ast.parse(text)):
-                if (
-                    isinstance(node, ast.ClassDef)
-                    and node.name == obj.__name__
-                    and node.lineno <= line <= (node.end_lineno or line)
-                ):
+                if isinstance(node, ast.ClassDef) and node.name == obj.__qualname__.rsplit(".", 1)[-1]:
                     return ast.get_source_segment(text, node, padded=True) or ""
     return inspect.getsource(obj)
 
