@@ -208,6 +208,27 @@ def _bucket_width(n: int, max_buckets: int) -> int:
     return 1 if n <= max_buckets else -(-n // max_buckets)
 
 
+def dropped_as_gaps(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A metric's points with a NaN at each step its own cadence (the commonest step between two of
+    its points) passes over: a value the logging tool dropped (prime-rl drops NaN and inf) becomes
+    a break in the line instead of a straight line across it. Left as they are when the steps
+    follow no cadence (the points would be more gaps than values)."""
+    if steps.size < 3:
+        return steps, values
+    diffs, counts = np.unique(np.diff(steps), return_counts=True)
+    stride = int(diffs[np.argmax(counts)])
+    if stride <= 0 or (int(steps[-1]) - int(steps[0])) // stride + 1 > 2 * steps.size:
+        return steps, values
+    missing = np.setdiff1d(np.arange(int(steps[0]), int(steps[-1]) + 1, stride), steps)
+    if missing.size == 0:
+        return steps, values
+    order = np.argsort(np.concatenate([steps, missing]), kind="stable")
+    return (
+        np.concatenate([steps, missing])[order],
+        np.concatenate([values.astype(float), np.full(missing.size, np.nan)])[order],
+    )
+
+
 def downsample_index(y: np.ndarray, max_buckets: int = MAX_BUCKETS) -> np.ndarray:
     """Indices to keep of `y: [N]`: per bucket of consecutive points its min, max and last; the first point.
 

@@ -183,12 +183,15 @@ def runs_compare_summary(request: HttpRequest) -> HttpResponse:
 @login_required
 def run_curves(request: HttpRequest, run_id: int) -> JsonResponse:
     """Every metric the run logged as `{name: {"x": steps, "y": values}}`, each downsampled to at most
-    `curves.MAX_BUCKETS` buckets (min, max and last of each, so spikes survive); missing values are null.
+    `curves.MAX_BUCKETS` buckets (min, max and last of each, so spikes survive); missing values are null,
+    and in an imported run so is each step of a metric's cadence its tool dropped (`curves.dropped_as_gaps`).
     A damaged chunk (`series.Damage`) is a null at its first step, so the line breaks there, and a
     note in `damaged` ({name: [notes]})."""
     run = get_object_or_404(Run.visible_to(request.user), pk=run_id)
     metrics, damaged = {}, []
     for name, (steps, values, _) in series.points_of(run.pk, damaged=damaged):
+        if run.is_imported:  # a value the tool dropped is a break in the line, as in the table
+            steps, values = curves.dropped_as_gaps(steps, values)
         y = np.where(np.isfinite(values), values, np.nan)  # a value not finite is null in the JSON
         keep = curves.downsample_index(y)
         x, y = steps[keep].astype(float), y[keep]

@@ -4,6 +4,7 @@ field with nothing stored, an oversized upload cut off (413), another team's exp
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -144,3 +145,23 @@ def test_another_teams_experiment_is_a_404(client, experiment, tmp_path):
         seed="0",
     )
     assert answer.status_code == 404 and not Import.objects.exists()
+
+
+def test_a_value_the_tool_dropped_breaks_the_run_page_s_curve(alice_client, experiment, tmp_path):
+    """prime-rl drops a NaN: the step is missing from the file. The run page's chart data has a null
+    there (a break in the line, as the recent-metrics table shows "–"), not a line drawn across it;
+    `eval/acc`, logged every 5 steps, gets no null between its points."""
+    path = prime_rl_file(tmp_path / "metrics.jsonl", steps=10)
+    lines = path.read_text().splitlines()
+    dropped = json.loads(lines[3])
+    del dropped["reward/mean"]
+    lines[3] = json.dumps(dropped)
+    path.write_text("\n".join(lines) + "\n")
+    post(alice_client, experiment, path, preset="reinforce", staleness="on-policy", seed="3")
+    run = Import.objects.get().run
+    curves = alice_client.get(f"/runs/{run.pk}/curves").json()["metrics"]
+    reward = dict(zip(curves["reward/mean"]["x"], curves["reward/mean"]["y"], strict=True))
+    assert sorted(reward) == list(range(11)) and reward[3] is None
+    assert all(reward[step] is not None for step in range(11) if step != 3)
+    accuracy = curves["imported/eval/acc"]
+    assert accuracy["x"] == [0, 5, 10] and None not in accuracy["y"]
