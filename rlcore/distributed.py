@@ -10,9 +10,8 @@
   rank (kl/init reads it at every response position). The weights are gathered once per
   optimiser step (one all-gather per FSDP unit, at the publish) and stay whole through its forwards and backward passes, going back to their
   shards once those are done (`Ranks.after_backward`); the gradients are reduced once per unit.
-  On gloo both collectives are point-to-point sends between each pair of ranks (FSDP2's custom
-  comms): gloo's own all-gather and reduce-scatter (an all-reduce of the whole buffer), or one
-  all-to-all, take 1.4–3× longer.
+  On gloo both collectives go through shared memory between the ranks of the host (FSDP2's
+  custom comms, `rlcore.comms`) instead of gloo's loopback sockets.
 - Every rank holds the whole batch and runs `trainer.train_step` on it alike (`Ranks`): each
   forward and backward takes the rank's share of whole prompt groups, every rank making as many
   passes as the busiest; log-probs and sums are put together across ranks before anything reads
@@ -55,7 +54,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoints, models, provenance, sources, tasks
+from rlcore import checkpoints, comms, models, provenance, sources, tasks
 from rlcore.batch import Batch
 from rlcore.config import RunConfig
 from rlcore.evaluate import EvalSums, Evaluator
@@ -146,77 +145,14 @@ def shard(model: torch.nn.Module, mesh: Any) -> None:
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, reshard_after_forward=False)
-    gloo = dist.get_backend() == "gloo"
+    all_gather, reduce_scatter = comms.cpu_comms() if dist.get_backend() == "gloo" else (None, None)
     for module in fsdp_modules(model):
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)
         module.set_reshard_after_backward(False, recurse=False)
-        if gloo:
-            module.set_custom_reduce_scatter(PairwiseReduceScatter())
-            module.set_custom_all_gather(PairwiseAllGather())
-
-
-class PairwiseReduceScatter:
-    """FSDP2's gradient reduce-scatter on gloo (`set_custom_reduce_scatter`) as point-to-point
-    sends: each rank sends every other rank that rank's chunk and adds up what it receives for its
-    own. On 2 cores with 1 thread per rank, 1.4× (48 MiB a rank) to 3× (1 MiB) quicker than one
-    all-to-all, itself several times quicker than gloo's own reduce-scatter (an all-reduce of the
-    whole buffer)."""
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(
-        self,
-        output_tensor: torch.Tensor,
-        input_tensor: torch.Tensor,
-        group: Any,
-        op: Any,
-        async_op: bool = False,
-    ) -> None:
-        if op != dist.ReduceOp.SUM:
-            dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group)
-            return
-        me, world = dist.get_rank(group), group.size()
-        chunks = input_tensor.view(world, -1)
-        received = torch.empty((world - 1, chunks.shape[1]), dtype=chunks.dtype, device=chunks.device)
-        requests, others = [], [r for r in range(world) if r != me]
-        for i, peer in enumerate(others):
-            peer_global = dist.get_global_rank(group, peer)
-            requests.append(dist.isend(chunks[peer], dst=peer_global, group=group))
-            requests.append(dist.irecv(received[i], src=peer_global, group=group))
-        for request in requests:
-            request.wait()
-        total = output_tensor.view(-1)
-        torch.add(chunks[me], received[0], out=total)
-        for more in received[1:]:
-            total.add_(more)
-
-
-class PairwiseAllGather:
-    """FSDP2's parameter all-gather on gloo (`set_custom_all_gather`) as point-to-point sends, each
-    rank sending its shard to every other rank: on 2 cores with 1 thread per rank, about 2.5× quicker
-    than gloo's all-gather or one all-to-all at tens of MiB, and no slower at 1 MiB."""
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(
-        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
-    ) -> None:
-        me, world = dist.get_rank(group), group.size()
-        chunks = output_tensor.view(world, -1)
-        # FSDP gathers in place (the input is this rank's chunk of the output): then nothing to copy.
-        if input_tensor.data_ptr() != chunks[me].data_ptr():
-            chunks[me].copy_(input_tensor.view(-1))
-        requests = []
-        for peer in range(world):
-            if peer != me:
-                peer_global = dist.get_global_rank(group, peer)
-                requests.append(dist.isend(chunks[me], dst=peer_global, group=group))
-                requests.append(dist.irecv(chunks[peer], src=peer_global, group=group))
-        for request in requests:
-            request.wait()
+        if all_gather is not None:
+            module.set_custom_all_gather(all_gather)
+            module.set_custom_reduce_scatter(reduce_scatter)
 
 
 def fsdp_modules(model: torch.nn.Module) -> list[Any]:
