@@ -14,7 +14,8 @@ everything of operation k, so writing slot k % 2 again at k + 2 never overwrites
 yet to read. Every rank sees the same operations with the same sizes in the same order (they are
 collectives), so every rank grows the arena at the same operation: rank 0 makes a file under
 /dev/shm, the others map it, and it is unlinked at once (the mappings outlive the name; nothing is
-left behind when a rank is killed).
+left behind when a rank is killed). Where /dev/shm cannot hold the slots (a container's small
+one), the bytes go as point-to-point sends instead, decided by rank 0 for every rank.
 """
 
 from __future__ import annotations
@@ -51,24 +52,39 @@ class Arena:
         self.maps: list[mmap.mmap] = []
         self.slots: list[torch.Tensor] = []
         self.turn = 0
+        self.full = False  # /dev/shm could not hold the slots: the bytes go as sends
 
-    def next_slot(self, nbytes: int) -> torch.Tensor:
-        """The next slot (uint8, at least `nbytes`), grown on every rank alike where too small."""
+    def next_slot(self, nbytes: int) -> torch.Tensor | None:
+        """The next slot (uint8, at least `nbytes`), grown on every rank alike where too small;
+        None on every rank once /dev/shm could not hold it (the caller sends the bytes instead)."""
+        if self.full:
+            return None
         if nbytes > self.slot_bytes:
             self._grow(max(_aligned(nbytes), 2 * self.slot_bytes))
+            if self.full:
+                return None
         slot = self.slots[self.turn]
         self.turn ^= 1
         return slot
 
     def _grow(self, slot_bytes: int) -> None:
         me = dist.get_rank(self.group)
-        name = [None]
+        name: list[str | None] = [None]
         if me == 0:
             fd, path = tempfile.mkstemp(prefix="rlcore-ranks-", dir=SHM_DIR)
-            os.ftruncate(fd, 2 * slot_bytes)
-            os.close(fd)
-            name = [path]
+            try:
+                # Reserved now: a /dev/shm too small (a container's 64 MiB) fails here, not with a
+                # SIGBUS when a rank first writes past what it can hold.
+                os.posix_fallocate(fd, 0, 2 * slot_bytes)
+                name = [path]
+            except OSError:
+                os.unlink(path)
+            finally:
+                os.close(fd)
         dist.broadcast_object_list(name, src=dist.get_global_rank(self.group, 0), group=self.group)
+        if name[0] is None:
+            self.full = True
+            return
         path = str(name[0])
         try:
             with open(path, "r+b") as file:
@@ -151,42 +167,6 @@ class _AllGather(_Comm):
         raise NotImplementedError
 
 
-class SharedAllGather(_AllGather):
-    """FSDP2's parameter all-gather through shared memory: each rank writes its shard into its
-    part of the slot; after the barrier each copies the others' parts into its output."""
-
-    def fill(self, chunks: torch.Tensor, group: Any) -> None:
-        me, world = dist.get_rank(group), group.size()
-        arena = self.arena(group)
-        slot = arena.next_slot(chunks.numel() * chunks.element_size())
-        parts = _view(slot, chunks.dtype, tuple(chunks.shape))
-        parts[me].copy_(chunks[me])
-        arena.meet()
-        for peer in range(world):
-            if peer != me:
-                chunks[peer].copy_(parts[peer])
-
-
-class SharedReduceScatter(_ReduceScatter):
-    """FSDP2's gradient reduce-scatter (a sum) through shared memory: each rank writes the chunks
-    the other ranks own into the slot; after the barrier each adds the others' copies of its own
-    chunk to its own."""
-
-    def add_up(self, total: torch.Tensor, chunks: torch.Tensor, group: Any) -> None:
-        me, world = dist.get_rank(group), group.size()
-        arena = self.arena(group)
-        slot = arena.next_slot(world * chunks.numel() * chunks.element_size())
-        parts = _view(slot, chunks.dtype, (world, world, chunks.shape[1]))  # [writer, owner, …]
-        for peer in range(world):
-            if peer != me:
-                parts[me, peer].copy_(chunks[peer])
-        arena.meet()
-        total.copy_(chunks[me])
-        for peer in range(world):
-            if peer != me:
-                total.add_(parts[peer, me])
-
-
 class PairwiseReduceScatter(_ReduceScatter):
     """FSDP2's gradient reduce-scatter as point-to-point sends (ranks on several hosts): each rank
     sends every other rank that rank's chunk and adds up what it receives for its own. On 2 cores
@@ -223,6 +203,48 @@ class PairwiseAllGather(_AllGather):
                 requests.append(dist.irecv(chunks[peer], src=peer_global, group=group))
         for request in requests:
             request.wait()
+
+
+class SharedAllGather(PairwiseAllGather):
+    """FSDP2's parameter all-gather through shared memory: each rank writes its shard into its
+    part of the slot; after the barrier each copies the others' parts into its output."""
+
+    def fill(self, chunks: torch.Tensor, group: Any) -> None:
+        me, world = dist.get_rank(group), group.size()
+        arena = self.arena(group)
+        slot = arena.next_slot(chunks.numel() * chunks.element_size())
+        if slot is None:
+            super().fill(chunks, group)
+            return
+        parts = _view(slot, chunks.dtype, tuple(chunks.shape))
+        parts[me].copy_(chunks[me])
+        arena.meet()
+        for peer in range(world):
+            if peer != me:
+                chunks[peer].copy_(parts[peer])
+
+
+class SharedReduceScatter(PairwiseReduceScatter):
+    """FSDP2's gradient reduce-scatter (a sum) through shared memory: each rank writes the chunks
+    the other ranks own into the slot; after the barrier each adds the others' copies of its own
+    chunk to its own."""
+
+    def add_up(self, total: torch.Tensor, chunks: torch.Tensor, group: Any) -> None:
+        me, world = dist.get_rank(group), group.size()
+        arena = self.arena(group)
+        slot = arena.next_slot(world * chunks.numel() * chunks.element_size())
+        if slot is None:
+            super().add_up(total, chunks, group)
+            return
+        parts = _view(slot, chunks.dtype, (world, world, chunks.shape[1]))  # [writer, owner, …]
+        for peer in range(world):
+            if peer != me:
+                parts[me, peer].copy_(chunks[peer])
+        arena.meet()
+        total.copy_(chunks[me])
+        for peer in range(world):
+            if peer != me:
+                total.add_(parts[peer, me])
 
 
 def cpu_comms() -> tuple[Any, Any]:

@@ -1,6 +1,7 @@
 """FSDP2's collectives between trainer ranks (`rlcore.comms`): through shared memory (ranks of one
 host) and as point-to-point sends, each equal to gloo's own all-gather and reduce-scatter, back to
-back with a rank slow to read, and nothing left in /dev/shm; real torchrun ranks."""
+back with a rank slow to read, sends where /dev/shm cannot hold the arena, and nothing left in
+/dev/shm; real torchrun ranks."""
 
 import json
 import os
@@ -20,13 +21,14 @@ def shm_files() -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("transport", "kinds"),
+    ("transport", "kinds", "shared_memory"),
     [
-        ("shared", ["SharedAllGather", "SharedReduceScatter"]),
-        ("pairwise", ["PairwiseAllGather", "PairwiseReduceScatter"]),
+        ("shared", ["SharedAllGather", "SharedReduceScatter"], True),
+        ("full", ["SharedAllGather", "SharedReduceScatter"], False),  # /dev/shm too small: sends
+        ("pairwise", ["PairwiseAllGather", "PairwiseReduceScatter"], False),
     ],
 )
-def test_the_collectives_equal_gloos_and_leave_nothing_behind(tmp_path, transport, kinds):
+def test_the_collectives_equal_gloos_and_leave_nothing_behind(tmp_path, transport, kinds, shared_memory):
     before = shm_files()
     command = launch.rank_command([TARGET, tmp_path, transport], 2)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LAB_RANK_TIMEOUT_S": "120"}
@@ -39,6 +41,7 @@ def test_the_collectives_equal_gloos_and_leave_nothing_behind(tmp_path, transpor
         assert report["kinds"] == kinds
         assert len(report["cases"]) == 5
         assert report["back_to_back"]
+        assert report["shared_memory"] is shared_memory
         for case in report["cases"]:
             assert case["reduce_scatter"] and case["all_gather"] and case["in_place"], case
     assert shm_files() <= before
