@@ -232,19 +232,24 @@ class SharedReduceScatter(PairwiseReduceScatter):
     def add_up(self, total: torch.Tensor, chunks: torch.Tensor, group: Any) -> None:
         me, world = dist.get_rank(group), group.size()
         arena = self.arena(group)
-        slot = arena.next_slot(world * chunks.numel() * chunks.element_size())
+        slot = arena.next_slot((world - 1) * chunks.numel() * chunks.element_size())
         if slot is None:
             super().add_up(total, chunks, group)
             return
-        parts = _view(slot, chunks.dtype, (world, world, chunks.shape[1]))  # [writer, owner, …]
+        # [writer, owner other than the writer, …]: a writer's own chunk never goes through the slot
+        parts = _view(slot, chunks.dtype, (world, world - 1, chunks.shape[1]))
+
+        def place(writer: int, owner: int) -> torch.Tensor:
+            return parts[writer, owner if owner < writer else owner - 1]
+
         for peer in range(world):
             if peer != me:
-                parts[me, peer].copy_(chunks[peer])
+                place(me, peer).copy_(chunks[peer])
         arena.meet()
         total.copy_(chunks[me])
         for peer in range(world):
             if peer != me:
-                total.add_(parts[peer, me])
+                total.add_(place(peer, me))
 
 
 def cpu_comms() -> tuple[Any, Any]:

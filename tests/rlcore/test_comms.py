@@ -21,22 +21,25 @@ def shm_files() -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("transport", "kinds", "shared_memory"),
+    ("transport", "ranks", "kinds", "shared_memory"),
     [
-        ("shared", ["SharedAllGather", "SharedReduceScatter"], True),
-        ("full", ["SharedAllGather", "SharedReduceScatter"], False),  # /dev/shm too small: sends
-        ("pairwise", ["PairwiseAllGather", "PairwiseReduceScatter"], False),
+        ("shared", 2, ["SharedAllGather", "SharedReduceScatter"], True),
+        ("shared", 3, ["SharedAllGather", "SharedReduceScatter"], True),
+        ("full", 2, ["SharedAllGather", "SharedReduceScatter"], False),  # /dev/shm too small: sends
+        ("pairwise", 2, ["PairwiseAllGather", "PairwiseReduceScatter"], False),
     ],
 )
-def test_the_collectives_equal_gloos_and_leave_nothing_behind(tmp_path, transport, kinds, shared_memory):
+def test_the_collectives_equal_gloos_and_leave_nothing_behind(
+    tmp_path, transport, ranks, kinds, shared_memory
+):
     before = shm_files()
-    command = launch.rank_command([TARGET, tmp_path, transport], 2)
+    command = launch.rank_command([TARGET, tmp_path, transport], ranks)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LAB_RANK_TIMEOUT_S": "120"}
     done = subprocess.run(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout[-8000:]
-    for rank in (0, 1):
+    for rank in range(ranks):
         report = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         assert report["kinds"] == kinds
         assert len(report["cases"]) == 5
