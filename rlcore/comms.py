@@ -90,9 +90,11 @@ class Arena:
             with open(path, "r+b") as file:
                 mapped = mmap.mmap(file.fileno(), 2 * slot_bytes)
         finally:
-            dist.barrier(group=self.group)  # every rank has mapped it (or failed to)
-            if me == 0:
-                os.unlink(path)
+            try:
+                dist.barrier(group=self.group)  # every rank has mapped it (or failed to)
+            finally:  # a rank gone meanwhile fails the barrier: the file goes all the same
+                if me == 0:
+                    os.unlink(path)
         for old in self.maps:
             old.close()
         whole = torch.frombuffer(mapped, dtype=torch.uint8)
