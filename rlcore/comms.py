@@ -20,6 +20,7 @@ one), the bytes go as point-to-point sends instead, decided by rank 0 for every 
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import tempfile
@@ -49,7 +50,7 @@ class Arena:
     def __init__(self, group: Any) -> None:
         self.group = group
         self.slot_bytes = 0
-        self.maps: list[mmap.mmap] = []
+        self.mapped: mmap.mmap | None = None
         self.slots: list[torch.Tensor] = []
         self.turn = 0
         self.full = False  # /dev/shm could not hold the slots: the bytes go as sends
@@ -95,10 +96,10 @@ class Arena:
             finally:  # a rank gone meanwhile fails the barrier: the file goes all the same
                 if me == 0:
                     os.unlink(path)
-        for old in self.maps:
-            old.close()
+        if self.mapped is not None:
+            self.mapped.close()
+        self.mapped = mapped
         whole = torch.frombuffer(mapped, dtype=torch.uint8)
-        self.maps = [mapped]
         self.slots = [whole[:slot_bytes], whole[slot_bytes:]]
         self.slot_bytes = slot_bytes
         self.turn = 0
@@ -109,31 +110,21 @@ class Arena:
 
 
 def _view(slot: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    count = 1
-    for size in shape:
-        count *= size
-    return slot[: count * torch.empty((), dtype=dtype).element_size()].view(dtype).view(shape)
+    return slot[: math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
 
 
-class _Comm:
+class _Buffers:
     """What FSDP2 asks of a custom collective besides the call: its buffers (plain tensors)."""
-
-    def __init__(self) -> None:
-        self.arenas: dict[int, Arena] = {}
-
-    def arena(self, group: Any) -> Arena:
-        """This collective's arena for `group` (made at its first use)."""
-        key = id(group)
-        if key not in self.arenas:
-            self.arenas[key] = Arena(group)
-        return self.arenas[key]
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
 
-class _ReduceScatter(_Comm):
-    """FSDP2's reduce-scatter: a sum (what `shard` asks for) by `add_up`, anything else by gloo."""
+class PairwiseReduceScatter(_Buffers):
+    """FSDP2's gradient reduce-scatter as point-to-point sends (ranks on several hosts): each rank
+    sends every other rank that rank's chunk and adds up what it receives for its own. On 2 cores
+    with 1 thread per rank, 1.4× (48 MiB a rank) to 3× (1 MiB) quicker than one all-to-all, itself
+    several times quicker than gloo's own reduce-scatter (an all-reduce of the whole buffer)."""
 
     def __call__(
         self,
@@ -143,37 +134,10 @@ class _ReduceScatter(_Comm):
         op: Any,
         async_op: bool = False,
     ) -> None:
-        if op != dist.ReduceOp.SUM:
+        if op != dist.ReduceOp.SUM:  # `shard` asks for sums; anything else goes to gloo
             dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group)
             return
         self.add_up(output_tensor.view(-1), input_tensor.view(group.size(), -1), group)
-
-    def add_up(self, total: torch.Tensor, chunks: torch.Tensor, group: Any) -> None:
-        raise NotImplementedError
-
-
-class _AllGather(_Comm):
-    """FSDP2's all-gather: this rank's chunk put in place, the others' by `fill`."""
-
-    def __call__(
-        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
-    ) -> None:
-        me = dist.get_rank(group)
-        chunks = output_tensor.view(group.size(), -1)
-        # FSDP gathers in place (the input is this rank's chunk of the output): then nothing to copy.
-        if input_tensor.data_ptr() != chunks[me].data_ptr():
-            chunks[me].copy_(input_tensor.view(-1))
-        self.fill(chunks, group)
-
-    def fill(self, chunks: torch.Tensor, group: Any) -> None:
-        raise NotImplementedError
-
-
-class PairwiseReduceScatter(_ReduceScatter):
-    """FSDP2's gradient reduce-scatter as point-to-point sends (ranks on several hosts): each rank
-    sends every other rank that rank's chunk and adds up what it receives for its own. On 2 cores
-    with 1 thread per rank, 1.4× (48 MiB a rank) to 3× (1 MiB) quicker than one all-to-all, itself
-    several times quicker than gloo's own reduce-scatter (an all-reduce of the whole buffer)."""
 
     def add_up(self, total: torch.Tensor, chunks: torch.Tensor, group: Any) -> None:
         me, world = dist.get_rank(group), group.size()
@@ -190,10 +154,20 @@ class PairwiseReduceScatter(_ReduceScatter):
             total.add_(more)
 
 
-class PairwiseAllGather(_AllGather):
+class PairwiseAllGather(_Buffers):
     """FSDP2's parameter all-gather as point-to-point sends (ranks on several hosts), each rank
     sending its shard to every other rank: on 2 cores with 1 thread per rank, about 2.5× quicker
     than gloo's all-gather or one all-to-all at tens of MiB, and no slower at 1 MiB."""
+
+    def __call__(
+        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
+    ) -> None:
+        me = dist.get_rank(group)
+        chunks = output_tensor.view(group.size(), -1)
+        # FSDP gathers in place (the input is this rank's chunk of the output): then nothing to copy.
+        if input_tensor.data_ptr() != chunks[me].data_ptr():
+            chunks[me].copy_(input_tensor.view(-1))
+        self.fill(chunks, group)
 
     def fill(self, chunks: torch.Tensor, group: Any) -> None:
         me, world = dist.get_rank(group), group.size()
@@ -207,7 +181,19 @@ class PairwiseAllGather(_AllGather):
             request.wait()
 
 
-class SharedAllGather(PairwiseAllGather):
+class _Arenas:
+    """A shared collective's arena per process group (made at its first use)."""
+
+    def __init__(self) -> None:
+        self.arenas: dict[int, Arena] = {}
+
+    def arena(self, group: Any) -> Arena:
+        if id(group) not in self.arenas:
+            self.arenas[id(group)] = Arena(group)
+        return self.arenas[id(group)]
+
+
+class SharedAllGather(_Arenas, PairwiseAllGather):
     """FSDP2's parameter all-gather through shared memory: each rank writes its shard into its
     part of the slot; after the barrier each copies the others' parts into its output."""
 
@@ -226,7 +212,7 @@ class SharedAllGather(PairwiseAllGather):
                 chunks[peer].copy_(parts[peer])
 
 
-class SharedReduceScatter(PairwiseReduceScatter):
+class SharedReduceScatter(_Arenas, PairwiseReduceScatter):
     """FSDP2's gradient reduce-scatter (a sum) through shared memory: each rank writes the chunks
     the other ranks own into the slot; after the barrier each adds the others' copies of its own
     chunk to its own."""
