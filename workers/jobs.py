@@ -64,6 +64,11 @@ def make(job: RolloutJob, worker: str, produce: Callable[[], Made]) -> str:
         made = produce()
     except Exception as exc:
         log.exception("rollout job %s attempt %s failed", job.pk, attempt)
+        if isinstance(exc, OverMemoryCeiling):
+            # The ceiling interrupts wherever the job was, a query included: reconnect afresh (as the
+            # training task does), or failing the job finds the connection mid-transaction and the
+            # job, never failed, is re-queued as lost.
+            connection.close()
         leases.release(job)
         # Over the memory ceiling, or weights that cannot be loaded: another attempt would fail alike.
         final = isinstance(exc, OverMemoryCeiling | CannotMake)
