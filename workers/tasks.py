@@ -16,7 +16,7 @@ import time
 
 from celery.signals import worker_init, worker_ready
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 
 from execution.models import Worker
 from experiments import dispatch, packing, reaping
@@ -152,16 +152,27 @@ def _train_in_ranks(run: Run, worker: str, processes: int) -> str:
 
 def _failed(run: Run, worker: str, exc: Exception, reason: str, execution: dict | None) -> str:
     run_id, attempt = run.pk, run.attempt
-    if not retry_db(run.fail)(worker, reason, execution):
+    # Not the run's fault (a rank killed from outside is a lost worker's), and a new attempt can
+    # go on: from a checkpoint.
+    requeue = isinstance(exc, BufferDamaged | RankKilled) and attempt < settings.LAB_MAX_ATTEMPTS
+
+    def end_attempt() -> bool:
+        # One transaction: nobody sees a run that is re-queued as failed in between (a page, a
+        # sweep's "finished", a script waiting for the run to end).
+        with transaction.atomic():
+            if not run.fail(worker, reason, execution):
+                return False
+            RolloutJob.cancel_for(run)
+            if requeue:
+                run.retry(within_cap=False)
+            return True
+
+    if not retry_db(end_attempt)():
         # Reaped while it stalled and taken by another worker (or ended meanwhile): its rollout
         # jobs and its next attempt are the new owner's business.
         log.warning("run %s attempt %s: no longer this worker's; nothing recorded", run_id, attempt)
         return f"run {run_id} attempt {attempt}: no longer this worker's"
-    retry_db(RolloutJob.cancel_for)(run)
-    if isinstance(exc, BufferDamaged | RankKilled) and run.attempt < settings.LAB_MAX_ATTEMPTS:
-        # Not the run's fault (a rank killed from outside is a lost worker's), and a new attempt
-        # can go on: from a checkpoint.
-        retry_db(run.retry)(within_cap=False)
+    if requeue:
         return f"run {run_id} attempt {attempt}: failed; re-queued as attempt {run.attempt}"
     return f"run {run_id} attempt {attempt}: failed"
 

@@ -69,8 +69,6 @@ def run_ended(sender, run, status: str, attempt: int, **kwargs) -> None:
         "attempt": attempt,
         "summary": dict(run.summary),
         "error": run.error,
-        "now_status": run.status,
-        "now_attempt": run.attempt,
     }
     after_commit(f"run {run.pk} ending {status}", _run_ended, run.pk, ended)
 
@@ -111,9 +109,11 @@ def _run_ended(run_id: int, ended: dict) -> None:
         if status != Run.SUCCEEDED:
             payload["error"] = ended["error"]
             text += f": {ended['error']}"
-        if ended["now_status"] == Run.QUEUED:  # a lost run with attempts left, queued again at once
-            payload["requeued_as_attempt"] = ended["now_attempt"]
-            text += f" (re-queued as attempt {ended['now_attempt']})"
+        if run.attempt > attempt:
+            # Queued again in the transaction that ended the attempt (a lost worker's run, a
+            # trainer rank killed from outside, a damaged batch, with attempts left).
+            payload["requeued_as_attempt"] = attempt + 1
+            text += f" (re-queued as attempt {attempt + 1})"
         emit(team_id, kinds[status], f"run {run.pk} attempt {attempt} {status}", text, payload)
         if summary.get("collapsed") == 1:
             step = summary.get("collapsed_step")

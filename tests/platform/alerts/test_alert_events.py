@@ -112,6 +112,38 @@ def test_a_lost_run_alerts_with_the_attempt_it_was_queued_again_as(
     assert not events(SWEEP_FINISHED), "its run is queued again"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_rank_was_killed_is_never_seen_failed_before_it_is_queued_again(
+    run, everything, monkeypatch
+):
+    """The worker ends the attempt and queues the next in one transaction (`workers.tasks`).
+    Committed one after the other (the bug this catches), the end's commit would show a failed
+    run with nothing of its sweep queued: a "sweep finished" alert, a "failed" one without
+    "re-queued", and a waiting script or page would take the run for over."""
+    from workers import tasks
+    from workers.ranks import RankKilled
+
+    seen = []
+    real_fail = Run.fail
+
+    def fail_then_look(self, *args, **kwargs):
+        done = real_fail(self, *args, **kwargs)
+        transaction.on_commit(lambda: seen.append(Run.objects.get(pk=self.pk).status))
+        return done
+
+    monkeypatch.setattr(Run, "fail", fail_then_look)
+    run.claim("w:1", attempt=1)
+    killed = RankKilled("trainer rank 1 was killed by signal 9 (torchrun exited with 1)")
+    said = tasks._failed(run, "w:1", killed, f"RankKilled: {killed}", None)
+    assert said == f"run {run.pk} attempt 1: failed; re-queued as attempt 2"
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (Run.QUEUED, 2)
+    assert seen == [Run.QUEUED], "the failed attempt was visible before its run was queued again"
+    (failed,) = events(RUN_FAILED)
+    assert failed.payload["requeued_as_attempt"] == 2 and "re-queued as attempt 2" in failed.text
+    assert not events(SWEEP_FINISHED), "its run is queued again"
+
+
 def test_a_sweep_finishes_with_its_last_run_and_alerts_once(
     make_experiment, everything, django_capture_on_commit_callbacks
 ):
