@@ -4,20 +4,23 @@ worker, for a machine with an NVIDIA GPU and the `gpu` extra (`make install EXTR
 What it runs (a few minutes, SQLite and the filesystem broker under var/gpu-check/):
 1. a training worker on queue `gpu` and a rollout worker on `rollout-gpu` (real Celery
    processes); a 10-step on-policy `distributed` run of the built-in tiny model with
-   `rollout.engine: vllm`, `device: cuda`.
-2. vLLM alone in this process on the same model, generating the run's step-1 prompts as the
-   rollout worker does (the reference for tokens/s).
+   `rollout.engine: vllm` (`--engine hf`: the trainer's own generation on the GPU, for a machine
+   without vLLM; the check then says so), `device: cuda`.
+2. the engine alone in this process on the same model, generating the run's step-1 prompts as
+   the rollout worker does (the reference for tokens/s).
 
 What it prints: whether the run succeeded; behaviour vs trainer log-prob agreement on-policy
 (max |kl/behavior| and max is_ratio/max over the steps: vLLM's log-probs against the
 trainer's); weight publish time and bytes per version and the rollout worker's weight load
-time (from its log); tokens/s of vLLM inside rollout jobs against vLLM alone.
+time (from its log); tokens/s of the engine inside rollout jobs against the engine alone.
 
-    .venv/bin/python bench/gpu_check.py
+    .venv/bin/python bench/gpu_check.py [--engine hf]
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import re
 import sys
 import time
@@ -47,8 +50,8 @@ CONFIG = {
 }
 
 
-def vllm_alone(config, prompts: list[list[int]]) -> float:
-    """Tokens/s of vLLM generating `prompts` (one group each) in this process, after a warm-up."""
+def engine_alone(config, prompts: list[list[int]]) -> float:
+    """Tokens/s of the run's rollout engine generating `prompts` (one group each) in this process, after a warm-up."""
     from rlcore import models, tasks
     from rlcore.batch import group_rngs
     from rlcore.produce import make_engine
@@ -65,17 +68,29 @@ def vllm_alone(config, prompts: list[list[int]]) -> float:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", choices=("vllm", "hf"), default="vllm", help="the rollout engine")
+    engine = parser.parse_args().engine
     import torch
 
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs an NVIDIA GPU and `make install EXTRAS=gpu`")
         return 2
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        print("vLLM is not installed: `make install EXTRAS=gpu` (or --engine hf to check the rest)")
+        return 2
+    config = {**CONFIG, "rollout": {**CONFIG["rollout"], "engine": engine}}
     env = setup_django(SCRATCH)
     print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}", flush=True)
-    workers = start_workers(env, SCRATCH, ("gpu", "rollout-gpu"))
+    from rlcore.config import RunConfig
+
+    queues = RunConfig.model_validate(config)
+    # The training worker's queue (`gpu`) and the rollout jobs' (`rollout-gpu` for vLLM; the HF
+    # engine's jobs go to `rollout`, whose worker generates on this machine's GPU too).
+    workers = start_workers(env, SCRATCH, (queues.queue, queues.rollout_queue))
     try:
         started = time.perf_counter()
-        run = run_on_workers(CONFIG, "gpu check")
+        run = run_on_workers(config, f"gpu check ({engine})")
         wall = time.perf_counter() - started
     finally:
         stop_workers(workers)
@@ -86,15 +101,19 @@ def main() -> int:
     config = run.run_config()
     kl = series(run, "kl/behavior")
     ratio = series(run, "is_ratio/max")
-    print(f"run {run.pk}: {run.status}, {STEPS} steps in {wall:.1f} s (including loading)")
+    print(
+        f"run {run.pk} (rollout engine {engine}): {run.status}, {STEPS} steps in {wall:.1f} s (including loading)"
+    )
     print(f"on-policy agreement: max |kl/behavior| {max(abs(v) for v in kl.values()):.2e},")
-    print(f"  max is_ratio/max {max(ratio.values()):.4f} (1 = vLLM's and the trainer's log-probs agree)")
+    print(
+        f"  max is_ratio/max {max(ratio.values()):.4f} (1 = the engine's and the trainer's log-probs agree)"
+    )
     versions = max(1, PolicyVersion.objects.filter(run=run).count())
     print(
         f"weights: {run.measured.weights_publish_bytes / versions / 1e6:.2f} MB per version, "
         f"publish {1000 * run.measured.weights_publish_s_mean:.1f} ms"
     )
-    log = (SCRATCH / "worker-rollout-gpu.log").read_text()
+    log = workers[1].log()  # the rollout worker's
     loads = [float(s) for s in re.findall(r"loaded policy version \d+ in ([0-9.]+) s", log)]
     if loads:
         print(
@@ -105,10 +124,10 @@ def main() -> int:
     task = tasks.build(config.task)
     problems = task.sample(config.rollout.prompts_per_step, seeded_rng(config.seed, 1, "prompts"))
     tokenizer = models.load(config, torch.device("cpu"), CACHE, task)
-    alone = vllm_alone(config, tokenizer.encode([p.prompt for p in problems]))
+    alone = engine_alone(config, tokenizer.encode([p.prompt for p in problems]))
     print(
-        f"vLLM tokens/s: in rollout jobs (generation and scoring) {tokens / generate_s:,.0f}, "
-        f"vLLM alone {alone:,.0f}"
+        f"{engine} tokens/s: in rollout jobs (generation and scoring) {tokens / generate_s:,.0f}, "
+        f"{engine} alone {alone:,.0f}"
     )
     return 0
 
