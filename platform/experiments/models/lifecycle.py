@@ -248,16 +248,18 @@ class Lifecycle:
         stale_before = timezone.now() - timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S)
         reaped = []
         for run in cls.objects.filter(status=cls.RUNNING, heartbeat__lt=stale_before):
-            if not run.mark_lost(stale_before):
-                continue
-            lost_attempt = run.attempt
-            if run.cancel_requested is not None:
-                # Cancel is final: a run cancelled before its worker died is not trained again.
-                run._update(Q(status=cls.LOST), status=cls.CANCELLED)
-                RolloutJob.cancel_for(run)
-            elif run.attempt < settings.LAB_MAX_ATTEMPTS:
-                run.retry(within_cap=False)  # already admitted: a lost worker is no new submission
-            ended = cls.CANCELLED if run.status == cls.CANCELLED else cls.LOST
-            run_ended.send_robust(cls, run=run, status=ended, attempt=lost_attempt)
+            # One transaction per run: nobody sees `lost` in between a run that is queued again.
+            with transaction.atomic():
+                if not run.mark_lost(stale_before):
+                    continue
+                lost_attempt = run.attempt
+                if run.cancel_requested is not None:
+                    # Cancel is final: a run cancelled before its worker died is not trained again.
+                    run._update(Q(status=cls.LOST), status=cls.CANCELLED)
+                    RolloutJob.cancel_for(run)
+                elif run.attempt < settings.LAB_MAX_ATTEMPTS:
+                    run.retry(within_cap=False)  # already admitted: a lost worker is no new submission
+                ended = cls.CANCELLED if run.status == cls.CANCELLED else cls.LOST
+                run_ended.send_robust(cls, run=run, status=ended, attempt=lost_attempt)
             reaped.append(run)
         return reaped

@@ -87,6 +87,27 @@ def test_the_reaper_gives_up_after_max_attempts(run):
     assert "stopped sending heartbeats" in run.error
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_reaped_run_with_attempts_left_is_never_seen_lost(run, monkeypatch):
+    """Marked lost and queued again in one transaction: committed one after the other, a page or
+    a caller waiting for the run to end would see it lost (over) for a moment."""
+    from django.db import transaction
+
+    seen = []
+    real_mark_lost = Run.mark_lost
+
+    def mark_then_look(self, stale_before):
+        done = real_mark_lost(self, stale_before)
+        transaction.on_commit(lambda: seen.append(Run.objects.get(pk=self.pk).status))
+        return done
+
+    monkeypatch.setattr(Run, "mark_lost", mark_then_look)
+    run.claim("w1:1", attempt=1)
+    Run.objects.filter(pk=run.pk).update(heartbeat=timezone.now() - timedelta(hours=1))
+    assert [r.pk for r in Run.reap()] == [run.pk]
+    assert seen == [Run.QUEUED], "the lost attempt was visible before its run was queued again"
+
+
 def test_a_fresh_heartbeat_is_not_reaped(run):
     run.claim("w1:1", attempt=1)
     assert Run.reap() == []
