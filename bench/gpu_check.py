@@ -6,7 +6,9 @@ What it runs (a few minutes, SQLite and the filesystem broker under var/gpu-chec
    processes); a 10-step on-policy `distributed` run of the built-in tiny model with
    `rollout.engine: vllm` (`--engine hf`: the trainer's own generation on the GPU, for a machine
    without vLLM; the check then says so), `device: cuda`.
-2. the engine alone in this process on the same model, generating the run's step-1 prompts as
+2. on a machine with two GPUs or more, the same run with `execution.train_processes: 2` (two
+   trainer ranks, FSDP2 over NCCL), compared with the one-process run point by point.
+3. the engine alone in this process on the same model, generating the run's step-1 prompts as
    the rollout worker does (the reference for tokens/s).
 
 What it prints: whether the run succeeded; behaviour vs trainer log-prob agreement on-policy
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import re
 import sys
 import time
@@ -67,6 +70,25 @@ def engine_alone(config, prompts: list[list[int]]) -> float:
     return float(rollout.response_mask.sum()) / (time.perf_counter() - started)
 
 
+def largest_difference(run, twin) -> tuple[float, int]:
+    """The largest |a - b| / max(1, |a|) between what `run` and `twin` logged (every metric but
+    the wall-clock times and rates, at every step both logged), and how many points were compared."""
+    from experiments.series import points_of
+
+    def points(of) -> dict[tuple[str, int], float]:
+        return {
+            (name, step): value
+            for name, (steps, values, _) in points_of(of.pk)
+            if not name.startswith("time/") and name != "tokens_per_s"
+            for step, value in zip(steps.tolist(), values.tolist(), strict=True)
+        }
+
+    mine, theirs = points(run), points(twin)
+    both = [key for key in mine if key in theirs and math.isfinite(mine[key]) and math.isfinite(theirs[key])]
+    worst = max((abs(mine[k] - theirs[k]) / max(1.0, abs(mine[k])) for k in both), default=math.nan)
+    return worst, len(both)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("vllm", "hf"), default="vllm", help="the rollout engine")
@@ -88,10 +110,17 @@ def main() -> int:
     # The training worker's queue (`gpu`) and the rollout jobs' (`rollout-gpu` for vLLM; the HF
     # engine's jobs go to `rollout`, whose worker generates on this machine's GPU too).
     workers = start_workers(env, SCRATCH, (queues.queue, queues.rollout_queue))
+    gpus = torch.cuda.device_count()
+    sharded = None
     try:
         started = time.perf_counter()
         run = run_on_workers(config, f"gpu check ({engine})")
         wall = time.perf_counter() - started
+        if gpus >= 2:
+            two = {**config, "execution": {**config["execution"], "train_processes": 2}}
+            started = time.perf_counter()
+            sharded = run_on_workers(two, f"gpu check ({engine}, 2 trainer ranks)")
+            sharded_wall = time.perf_counter() - started
     finally:
         stop_workers(workers)
     from experiments.models import PolicyVersion
@@ -113,6 +142,14 @@ def main() -> int:
         f"weights: {run.measured.weights_publish_bytes / versions / 1e6:.2f} MB per version, "
         f"publish {1000 * run.measured.weights_publish_s_mean:.1f} ms"
     )
+    if sharded is None:
+        print(f"{gpus} GPU: the 2-GPU FSDP run (execution.train_processes: 2, NCCL) needs two")
+    else:
+        worst, points = largest_difference(run, sharded)
+        print(
+            f"2 trainer ranks (FSDP2, NCCL): run {sharded.pk} {sharded.status}, {sharded_wall:.1f} s; "
+            f"against one process, largest |difference| / max(1, |value|) {worst:.1e} over {points} points"
+        )
     log = workers[1].log()  # the rollout worker's
     loads = [float(s) for s in re.findall(r"loaded policy version \d+ in ([0-9.]+) s", log)]
     if loads:
