@@ -2,10 +2,10 @@
 worker, for a machine with an NVIDIA GPU and the `gpu` extra (`make install EXTRAS=gpu`).
 
 What it runs (a few minutes, SQLite and the filesystem broker under var/gpu-check/):
-1. a training worker on queue `gpu` and a rollout worker on `rollout-gpu` (real Celery
-   processes); a 10-step on-policy `distributed` run of the built-in tiny model with
-   `rollout.engine: vllm` (`--engine hf`: the trainer's own generation on the GPU, for a machine
-   without vLLM; the check then says so), `device: cuda`.
+1. a training worker on queue `gpu` and a rollout worker on `rollout-gpu` (`rollout` with
+   `--engine hf`) (real Celery processes); a 10-step on-policy `distributed` run of the built-in
+   tiny model with `rollout.engine: vllm` (`--engine hf`: the HF engine on the GPU, for a machine
+   without vLLM), `device: cuda`.
 2. on a machine with two GPUs or more, the same run with `execution.train_processes: 2` (two
    trainer ranks, FSDP2 over NCCL), compared with the one-process run point by point.
 3. the engine alone in this process on the same model, generating the run's step-1 prompts as
@@ -106,10 +106,10 @@ def main() -> int:
     print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}", flush=True)
     from rlcore.config import RunConfig
 
-    queues = RunConfig.model_validate(config)
+    checked = RunConfig.model_validate(config)
     # The training worker's queue (`gpu`) and the rollout jobs' (`rollout-gpu` for vLLM; the HF
     # engine's jobs go to `rollout`, whose worker generates on this machine's GPU too).
-    workers = start_workers(env, SCRATCH, (queues.queue, queues.rollout_queue))
+    workers = start_workers(env, SCRATCH, (checked.queue, checked.rollout_queue))
     gpus = torch.cuda.device_count()
     sharded = None
     try:
