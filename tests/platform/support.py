@@ -64,6 +64,12 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
     pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+def wait_for_log(worker, text: str, timeout_s: float = 60) -> None:
+    """Wait for `text` in `worker`'s log. A task's result line (`run N attempt A: succeeded`) is
+    written after the run's end is committed, so a test that saw the run end waits for it."""
+    wait_for(lambda: text in worker.log(), timeout_s, f"{text!r} in the worker's log")
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import transaction
-from support import TINY_CONFIG, queue_sweep, wait_for
+from support import TINY_CONFIG, queue_sweep, wait_for, wait_for_log
 
 from experiments import packing, series
 from experiments.models import Checkpoint, Experiment, Run
@@ -50,7 +50,7 @@ def test_a_succeeded_runs_checkpoints_go_and_a_cancelled_runs_stay_for_its_retry
     assert cancelled.retry()
     ended(cancelled)
     assert (cancelled.status, cancelled.attempt) == (Run.SUCCEEDED, 2), cancelled.error
-    assert f"run {cancelled.pk} attempt 2: succeeded" in worker.log()
+    wait_for_log(worker, f"run {cancelled.pk} attempt 2: succeeded")
     # Resumed from a kept checkpoint, not started again: step 1 keeps the point attempt 1 wrote.
     [(step_1, wall_time_1)] = [
         (step, us)

@@ -35,6 +35,7 @@ from support import (
     stop_group,
     use_broker,
     wait_for,
+    wait_for_log,
 )
 from worker_helpers import assert_resumed_once, reap_lost
 
@@ -399,7 +400,7 @@ def test_a_run_submitted_through_the_api_trains_on_a_worker_that_sbatch_started(
     wait_for(lambda: Run.objects.get(pk=run.pk).status not in Run.ACTIVE, END_TIMEOUT_S, "the run to end")
     run.refresh_from_db()
     assert (run.status, run.attempt, run.worker) == (Run.SUCCEEDED, 1, worker.identity), run.error
-    assert f"run {run.pk} attempt 1: succeeded" in worker.log()
+    wait_for_log(worker, f"run {run.pk} attempt 1: succeeded")
     assert last_step(run, "loss") == TINY_CONFIG["steps"]
 
 

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 from django.conf import settings
-from support import TINY_CONFIG, last_step, queue_sweep, wait_for
+from support import TINY_CONFIG, last_step, queue_sweep, wait_for, wait_for_log
 from worker_helpers import assert_resumed_once, reap_lost
 
 from experiments.models import MetricChunk, MetricSummary, Run
@@ -47,9 +47,8 @@ def test_sigkilled_worker_run_is_reaped_requeued_and_resumed(start_worker, team,
     run.refresh_from_db()
     assert (run.status, run.attempt, run.worker) == (Run.SUCCEEDED, 2, second.identity), run.error
     assert_resumed_once(run, STEPS)
-    assert (
-        f"run {run.pk} attempt 1" not in second.log() and f"run {run.pk} attempt 2: succeeded" in second.log()
-    )
+    wait_for_log(second, f"run {run.pk} attempt 2: succeeded")
+    assert f"run {run.pk} attempt 1" not in second.log()
 
 
 def test_the_worker_reaps_lost_runs_by_itself(start_worker, team, alice, worker_env):
