@@ -103,7 +103,7 @@ def test_a_cancel_pending_when_the_worker_dies_in_the_warm_start_is_final(start_
         run.refresh_from_db()
         assert (run.status, run.attempt) == (Run.CANCELLED, 1), "cancel is final: not re-queued"
         assert run.error == f"worker {first.identity} stopped sending heartbeats"
-        assert f"run {run.pk} lost ({run.error}); now cancelled, attempt 1" in second.log()
+        wait_for_log(second, f"run {run.pk} lost ({run.error}); now cancelled, attempt 1")
         assert f"run {run.pk} attempt 2" not in second.log()
         assert not MetricChunk.objects.filter(run=run).exists(), "never trained"
         assert not MetricSummary.objects.filter(run=run).exists()
