@@ -65,8 +65,9 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
 
 
 def wait_for_log(worker, text: str, timeout_s: float = 60) -> None:
-    """Wait for `text` in `worker`'s log. A task's result line (`run N attempt A: succeeded`) is
-    written after the run's end is committed, so a test that saw the run end waits for it."""
+    """Wait for `text` in `worker`'s log. A worker logs what it did after committing it (a task's
+    result line, `run N attempt A: succeeded`, the reaper's `lost`), so a test that saw the
+    database change waits for the line."""
     wait_for(lambda: text in worker.log(), timeout_s, f"{text!r} in the worker's log")
 
 

@@ -10,7 +10,7 @@ import json
 import time
 
 import pytest
-from support import queue_sweep, wait_for
+from support import queue_sweep, wait_for, wait_for_log
 
 from alerts import emit
 from alerts.models import RUN_SUCCEEDED, SWEEP_FINISHED, Delivery, Target
@@ -57,9 +57,7 @@ def test_a_worker_told_not_to_deliver_alerts_leaves_them_to_the_others(start_wor
     Target.objects.create(team=team, kind=Target.SLACK, url=receiver.url, events=[RUN_SUCCEEDED])
     worker = start_worker({**ALERTS_ENV, "LAB_ALERTS_DELIVER": "0"})
     emit.emit(team.pk, RUN_SUCCEEDED, "k", "run 1 succeeded", {})
-    wait_for(
-        lambda: "delivers no team alerts (LAB_ALERTS_DELIVER=0)" in worker.log(), 10, "the worker to say so"
-    )
+    wait_for_log(worker, "delivers no team alerts (LAB_ALERTS_DELIVER=0)")
     time.sleep(1)  # five of a delivering worker's passes
     assert receiver.requests == [] and Delivery.objects.get().status == Delivery.PENDING
     start_worker(ALERTS_ENV)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load
-from support import TINY_CONFIG, last_step, logged, queue_sweep, wait_for
+from support import TINY_CONFIG, last_step, logged, queue_sweep, wait_for, wait_for_log
 from worker_helpers import (
     RANKS_REL,
     TRAINING_CONFIG,
@@ -248,7 +248,7 @@ def test_killed_rollout_and_training_workers_lose_nothing_and_change_no_value(st
 
     run.refresh_from_db()
     assert (run.status, run.attempt) == (Run.SUCCEEDED, 2), run.error
-    wait_for(lambda: f"run {run.pk} attempt 2: succeeded" in second_trainer.log(), 30, "the task's log line")
+    wait_for_log(second_trainer, f"run {run.pk} attempt 2: succeeded")
     killed_job.refresh_from_db()
     assert killed_job.status == RolloutJob.DONE
     if killed_job.attempt == 1:  # it finished in the instant before the kill

@@ -423,7 +423,7 @@ def test_scancel_of_the_job_requeues_its_run_like_any_lost_worker(
     # at least). Celery's warm shutdown trains on meanwhile: a run on a cluster is far longer than
     # that, but this tiny one could end in it on a fast machine. Frozen once the SIGTERM is in, the
     # worker dies by Slurm's SIGKILL in the middle of its run, as a real one does.
-    wait_for(lambda: "worker: Warm shutdown" in first.log(), 30, f"job {first.job}'s worker to get SIGTERM")
+    wait_for_log(first, "worker: Warm shutdown", 30)
     os.kill(first.pid, signal.SIGSTOP)
     wait_for(lambda: not first.alive(), 60, f"Slurm to kill job {first.job}'s worker")
     wait_for(lambda: slurm.state(first.job) in ("CANCELLED", ""), 60, f"job {first.job} to end")
